@@ -1,0 +1,92 @@
+"""Clients: sessions that arrive as a Poisson process and come back for more turns.
+
+A session takes one of `max_active_sessions` slots (the front end's concurrency limit), sends a turn,
+waits for the full answer, thinks, and sends the next turn, whose prompt extends its whole earlier
+context. The arrival rate is multiplied by `spike_multiplier` once `spike_at_request` requests have
+been issued. A session's first turn counts its time from the session's arrival, so time spent waiting
+for a slot shows up in TTFT.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import simpy
+
+from cachepilot_sim.clock import ms_to_us, s_to_us
+from cachepilot_sim.components.request import Outcome, Request
+from cachepilot_sim.config import SimConfig
+from cachepilot_sim.rng import RngStreams
+from cachepilot_sim.workloads.synthetic import SessionFactory, SessionSpec
+
+
+class Clients:
+    def __init__(
+        self, env: simpy.Environment, cfg: SimConfig, streams: RngStreams, inbox: simpy.Store
+    ) -> None:
+        self.env = env
+        self.wl = cfg.workload
+        self.inbox = inbox
+        self.streams = streams
+        self.factory = SessionFactory(cfg, streams)
+        self.slots = simpy.Resource(env, capacity=cfg.workload.max_active_sessions)
+        classes = self.factory.classes
+        self.ttft_slo_us = [ms_to_us(c.ttft_slo_ms) for c in classes]
+        self.tpot_slo_us = [ms_to_us(c.tpot_slo_ms) for c in classes]
+        self.requests: list[Request] = []
+        self.num_sessions = 0
+        self.spike_start_us = -1
+
+    @property
+    def num_issued(self) -> int:
+        return len(self.requests)
+
+    def _rate_per_us(self) -> float:
+        rate = self.wl.session_rate_per_s
+        if self.wl.spike_multiplier != 1.0 and self.num_issued >= self.wl.spike_at_request:
+            if self.spike_start_us < 0:
+                self.spike_start_us = self.env.now
+            rate *= self.wl.spike_multiplier
+        return rate / s_to_us(1.0)
+
+    def arrivals(self) -> Generator[simpy.Event, object, None]:
+        """Process: Poisson session arrivals until `num_requests` requests have been issued."""
+        while self.num_issued < self.wl.num_requests:
+            gap_us = self.streams.arrivals.exponential() / self._rate_per_us()
+            yield self.env.timeout(max(1, round(gap_us)))
+            if self.num_issued >= self.wl.num_requests:
+                break
+            spec = self.factory.make()
+            self.num_sessions += 1
+            self.env.process(self.session(spec, self.env.now))
+
+    def session(self, spec: SessionSpec, arrived_us: int) -> Generator[simpy.Event, object, None]:
+        """Process: hold a session slot, send each turn, wait for its answer, think."""
+        with self.slots.request() as slot:
+            yield slot
+            context = 0
+            sent_us = arrived_us
+            for turn in range(spec.num_turns):
+                if self.num_issued >= self.wl.num_requests:
+                    return
+                req = self._make_request(spec, turn, context, sent_us)
+                self.requests.append(req)
+                yield self.inbox.put(req)
+                yield req.done
+                if req.outcome != Outcome.COMPLETED:
+                    return
+                context = req.total_tokens
+                if turn + 1 < spec.num_turns:
+                    yield self.env.timeout(int(spec.think_us[turn]))
+                sent_us = self.env.now
+
+    def _make_request(self, spec: SessionSpec, turn: int, context: int, sent_us: int) -> Request:
+        ci = spec.class_index
+        return Request(
+            self.env, req_id=self.num_issued, session_id=spec.session_id, turn=turn,
+            class_index=ci, model_index=spec.model_index,
+            priority=self.factory.classes[ci].priority, arrival_us=sent_us,
+            deadline_us=sent_us + self.ttft_slo_us[ci], tpot_slo_us=self.tpot_slo_us[ci],
+            context_tokens=context, prompt_tokens=int(spec.prompt_tokens[turn]),
+            output_tokens=int(spec.output_tokens[turn]),
+        )

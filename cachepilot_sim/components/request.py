@@ -1,0 +1,69 @@
+"""One turn of a session as it moves through the server, and how it ended."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import simpy
+
+
+class Outcome(IntEnum):
+    PENDING = 0
+    COMPLETED = 1
+    REJECTED = 2
+
+
+class KvSource(IntEnum):
+    """Where the request's earlier context came from when it was admitted."""
+
+    NEW = 0  # first turn: no earlier context
+    HIT = 1  # on the GPU
+    RELOAD = 2  # from the CPU store over PCIe
+    RECOMPUTE = 3  # dropped earlier: prefilled again
+
+
+class Request:
+    """A turn: `context_tokens` of earlier turns (cacheable) + `prompt_tokens` new + `output_tokens`."""
+
+    __slots__ = (
+        "req_id", "session_id", "turn", "class_index", "model_index", "priority", "arrival_us",
+        "deadline_us", "tpot_slo_us", "context_tokens", "prompt_tokens", "output_tokens",
+        "admitted_us", "first_token_us", "finish_us", "generated", "outcome", "reject_reason",
+        "kv_source", "reload_us_paid", "recompute_us_paid", "num_preemptions", "done",
+        "prefill_tokens",
+    )
+
+    def __init__(
+        self, env: simpy.Environment, req_id: int, session_id: int, turn: int, class_index: int,
+        model_index: int, priority: int, arrival_us: int, deadline_us: int, tpot_slo_us: int,
+        context_tokens: int, prompt_tokens: int, output_tokens: int,
+    ) -> None:
+        self.req_id = req_id
+        self.session_id = session_id
+        self.turn = turn
+        self.class_index = class_index
+        self.model_index = model_index
+        self.priority = priority
+        self.arrival_us = arrival_us
+        self.deadline_us = deadline_us
+        self.tpot_slo_us = tpot_slo_us
+        self.context_tokens = context_tokens
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.admitted_us = -1
+        self.first_token_us = -1
+        self.finish_us = -1
+        self.generated = 0
+        self.outcome = Outcome.PENDING
+        self.reject_reason = ""
+        self.kv_source = KvSource.NEW
+        self.reload_us_paid = 0
+        self.recompute_us_paid = 0.0
+        self.num_preemptions = 0
+        self.prefill_tokens = 0  # tokens this admission must prefill (set by the KV manager)
+        self.done = env.event()
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens of KV this turn holds when it finishes."""
+        return self.context_tokens + self.prompt_tokens + self.output_tokens

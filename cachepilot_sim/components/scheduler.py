@@ -1,0 +1,109 @@
+"""Request scheduler: a priority queue whose requests are promoted as their TTFT deadline nears.
+
+Order: requests handed back by the KV manager or preempted (front queue, FIFO) first; then requests
+within `promote_slack_ms` of their TTFT deadline, earliest deadline first; then by class priority
+(higher first), arrival time, and request id. Removed entries are deleted lazily from both heaps.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable, Generator
+
+import simpy
+
+from cachepilot_sim.clock import ms_to_us, s_to_us
+from cachepilot_sim.components.request import Request
+from cachepilot_sim.components.signal import Signal
+from cachepilot_sim.config import SchedulerConfig
+from cachepilot_sim.trace.recorder import TraceRecorder
+
+
+class Scheduler:
+    def __init__(
+        self, env: simpy.Environment, cfg: SchedulerConfig, wake_batcher: Signal,
+        recorder: TraceRecorder,
+    ) -> None:
+        self.env = env
+        self.inbox: simpy.Store = simpy.Store(env)
+        self.promote_slack_us = ms_to_us(cfg.promote_slack_ms)
+        self.queue_timeout_us = s_to_us(cfg.queue_timeout_s)
+        self.wake_batcher = wake_batcher
+        self.recorder = recorder
+        self.on_arrival: Callable[[Request], None] = lambda req: None
+        self.on_timeout: Callable[[Request], None] = lambda req: None
+        self._front: deque[Request] = deque()
+        self._by_priority: list[tuple[int, int, int]] = []
+        self._by_deadline: list[tuple[int, int]] = []
+        self._queued: dict[int, Request] = {}
+        self.num_promoted = 0
+
+    def run(self) -> Generator[simpy.Event, Request, None]:
+        """Process: take arrivals from the inbox Store, queue them, wake the batcher."""
+        while True:
+            req = yield self.inbox.get()
+            self.recorder.emit(self.env.now, "scheduler", "arrive", req.session_id, req.req_id,
+                               req.model_index, value=req.context_tokens + req.prompt_tokens)
+            self.on_arrival(req)
+            self.push(req)
+            self.wake_batcher.notify()
+
+    def push(self, req: Request) -> None:
+        self._queued[req.req_id] = req
+        heapq.heappush(self._by_priority, (-req.priority, req.arrival_us, req.req_id))
+        heapq.heappush(self._by_deadline, (req.deadline_us, req.req_id))
+
+    def requeue_front(self, req: Request) -> None:
+        """A request whose KV just landed, or that was preempted: it goes before everything else."""
+        self._front.append(req)
+        self.wake_batcher.notify()
+
+    def __len__(self) -> int:
+        return len(self._front) + len(self._queued)
+
+    def min_slack_us(self) -> int | None:
+        """Time to the earliest TTFT deadline among queued requests (None when empty)."""
+        self._clean(self._by_deadline, 1)
+        if not self._by_deadline:
+            return None
+        return self._by_deadline[0][0] - self.env.now
+
+    def _clean(self, heap: list, id_pos: int) -> None:
+        while heap and heap[0][id_pos] not in self._queued:
+            heapq.heappop(heap)
+
+    def peek(self) -> Request | None:
+        """The next request to admit, without removing it; gives up expired ones on the way."""
+        while True:
+            req = self._peek_once()
+            if req is None or not self._expired(req):
+                return req
+            self.pop(req)
+            self.on_timeout(req)
+
+    def _expired(self, req: Request) -> bool:
+        return (self.queue_timeout_us > 0 and req.first_token_us < 0
+                and self.env.now - req.arrival_us > self.queue_timeout_us)
+
+    def _peek_once(self) -> Request | None:
+        if self._front:
+            return self._front[0]
+        self._clean(self._by_deadline, 1)
+        if self._by_deadline and self._by_deadline[0][0] - self.env.now <= self.promote_slack_us:
+            return self._queued[self._by_deadline[0][1]]
+        self._clean(self._by_priority, 2)
+        if self._by_priority:
+            return self._queued[self._by_priority[0][2]]
+        return None
+
+    def pop(self, req: Request) -> None:
+        """Remove `req` (the one `peek` returned)."""
+        if self._front and self._front[0] is req:
+            self._front.popleft()
+            return
+        if self._by_deadline and self._by_deadline[0][1] == req.req_id and (
+            not self._by_priority or self._by_priority[0][2] != req.req_id
+        ):
+            self.num_promoted += 1
+        del self._queued[req.req_id]

@@ -1,0 +1,20 @@
+"""A wake-up signal between processes: wait() returns an event that the next notify() triggers."""
+
+from __future__ import annotations
+
+import simpy
+
+
+class Signal:
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self._event = env.event()
+
+    def wait(self) -> simpy.Event:
+        return self._event
+
+    def notify(self) -> None:
+        """Wake whoever waits; a notify with no waiter is dropped (waiters re-check state first)."""
+        if not self._event.triggered:
+            self._event.succeed()
+            self._event = self.env.event()

@@ -1,0 +1,357 @@
+"""Typed, validated experiment configuration, registered with Hydra's ConfigStore in one place.
+
+Configs are dataclasses that OmegaConf uses as schemas (so YAML and command-line overrides are type
+checked), then instantiated with `OmegaConf.to_object`, which runs `validate()` and seals the object:
+any later assignment raises. `frozen=True` is avoided on purpose: it makes OmegaConf mark nodes read-only
+and breaks overrides and sweeps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, is_dataclass
+from enum import StrEnum
+from typing import Any, ClassVar
+
+GIB = 1024**3
+GB = 10**9
+
+
+class ConfigError(ValueError):
+    """A config value that cannot be simulated; the message names the key and the value."""
+
+
+def require(ok: bool, key: str, value: object, reason: str) -> None:
+    if not ok:
+        raise ConfigError(f"config key '{key}' = {value!r}: {reason}")
+
+
+class Sealed:
+    """Validated on construction, read-only afterwards.
+
+    `section` is the dotted key prefix used in error messages; an empty section means the parent
+    validates this object (used for dict values, whose key is only known to the parent).
+    """
+
+    section: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        if self.section:
+            self.validate(self.section)
+        object.__setattr__(self, "_sealed", True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if getattr(self, "_sealed", False):
+            raise AttributeError(f"config is read-only after validation; cannot set {name!r}")
+        object.__setattr__(self, name, value)
+
+    def validate(self, prefix: str) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+def _nonneg(obj: object, prefix: str, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        require(
+            isinstance(value, int | float) and math.isfinite(value) and value >= 0,
+            f"{prefix}.{name}", value, "must be a finite number >= 0",
+        )
+
+
+def _positive(obj: object, prefix: str, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        require(
+            isinstance(value, int | float) and math.isfinite(value) and value > 0,
+            f"{prefix}.{name}", value, "must be a finite number > 0",
+        )
+
+
+@dataclass
+class HardwareConfig(Sealed):
+    """Accelerator and link parameters of the cost model (see cost/model.py for the formulas)."""
+
+    section: ClassVar[str] = "hardware"
+    name: str = "h200"
+    hbm_bytes_per_us: float = 4.196e6
+    prefill_token_us: float = 26.2
+    attention_token2_us: float = 4.67e-4
+    step_overhead_us: float = 0.0
+    pcie_h2d_latency_us: float = 9.0
+    pcie_h2d_bytes_per_us: float = 55.2e3
+    pcie_d2h_latency_us: float = 9.0
+    pcie_d2h_bytes_per_us: float = 55.0e3
+    quantize_bytes_per_us: float = 4.1e6
+    source: str = "defaults"
+
+    def validate(self, prefix: str) -> None:
+        _positive(self, prefix, "hbm_bytes_per_us", "prefill_token_us", "pcie_h2d_bytes_per_us",
+                  "pcie_d2h_bytes_per_us", "quantize_bytes_per_us")
+        _nonneg(self, prefix, "attention_token2_us", "step_overhead_us", "pcie_h2d_latency_us",
+                "pcie_d2h_latency_us")
+
+
+@dataclass
+class ModelConfig(Sealed):
+    """A served model: its pinned weights and the KV geometry that sets bytes per token."""
+
+    section: ClassVar[str] = "model"
+    name: str = "llama3_8b_fp8w"
+    num_layers: int = 32
+    num_kv_heads: int = 8
+    head_dim: int = 128
+    kv_dtype_bytes: int = 2
+    weight_bytes: int = 8_030_000_000
+    max_context_tokens: int = 131_072
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V, every layer: 2 x layers x kv_heads x head_dim x dtype bytes."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
+
+    def validate(self, prefix: str) -> None:
+        _positive(self, prefix, "num_layers", "num_kv_heads", "head_dim", "kv_dtype_bytes",
+                  "max_context_tokens")
+        _nonneg(self, prefix, "weight_bytes")
+        require(bool(self.name), f"{prefix}.name", self.name, "must not be empty")
+
+
+@dataclass
+class WorkloadClass(Sealed):
+    """One traffic class of returning sessions; lengths and think times are log-normal, turns geometric."""
+
+    share: float = 1.0
+    prompt_tokens_mean: float = 256.0
+    prompt_tokens_sigma: float = 0.5
+    output_tokens_mean: float = 192.0
+    output_tokens_sigma: float = 0.5
+    turns_mean: float = 4.0
+    think_time_mean_s: float = 20.0
+    think_time_sigma: float = 0.8
+    ttft_slo_ms: float = 2000.0
+    tpot_slo_ms: float = 28.0
+    priority: int = 1
+    model: str = ""  # empty: the run's primary model
+
+    def validate(self, prefix: str) -> None:
+        _nonneg(self, prefix, "share", "prompt_tokens_sigma", "output_tokens_sigma",
+                "think_time_mean_s", "think_time_sigma")
+        _positive(self, prefix, "prompt_tokens_mean", "output_tokens_mean", "ttft_slo_ms",
+                  "tpot_slo_ms")
+        require(self.turns_mean >= 1.0, f"{prefix}.turns_mean", self.turns_mean, "must be >= 1")
+
+
+def _default_classes() -> dict[str, WorkloadClass]:
+    return {"chat": WorkloadClass()}
+
+
+@dataclass
+class WorkloadConfig(Sealed):
+    """Synthetic sessions: Poisson session arrivals, a rate spike from a given request on."""
+
+    section: ClassVar[str] = "workload"
+    name: str = "chat"
+    classes: dict[str, WorkloadClass] = field(default_factory=_default_classes)
+    num_requests: int = 1000
+    session_rate_per_s: float = 0.5
+    spike_multiplier: float = 1.0
+    spike_at_request: int = 0
+    max_active_sessions: int = 48
+
+    def validate(self, prefix: str) -> None:
+        _positive(self, prefix, "num_requests", "session_rate_per_s", "spike_multiplier",
+                  "max_active_sessions")
+        _nonneg(self, prefix, "spike_at_request")
+        require(len(self.classes) > 0, f"{prefix}.classes", self.classes, "needs at least one class")
+        for name, cls in self.classes.items():
+            cls.validate(f"{prefix}.classes.{name}")
+        total = sum(c.share for c in self.classes.values())
+        require(abs(total - 1.0) <= 1e-6, f"{prefix}.classes.*.share", round(total, 9),
+                "class shares must sum to 1")
+
+
+class BatchMode(StrEnum):
+    MAX_THROUGHPUT = "max_throughput"
+    LOW_LATENCY = "low_latency"
+    ADAPTIVE = "adaptive"
+
+
+@dataclass
+class BatcherConfig(Sealed):
+    """Iteration-level continuous batching limits per mode, and the ADAPTIVE switch thresholds."""
+
+    section: ClassVar[str] = "batcher"
+    mode: BatchMode = BatchMode.ADAPTIVE
+    throughput_token_budget: int = 8192
+    throughput_max_seqs: int = 256
+    latency_token_budget: int = 1024
+    latency_max_seqs: int = 64
+    adaptive_queue_depth: int = 16
+    adaptive_slack_ms: float = 500.0
+    # Pure-decode iterations simulated per SimPy event at most (a simulation-speed knob: the result
+    # equals step-by-step simulation except that blocks for the run are reserved at its start).
+    max_decode_run: int = 256
+
+    def validate(self, prefix: str) -> None:
+        _positive(self, prefix, "max_decode_run", "throughput_token_budget", "throughput_max_seqs",
+                  "latency_token_budget", "latency_max_seqs", "adaptive_queue_depth")
+        _nonneg(self, prefix, "adaptive_slack_ms")
+
+
+@dataclass
+class SchedulerConfig(Sealed):
+    """Priority queue with SLA-deadline promotion and an optional client give-up time."""
+
+    section: ClassVar[str] = "scheduler"
+    promote_slack_ms: float = 250.0
+    queue_timeout_s: float = 0.0  # 0: requests never give up while queued
+
+    def validate(self, prefix: str) -> None:
+        _nonneg(self, prefix, "promote_slack_ms", "queue_timeout_s")
+
+
+@dataclass
+class KVConfig(Sealed):
+    """Paged KV pool and CPU offload store."""
+
+    section: ClassVar[str] = "kv"
+    block_tokens: int = 16
+    activation_reserve_bytes: int = 1 * GIB
+    watermark_fraction: float = 0.01
+    offload_enabled: bool = True
+    cpu_store_bytes: int = 64 * GIB
+
+    def validate(self, prefix: str) -> None:
+        _positive(self, prefix, "block_tokens")
+        _nonneg(self, prefix, "activation_reserve_bytes", "cpu_store_bytes", "watermark_fraction")
+        require(self.watermark_fraction < 0.5, f"{prefix}.watermark_fraction",
+                self.watermark_fraction, "must be < 0.5")
+
+
+@dataclass
+class PolicyConfig(Sealed):
+    """Which eviction policy runs, and PERC's parameters (ignored by policies that do not use them)."""
+
+    section: ClassVar[str] = "policy"
+    name: str = "perc"
+    delta_s: float = 30.0
+    ema_weight: float = 0.3
+    prior_gap_s: float = 20.0
+
+    def validate(self, prefix: str) -> None:
+        from cachepilot_sim.policies import known_policies
+
+        known = known_policies()
+        require(self.name in known, f"{prefix}.name", self.name, f"unknown policy; known: {known}")
+        _positive(self, prefix, "delta_s", "prior_gap_s")
+        require(0.0 < self.ema_weight <= 1.0, f"{prefix}.ema_weight", self.ema_weight,
+                "must be in (0, 1]")
+
+
+@dataclass
+class TraceConfig(Sealed):
+    """Event trace to Parquet: on/off, iteration sampling, rows per written chunk."""
+
+    section: ClassVar[str] = "trace"
+    enabled: bool = True
+    iteration_every: int = 10
+    chunk_rows: int = 200_000
+
+    def validate(self, prefix: str) -> None:
+        _positive(self, prefix, "iteration_every", "chunk_rows")
+
+
+@dataclass
+class SimConfig(Sealed):
+    """Everything one simulation needs: one policy, one seed."""
+
+    section: ClassVar[str] = "sim"
+    seed: int = 0
+    vram_gb: float = 16.0
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    extra_models: list[ModelConfig] = field(default_factory=list)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    batcher: BatcherConfig = field(default_factory=BatcherConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    kv: KVConfig = field(default_factory=KVConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    trace: TraceConfig = field(default_factory=TraceConfig)
+
+    @property
+    def vram_bytes(self) -> int:
+        return int(self.vram_gb * GB)
+
+    @property
+    def models(self) -> list[ModelConfig]:
+        return [self.model, *self.extra_models]
+
+    @property
+    def kv_pool_bytes(self) -> int:
+        """VRAM left for KV after every model's pinned weights and the activation reserve."""
+        weights = sum(m.weight_bytes for m in self.models)
+        return self.vram_bytes - weights - self.kv.activation_reserve_bytes
+
+    def validate(self, prefix: str) -> None:
+        _positive(self, "", "vram_gb")
+        names = [m.name for m in self.models]
+        require(len(set(names)) == len(names), "extra_models", names, "model names must be unique")
+        for cls_name, cls in self.workload.classes.items():
+            require(cls.model in ("", *names), f"workload.classes.{cls_name}.model", cls.model,
+                    f"no such model; configured: {names}")
+        weights = sum(m.weight_bytes for m in self.models)
+        largest_block = max(m.kv_bytes_per_token for m in self.models) * self.kv.block_tokens
+        require(
+            self.kv_pool_bytes >= 64 * largest_block, "vram_gb", self.vram_gb,
+            f"cannot hold the model: {weights / GB:.2f} GB of pinned weights plus "
+            f"{self.kv.activation_reserve_bytes / GB:.2f} GB activation reserve leave "
+            f"{self.kv_pool_bytes / GB:.3f} GB, under 64 KV blocks",
+        )
+
+
+@dataclass
+class RunConfig(SimConfig):
+    """Top-level Hydra config: a SimConfig plus what to compare (policies x seeds)."""
+
+    section: ClassVar[str] = "run"
+    seeds: int = 1
+    compare_policies: list[str] = field(default_factory=list)
+    write_requests: bool = True
+
+    def validate(self, prefix: str) -> None:
+        super().validate(prefix)
+        require(self.seeds >= 1, "seeds", self.seeds, "must be >= 1")
+        from cachepilot_sim.policies import known_policies
+
+        for name in self.compare_policies:
+            require(name in known_policies(), "compare_policies", name,
+                    f"unknown policy; known: {known_policies()}")
+
+    def sim_for(self, policy_name: str, seed: int) -> SimConfig:
+        """The SimConfig of one (policy, seed) cell of this run."""
+        values = {f.name: getattr(self, f.name) for f in fields(SimConfig)}
+        policy = {f.name: getattr(self.policy, f.name) for f in fields(PolicyConfig)}
+        policy["name"] = policy_name
+        values.update(seed=seed, policy=PolicyConfig(**policy))
+        return SimConfig(**values)
+
+
+def register_configs() -> None:
+    """Register the schema with Hydra's ConfigStore (called once by the entry point)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)
+    for group, node in (("hardware", HardwareConfig), ("model", ModelConfig),
+                        ("workload", WorkloadConfig), ("batcher", BatcherConfig),
+                        ("policy", PolicyConfig)):
+        cs.store(group=group, name=f"{group}_schema", node=node)
+
+
+def to_config(cfg: Any) -> RunConfig:
+    """DictConfig (from Hydra) -> validated, sealed RunConfig."""
+    from omegaconf import OmegaConf
+
+    obj = OmegaConf.to_object(cfg)
+    assert is_dataclass(obj) and isinstance(obj, RunConfig), type(obj)
+    return obj

@@ -1,0 +1,117 @@
+"""The eviction-policy contract: a policy orders idle cached KV; the smallest key is evicted first.
+
+Modelled on SGLang's mem_cache (a policy is a sort key) with a registry that rejects unknown and
+duplicate names. Policies never import simpy: the KV manager calls them with plain data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from cachepilot_sim.config import PolicyConfig
+from cachepilot_sim.policies.reuse import GapEstimator
+
+
+@dataclass(slots=True)
+class CacheEntry:
+    """A session's cached KV on the GPU, as a policy sees it.
+
+    restore_us is the cheaper way back if this entry is evicted now: reload over PCIe when a CPU copy
+    will exist, else recompute; the KV manager fills it in just before a decision.
+    """
+
+    entry_id: int
+    session_id: int
+    model_index: int
+    class_index: int
+    priority: int
+    num_tokens: int
+    num_bytes: int
+    created_us: int
+    last_used_us: int
+    num_uses: int = 1
+    gap_ema_us: float = -1.0  # EMA of this session's observed idle gaps; < 0 when none seen yet
+    recompute_us: float = 0.0
+    reload_us: float = 0.0
+    restore_us: float = 0.0
+
+
+@runtime_checkable
+class EvictionPolicy(Protocol):
+    """Orders evictable cache entries: the smallest key is evicted first."""
+
+    name: str
+
+    def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]: ...
+
+    def select_victims(
+        self, entries: Sequence[CacheEntry], bytes_needed: int, now_us: int
+    ) -> list[CacheEntry]: ...
+
+    def on_access(self, entry: CacheEntry, now_us: int) -> None: ...
+
+
+class RankingPolicy:
+    """Greedy by key until `bytes_needed` are freed. Keys must end with the unique entry_id."""
+
+    name = "ranking"
+
+    def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
+        self.cfg = cfg
+        self.estimator = estimator
+
+    def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
+        raise NotImplementedError
+
+    def order(self, entries: Sequence[CacheEntry], now_us: int) -> list[CacheEntry]:
+        """All entries, first victim first."""
+        return sorted(entries, key=lambda e: self.key(e, now_us))
+
+    def select_victims(
+        self, entries: Sequence[CacheEntry], bytes_needed: int, now_us: int
+    ) -> list[CacheEntry]:
+        victims: list[CacheEntry] = []
+        freed = 0
+        if bytes_needed <= 0:
+            return victims
+        for entry in self.order(entries, now_us):
+            victims.append(entry)
+            freed += entry.num_bytes
+            if freed >= bytes_needed:
+                break
+        return victims
+
+    def on_access(self, entry: CacheEntry, now_us: int) -> None:
+        """Called when a session's next turn arrives; most policies need nothing here."""
+
+
+PolicyFactory = Callable[[PolicyConfig, GapEstimator], EvictionPolicy]
+_REGISTRY: dict[str, PolicyFactory] = {}
+
+
+def register(name: str) -> Callable[[PolicyFactory], PolicyFactory]:
+    """Class decorator: make a policy available as `policy=<name>`. Duplicates are an error."""
+
+    def wrap(factory: PolicyFactory) -> PolicyFactory:
+        if name in _REGISTRY:
+            raise ValueError(f"eviction policy {name!r} is already registered")
+        _REGISTRY[name] = factory
+        return factory
+
+    return wrap
+
+
+def known_policies() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def make_policy(cfg: PolicyConfig, estimator: GapEstimator) -> EvictionPolicy:
+    try:
+        factory = _REGISTRY[cfg.name]
+    except KeyError:
+        raise ValueError(
+            f"unknown eviction policy {cfg.name!r}; known: {known_policies()}"
+        ) from None
+    return factory(cfg, estimator)

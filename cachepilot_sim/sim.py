@@ -1,0 +1,122 @@
+"""build(config) -> Simulation: wires the component processes onto one SimPy clock and runs them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import simpy
+
+from cachepilot_sim.clock import ms_to_us, s_to_us
+from cachepilot_sim.components.batcher import Batcher
+from cachepilot_sim.components.clients import Clients
+from cachepilot_sim.components.kv_manager import KvManager
+from cachepilot_sim.components.pcie_link import PcieLink
+from cachepilot_sim.components.request import Outcome
+from cachepilot_sim.components.scheduler import Scheduler
+from cachepilot_sim.components.signal import Signal
+from cachepilot_sim.components.vram_pool import VramPool
+from cachepilot_sim.config import SimConfig
+from cachepilot_sim.cost import compute_fit, transfer_fits
+from cachepilot_sim.metrics import latency_metrics, outcome_metrics, request_frame
+from cachepilot_sim.policies import GapEstimator, make_policy
+from cachepilot_sim.rng import make_streams
+from cachepilot_sim.trace.recorder import NullRecorder, TraceRecorder
+
+
+class SimulationError(RuntimeError):
+    """The simulation ended in a state the model forbids (a request never finished, say)."""
+
+
+@dataclass
+class SimResult:
+    metrics: dict[str, Any]
+    requests: pl.DataFrame
+    trace: pl.DataFrame
+
+
+class Simulation:
+    """One policy, one seed. Construct with `build`; `run()` once."""
+
+    def __init__(self, cfg: SimConfig, trace_dir: Path | None = None) -> None:
+        self.cfg = cfg
+        self.env = simpy.Environment()
+        env = self.env
+        streams = make_streams(cfg.seed)
+        self.recorder = (TraceRecorder(trace_dir, cfg.trace.chunk_rows) if cfg.trace.enabled
+                         else NullRecorder())
+        fit = compute_fit(cfg.hardware)
+        h2d, d2h = transfer_fits(cfg.hardware)
+        self.pool = VramPool(cfg)
+        self.link = PcieLink(env, h2d, d2h)
+        p = cfg.policy
+        self.estimator = GapEstimator(p.ema_weight, s_to_us(p.prior_gap_s), s_to_us(p.delta_s))
+        self.policy = make_policy(p, self.estimator)
+        wake = Signal(env)
+        self.kv = KvManager(env, cfg, self.pool, self.link, self.policy, self.estimator, fit,
+                            self.recorder)
+        self.scheduler = Scheduler(env, cfg.scheduler, wake, self.recorder)
+        self.batcher = Batcher(env, cfg, self.scheduler, self.kv, fit, self.recorder, wake)
+        self.clients = Clients(env, cfg, streams, self.scheduler.inbox)
+        self.kv.on_ready = self.scheduler.requeue_front
+        self.kv.on_memory = wake.notify
+        self.scheduler.on_arrival = self.kv.on_arrival
+        self.scheduler.on_timeout = lambda req: self.batcher.reject(req, "queue_timeout")
+        for process in (self.clients.arrivals(), self.scheduler.run(), self.batcher.run()):
+            env.process(process)
+
+    def run(self) -> SimResult:
+        self.env.run()
+        pending = [r.req_id for r in self.clients.requests if r.outcome == Outcome.PENDING]
+        if pending:
+            raise SimulationError(
+                f"{len(pending)} requests never completed nor were rejected (first ids "
+                f"{pending[:5]}); the model deadlocked at t={self.env.now} us"
+            )
+        if not self.pool.conserved():
+            raise SimulationError("VRAM pool accounting broken at the end of the run")
+        return SimResult(self.metrics(), self.requests(), self.recorder.frame())
+
+    def requests(self) -> pl.DataFrame:
+        names = self.clients.factory.class_names
+        slo = [ms_to_us(self.cfg.workload.classes[n].ttft_slo_ms) for n in names]
+        return request_frame(self.clients.requests, names, slo)
+
+    def metrics(self) -> dict[str, Any]:
+        frame = self.requests()
+        duration = max(self.env.now, 1)
+        kv = self.kv.stats
+        eng = self.batcher.stats
+        out: dict[str, Any] = {"policy": self.cfg.policy.name, "seed": self.cfg.seed}
+        out |= outcome_metrics(frame, duration)
+        out |= latency_metrics(frame)
+        out |= {
+            "realized_restore_s": (kv.realized_reload_us + kv.realized_recompute_us) / 1e6,
+            "realized_reload_s": kv.realized_reload_us / 1e6,
+            "realized_recompute_s": kv.realized_recompute_us / 1e6,
+            "preempt_recompute_s": kv.preempt_recompute_us / 1e6,
+            "expected_evict_cost_s": kv.expected_evict_cost_us / 1e6,
+            "evictions": kv.evictions_offload + kv.evictions_drop,
+            "evicted_gb": (kv.evicted_bytes_offload + kv.evicted_bytes_drop) / 1e9,
+        }
+        out |= {k: v for k, v in asdict(kv).items() if k.startswith(("evictions_", "evicted_"))}
+        out |= {
+            "hits": kv.hits, "reloads": kv.reloads, "recomputes": kv.recomputes,
+            "preemptions": kv.preemptions, "promoted": self.scheduler.num_promoted,
+            "sessions": self.clients.num_sessions,
+            "vram_kv_util_mean": eng.kv_byte_us / duration / self.pool.capacity_bytes,
+            "vram_kv_util_peak": eng.kv_peak_bytes / self.pool.capacity_bytes,
+            "kv_pool_gb": self.pool.capacity_bytes / 1e9,
+            "gpu_busy_frac": eng.busy_us / duration,
+            "iterations": eng.iterations,
+            "pcie_d2h_gb": self.link.bytes_moved["d2h"] / 1e9,
+            "pcie_h2d_gb": self.link.bytes_moved["h2d"] / 1e9,
+            "events": self.recorder.num_rows,
+        }
+        return out
+
+
+def build(cfg: SimConfig, trace_dir: Path | None = None) -> Simulation:
+    return Simulation(cfg, trace_dir)

@@ -1,0 +1,45 @@
+"""The one definition of the event trace: one row per simulator event, ordered by (t_us, seq).
+
+Writers pass `schema=TRACE_SCHEMA`; Parquet export, notebooks and docs read column meaning from here.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+COMPONENTS = ("client", "scheduler", "batcher", "kv", "pcie")
+EVENT_KINDS = (
+    "arrive",  # a request reached the scheduler
+    "admit",  # the batcher took it into the running batch
+    "hit",  # its session's KV was on the GPU
+    "reload_start",  # its session's KV started coming back from the CPU store
+    "reload_done",
+    "recompute",  # its session's earlier context had been dropped and is prefilled again
+    "first_token",
+    "finish",
+    "reject",  # value = reason code (see REJECT_REASONS)
+    "evict_offload",  # an idle session's KV chosen as victim and sent to the CPU store
+    "offload_done",
+    "evict_drop",  # an idle session's KV chosen as victim and discarded
+    "preempt",  # a running request lost its KV (recompute preemption)
+    "iteration",  # sampled engine iteration: blocks = tokens in batch, bytes = KV bytes in use
+)
+TIERS = ("gpu", "cpu", "none", "flight")
+REJECT_REASONS = ("exceeds_kv_capacity", "queue_timeout")
+
+TRACE_SCHEMA = pl.Schema(
+    {
+        "t_us": pl.Int64,  # simulated time, integer microseconds
+        "seq": pl.Int64,  # global event counter: orders rows that share t_us
+        "component": pl.Enum(COMPONENTS),
+        "kind": pl.Enum(EVENT_KINDS),
+        "session": pl.Int64,  # -1 when not about one session
+        "request": pl.Int64,  # -1 when not about one request
+        "model": pl.Int32,
+        "blocks": pl.Int64,  # KV blocks concerned (iteration: tokens in the batch)
+        "bytes": pl.Int64,  # bytes concerned (iteration: KV pool bytes used + in flight)
+        "tier": pl.Enum(TIERS),
+        "score": pl.Float64,  # the policy's eviction key head where one was taken; NaN otherwise
+        "value": pl.Int64,  # kind-specific: duration in us, or reason code for reject
+    }
+)

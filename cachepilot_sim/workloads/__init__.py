@@ -1,0 +1,1 @@
+"""Workload generators: synthetic returning sessions (trace readers attach here)."""
