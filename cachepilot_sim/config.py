@@ -220,6 +220,9 @@ class KVConfig(Sealed):
     watermark_fraction: float = 0.01
     offload_enabled: bool = True
     cpu_store_bytes: int = 64 * GIB
+    # When the CPU store is full, drop its least recently offloaded KV to take a new victim (as an
+    # LRU CPU tier does); false: a victim that does not fit is dropped instead.
+    cpu_store_evicts_lru: bool = True
 
     def validate(self, prefix: str) -> None:
         _positive(self, prefix, "block_tokens")
@@ -340,8 +343,14 @@ def register_configs() -> None:
     """Register the schema with Hydra's ConfigStore (called once by the entry point)."""
     from hydra.core.config_store import ConfigStore
 
+    from omegaconf import OmegaConf
+
     cs = ConfigStore.instance()
-    cs.store(name="run_schema", node=RunConfig)
+    node = OmegaConf.structured(RunConfig)
+    # YAML dicts merge key by key: start the class table empty so that a workload file lists
+    # exactly its own classes instead of adding to the dataclass default.
+    node.workload.classes = {}
+    cs.store(name="run_schema", node=node)
     for group, node in (("hardware", HardwareConfig), ("model", ModelConfig),
                         ("workload", WorkloadConfig), ("batcher", BatcherConfig),
                         ("policy", PolicyConfig)):

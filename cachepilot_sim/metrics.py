@@ -1,7 +1,7 @@
 """Per-request results and run metrics: realized costs (time actually paid), latency and goodput.
 
-TTFT runs from the moment a turn was sent (a session's first turn: from the session's arrival) to its
-first token; TPOT is (finish - first token) / (tokens - 1); a request meets its SLA when both are within
+TTFT runs from the moment a turn was sent to its first token (a new session's wait for a front-end
+slot is reported apart, as session_wait); TPOT is (finish - first token) / (tokens - 1); a request meets its SLA when both are within
 its class's targets. Goodput counts only completed requests that met their SLA.
 """
 
@@ -24,6 +24,7 @@ REQUEST_SCHEMA = pl.Schema(
         "outcome": pl.Utf8, "reject_reason": pl.Utf8, "kv_source": pl.Utf8,
         "reload_us": pl.Int64, "recompute_us": pl.Float64, "preemptions": pl.Int64,
         "ttft_us": pl.Int64, "tpot_us": pl.Float64, "e2e_us": pl.Int64, "sla_met": pl.Boolean,
+        "session_wait_us": pl.Int64,
     }
 )
 
@@ -43,6 +44,7 @@ def request_frame(requests: Sequence[Request], class_names: Sequence[str],
             KvSource(r.kv_source).name.lower(), r.reload_us_paid, r.recompute_us_paid,
             r.num_preemptions, ttft, tpot, r.finish_us - r.arrival_us if done else -1,
             done and ttft <= ttft_slo_us[r.class_index] and tpot <= r.tpot_slo_us,
+            r.session_wait_us,
         )
         for name, value in zip(REQUEST_SCHEMA.names(), values):
             rows[name].append(value)
@@ -59,10 +61,12 @@ def latency_metrics(frame: pl.DataFrame) -> dict[str, float]:
     ttft = done["ttft_us"].to_numpy() / 1e6
     tpot = done.filter(pl.col("generated") > 1)["tpot_us"].to_numpy() / 1e3
     e2e = done["e2e_us"].to_numpy() / 1e6
+    wait = frame.filter(pl.col("turn") == 0)["session_wait_us"].to_numpy() / 1e6
     return {
         "ttft_p50_s": _pct(ttft, 50), "ttft_p95_s": _pct(ttft, 95), "ttft_p99_s": _pct(ttft, 99),
         "tpot_p50_ms": _pct(tpot, 50), "tpot_p95_ms": _pct(tpot, 95),
         "e2e_p50_s": _pct(e2e, 50), "e2e_p99_s": _pct(e2e, 99),
+        "session_wait_p50_s": _pct(wait, 50), "session_wait_p95_s": _pct(wait, 95),
     }
 
 

@@ -3,8 +3,8 @@
 A session takes one of `max_active_sessions` slots (the front end's concurrency limit), sends a turn,
 waits for the full answer, thinks, and sends the next turn, whose prompt extends its whole earlier
 context. The arrival rate is multiplied by `spike_multiplier` once `spike_at_request` requests have
-been issued. A session's first turn counts its time from the session's arrival, so time spent waiting
-for a slot shows up in TTFT.
+been issued. TTFT counts from the moment a turn is sent; the time a new session waited for a slot
+is recorded separately on its first turn (`session_wait_us`).
 """
 
 from __future__ import annotations
@@ -65,11 +65,12 @@ class Clients:
         with self.slots.request() as slot:
             yield slot
             context = 0
-            sent_us = arrived_us
             for turn in range(spec.num_turns):
                 if self.num_issued >= self.wl.num_requests:
                     return
-                req = self._make_request(spec, turn, context, sent_us)
+                req = self._make_request(spec, turn, context, self.env.now)
+                if turn == 0:
+                    req.session_wait_us = self.env.now - arrived_us
                 self.requests.append(req)
                 yield self.inbox.put(req)
                 yield req.done
@@ -78,7 +79,6 @@ class Clients:
                 context = req.total_tokens
                 if turn + 1 < spec.num_turns:
                     yield self.env.timeout(int(spec.think_us[turn]))
-                sent_us = self.env.now
 
     def _make_request(self, spec: SessionSpec, turn: int, context: int, sent_us: int) -> Request:
         ci = spec.class_index

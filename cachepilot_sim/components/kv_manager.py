@@ -76,6 +76,7 @@ class KvStats:
     realized_recompute_us: float = 0.0
     preempt_recompute_us: float = 0.0
     expected_evict_cost_us: float = 0.0  # the seed's metric: sum of P(resume) x restore at eviction
+    cpu_drops: int = 0  # CPU-resident KV dropped to make room in the store
     cpu_peak_bytes: int = 0
 
 
@@ -100,6 +101,8 @@ class KvManager:
         self.pending_free_bytes = 0  # offloads in flight: will become free
         self.sessions: dict[int, SessionKV] = {}
         self.idle: dict[int, SessionKV] = {}  # GPU-resident, not attached: eviction candidates
+        self.cpu_lru: dict[int, SessionKV] = {}  # CPU-resident, oldest offload first
+        self.cpu_store_lru = cfg.kv.cpu_store_evicts_lru
         self.stats = KvStats()
         self.on_ready: Callable[[Request], None] = lambda req: None
         self.on_memory: Callable[[], None] = lambda: None
@@ -189,7 +192,22 @@ class KvManager:
 
     # -- eviction ----------------------------------------------------------------------------
     def _can_offload(self, num_bytes: int) -> bool:
-        return self.offload_enabled and self.cpu_used_bytes + num_bytes <= self.cpu_capacity_bytes
+        if not self.offload_enabled:
+            return False
+        if self.cpu_store_lru:
+            return num_bytes <= self.cpu_capacity_bytes
+        return self.cpu_used_bytes + num_bytes <= self.cpu_capacity_bytes
+
+    def _cpu_room(self, num_bytes: int) -> bool:
+        """Make room in the CPU store by dropping its least recently offloaded KV, if allowed."""
+        while self.cpu_used_bytes + num_bytes > self.cpu_capacity_bytes and self.cpu_lru:
+            old = self.cpu_lru.pop(next(iter(self.cpu_lru)))
+            self.cpu_used_bytes -= old.num_bytes
+            self.stats.cpu_drops += 1
+            self.recorder.emit(self.env.now, "kv", "evict_drop", old.entry.session_id, -1,
+                               old.entry.model_index, old.num_blocks, old.num_bytes, "cpu")
+            old.tier, old.num_blocks = Tier.NONE, 0
+        return self.cpu_used_bytes + num_bytes <= self.cpu_capacity_bytes
 
     def evict(self, bytes_needed: int, exclude: SessionKV | None, allow_offload: bool) -> int:
         """Ask the policy for idle victims covering `bytes_needed`; returns bytes evicted."""
@@ -213,7 +231,7 @@ class KvManager:
             expected = self.estimator.resume_probability(e, now) * e.restore_us
             self.stats.expected_evict_cost_us += expected
             score = float(self.policy.key(e, now)[0])
-            if allow_offload and self._can_offload(s.num_bytes):
+            if allow_offload and self._can_offload(s.num_bytes) and self._cpu_room(s.num_bytes):
                 self._start_offload(s, score)
             else:
                 self._drop(s, score)
@@ -246,6 +264,7 @@ class KvManager:
         self.pool.finish_offload(num_bytes)
         self.pending_free_bytes -= num_bytes
         s.tier = Tier.CPU
+        self.cpu_lru[s.entry.entry_id] = s
         self.recorder.emit(self.env.now, "pcie", "offload_done", s.entry.session_id, -1,
                            s.entry.model_index, s.num_blocks, num_bytes, "cpu", value=duration)
         self._hand_back(s)
@@ -256,6 +275,7 @@ class KvManager:
         if not self._make_room(num_bytes, exclude=s):
             return Admit.BLOCKED
         self.pool.start_reload(num_bytes)
+        del self.cpu_lru[s.entry.entry_id]
         s.tier = Tier.FLIGHT_IN
         s.waiting = req
         self.recorder.emit(self.env.now, "pcie", "reload_start", req.session_id, req.req_id,

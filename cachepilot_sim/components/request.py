@@ -30,7 +30,7 @@ class Request:
         "deadline_us", "tpot_slo_us", "context_tokens", "prompt_tokens", "output_tokens",
         "admitted_us", "first_token_us", "finish_us", "generated", "outcome", "reject_reason",
         "kv_source", "reload_us_paid", "recompute_us_paid", "num_preemptions", "done",
-        "prefill_tokens",
+        "prefill_tokens", "session_wait_us",
     )
 
     def __init__(
@@ -61,6 +61,7 @@ class Request:
         self.recompute_us_paid = 0.0
         self.num_preemptions = 0
         self.prefill_tokens = 0  # tokens this admission must prefill (set by the KV manager)
+        self.session_wait_us = 0  # first turn only: time the session waited for a front-end slot
         self.done = env.event()
 
     @property

@@ -1,0 +1,31 @@
+"""Hydra entry point: `python -m cachepilot_sim +experiment=mixed_spike` (the only DictConfig user)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from cachepilot_sim.config import ConfigError, register_configs, to_config
+from cachepilot_sim.runner import run_experiment
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    try:
+        run_cfg = to_config(cfg)
+    except ConfigError as err:
+        print(f"cachepilot_sim: invalid configuration: {err}", file=sys.stderr)
+        sys.exit(2)
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    run_experiment(run_cfg, out_dir)
+    print(f"results: {out_dir}")
+
+
+if __name__ == "__main__":
+    main()

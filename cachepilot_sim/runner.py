@@ -1,0 +1,133 @@
+"""Runs a RunConfig's matrix (policies x seeds), writes results, and prints the comparison table.
+
+Files under the output folder: `metrics.json` (every cell and the per-policy summary), `summary.md`
+(the table), `requests/<policy>_seed<k>.parquet` (per-request results) and, when tracing is on,
+`trace/<policy>_seed<k>/part-*.parquet`. Each file is written to a temporary name and renamed, so an
+interrupted run never leaves a half-written file over an earlier one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from cachepilot_sim.config import RunConfig
+from cachepilot_sim.sim import build
+
+# (metric key, column title, format): the headline table.
+COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("realized_restore_s", "realized restore s", "{:.2f}"),
+    ("restore_vs_lru", "vs LRU", "{:.3f}"),
+    ("expected_evict_cost_s", "expected evict cost s (seed metric)", "{:.2f}"),
+    ("evictions", "evictions", "{:.0f}"),
+    ("ttft_p50_s", "TTFT p50 s", "{:.3f}"),
+    ("ttft_p95_s", "TTFT p95 s", "{:.2f}"),
+    ("ttft_p99_s", "TTFT p99 s", "{:.2f}"),
+    ("tpot_p50_ms", "TPOT p50 ms", "{:.2f}"),
+    ("tpot_p95_ms", "TPOT p95 ms", "{:.2f}"),
+    ("goodput_req_s", "goodput req/s", "{:.3f}"),
+    ("session_wait_p95_s", "session wait p95 s", "{:.1f}"),
+)
+
+
+def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def run_cells(cfg: RunConfig, out_dir: Path | None) -> list[dict[str, Any]]:
+    """Every (policy, seed) cell, in a fixed order; per-request results written when out_dir."""
+    policies = list(cfg.compare_policies) or [cfg.policy.name]
+    cells: list[dict[str, Any]] = []
+    for policy in policies:
+        for seed in range(cfg.seed, cfg.seed + cfg.seeds):
+            sim_cfg = cfg.sim_for(policy, seed)
+            trace_dir = None
+            if out_dir is not None and sim_cfg.trace.enabled:
+                trace_dir = out_dir / "trace" / f"{policy}_seed{seed}"
+            result = build(sim_cfg, trace_dir).run()
+            if out_dir is not None and cfg.write_requests:
+                _write_atomic(out_dir / "requests" / f"{policy}_seed{seed}.parquet",
+                              result.requests.write_parquet)
+            cells.append(result.metrics)
+    _add_vs_lru(cells)
+    return cells
+
+
+def _add_vs_lru(cells: list[dict[str, Any]]) -> None:
+    """Paired ratio of realized restore seconds to LRU's on the same seed (NaN without LRU)."""
+    lru = {c["seed"]: c["realized_restore_s"] for c in cells if c["policy"] == "lru"}
+    for c in cells:
+        base = lru.get(c["seed"])
+        c["restore_vs_lru"] = c["realized_restore_s"] / base if base else float("nan")
+
+
+def summarize(cells: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per policy and numeric metric: mean, std (sample, ddof=1), min, max, n over seeds."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for policy in dict.fromkeys(c["policy"] for c in cells):
+        rows = [c for c in cells if c["policy"] == policy]
+        stats: dict[str, dict[str, float]] = {}
+        for key, value in rows[0].items():
+            if key in ("policy", "seed") or not isinstance(value, int | float):
+                continue
+            v = np.array([r[key] for r in rows], dtype=np.float64)
+            stats[key] = {
+                "mean": float(np.mean(v)), "std": float(np.std(v, ddof=1)) if v.size > 1 else 0.0,
+                "min": float(np.min(v)), "max": float(np.max(v)), "n": int(v.size),
+            }
+        out[policy] = stats
+    return out
+
+
+def _cell(stat: dict[str, float], fmt: str) -> str:
+    if math.isnan(stat["mean"]):
+        return "-"
+    f = fmt.format
+    return f"{f(stat['mean'])} ± {f(stat['std'])}\n[{f(stat['min'])}, {f(stat['max'])}]"
+
+
+def table(summary: dict[str, dict[str, dict[str, float]]], title: str) -> Table:
+    t = Table(title=title, show_lines=True)
+    t.add_column("policy")
+    for _, name, _ in COLUMNS:
+        t.add_column(name, justify="right")
+    for policy, stats in summary.items():
+        t.add_row(policy, *(_cell(stats[k], fmt) for k, _, fmt in COLUMNS))
+    return t
+
+
+def markdown(summary: dict[str, dict[str, dict[str, float]]]) -> str:
+    """The same table as GitHub markdown (mean ± σ, then [min, max])."""
+    head = "| policy | " + " | ".join(name for _, name, _ in COLUMNS) + " |"
+    rule = "|---|" + "---:|" * len(COLUMNS)
+    lines = [head, rule]
+    for policy, stats in summary.items():
+        cells = [_cell(stats[k], fmt).replace("\n", " ") for k, _, fmt in COLUMNS]
+        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run_experiment(cfg: RunConfig, out_dir: Path, console: Console | None = None) -> dict[str, Any]:
+    """Run the matrix, write metrics.json and summary.md, print the table."""
+    cells = run_cells(cfg, out_dir)
+    summary = summarize(cells)
+    seeds = f"seeds {cfg.seed}..{cfg.seed + cfg.seeds - 1}"
+    title = (f"{cfg.workload.name}: {cfg.workload.num_requests} requests, {cfg.vram_gb:g} GB VRAM, "
+             f"{cfg.model.name}, {seeds}; mean ± σ [min, max]")
+    report = {"title": title, "cells": cells, "summary": summary}
+    _write_atomic(out_dir / "metrics.json",
+                  lambda p: p.write_text(json.dumps(report, indent=1, allow_nan=True)))
+    _write_atomic(out_dir / "summary.md", lambda p: p.write_text(f"{title}\n\n{markdown(summary)}"))
+    (console or Console(width=250)).print(table(summary, title))
+    return report
