@@ -163,7 +163,11 @@ def check_fused(
 
 
 def run_checks(
-    backend: Any, seed: int = 0, geom: KvGeometry = TINY_GEOMETRY, quick: bool = False
+    backend: Any,
+    seed: int = 0,
+    geom: KvGeometry = TINY_GEOMETRY,
+    quick: bool = False,
+    quant_shape: tuple[int, int] = (37, 96),
 ) -> list[CheckResult]:
     """All checks for one backend; quick keeps bf16 only (for the CPU interpreter)."""
     rng = np.random.default_rng(seed)
@@ -172,7 +176,7 @@ def run_checks(
     for half in halves:
         for fmt in QuantFormat:
             for per_token in (True, False):
-                results += check_quant(backend, rng, half, fmt, per_token)
+                results += check_quant(backend, rng, half, fmt, per_token, *quant_shape)
             results += check_fused(backend, rng, geom, half, fmt)
     return results
 

@@ -70,8 +70,8 @@ def swap(
 ) -> None:
     """Zero-copy swap-out (out=True) or swap-in of `num_pairs` blocks in one launch.
 
-    layer_ptrs_addr: device array of num_layers uint64 layer base addresses; *_ids_addr: device int64
-    arrays of length num_pairs; host_addr: pinned host pool [num_host_blocks, layers, 2, chunk].
+    layer_ptrs_addr: device array of num_layers uint64 layer base addresses; *_ids_addr: device
+    int64 arrays of length num_pairs; host_addr: pinned pool [num_host_blocks, layers, 2, chunk].
     """
     name = f"swap_{'out' if out else 'in'}_u{unroll}"
     num_chunks = num_pairs * geom.num_layers * 2
@@ -132,7 +132,7 @@ def quantize_per_token(
     threads: int = 256,
     ctas_per_sm: int = 16,
 ) -> None:
-    """x [num_rows, row_len] 16-bit -> codes (1 byte each) and f32 scales [num_rows]; warp per row."""
+    """x [num_rows, row_len] 16-bit -> codes (1 byte each), f32 scales [num_rows]; warp per row."""
     name = f"quant_tok_{fmt.value}_{half.value}_{_row_variant(row_len)}"
     warps = threads // 32
     grid = max(1, min(-(-num_rows // warps), num_sms() * ctas_per_sm))

@@ -360,7 +360,7 @@ def quantize_per_token(
     rows_per_program: int = 4,
     num_warps: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [num_rows, row_len] bf16/fp16 -> (codes uint8 [num_rows, row_len], scales f32 [num_rows])."""
+    """x [num_rows, row_len] bf16/fp16 -> (uint8 codes, same shape; f32 scales [num_rows])."""
     num_rows, row_len = x.shape
     codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device) if codes is None else codes
     scales = (
