@@ -130,16 +130,19 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Quantize one row held by one warp: row_vec 16-byte vectors (8 values each), lane l takes
-// vectors l, l+32, ...; all loads are issued before the first use. Returns the row's scale.
-template <int FMT, int DT, int MAX_V>
-__device__ __forceinline__ float quant_row(const uint4* src, uint2* dst, int row_vec, int lane) {
-  uint4 r[MAX_V];
+// One row held by one warp: row_vec 16-byte vectors (8 values each), lane l takes vectors l, l+32,
+// ...; load_row issues all loads before any use, encode_row quantizes and stores, returns the scale.
+template <int MAX_V>
+__device__ __forceinline__ void load_row(const uint4* src, uint4* r, int row_vec, int lane) {
 #pragma unroll
   for (int v = 0; v < MAX_V; ++v) {
     int i = lane + 32 * v;
     if (i < row_vec) r[v] = ld_stream(src + i);
   }
+}
+
+template <int FMT, int DT, int MAX_V>
+__device__ __forceinline__ float encode_row(const uint4* r, uint2* dst, int row_vec, int lane) {
   float amax = 0.0f;
   float x[8];
 #pragma unroll
@@ -161,4 +164,11 @@ __device__ __forceinline__ float quant_row(const uint4* src, uint2* dst, int row
     }
   }
   return amax / qmax<FMT>();
+}
+
+template <int FMT, int DT, int MAX_V>
+__device__ __forceinline__ float quant_row(const uint4* src, uint2* dst, int row_vec, int lane) {
+  uint4 r[MAX_V];
+  load_row<MAX_V>(src, r, row_vec, lane);
+  return encode_row<FMT, DT, MAX_V>(r, dst, row_vec, lane);
 }

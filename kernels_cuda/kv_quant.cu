@@ -4,24 +4,40 @@
 // column (per channel), and the matching dequantization back to the 16-bit format.
 #include "kv_common.cuh"
 
-// Per token: one warp per row, grid-stride over rows.
-template <int FMT, int DT, int MAX_V>
+// Per token: one warp per R rows at a time (all R rows' loads in flight first), grid-stride.
+template <int FMT, int DT, int MAX_V, int R>
 __device__ __forceinline__ void quant_tok_impl(const uint4* x, uint2* q, float* scales,
                                                i64 num_rows, int row_vec) {
   const int lane = threadIdx.x & 31;
   const i64 warps_per_grid = (i64)gridDim.x * (blockDim.x >> 5);
-  for (i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); row < num_rows;
-       row += warps_per_grid) {
-    const float scale = quant_row<FMT, DT, MAX_V>(x + row * row_vec, q + row * row_vec, row_vec, lane);
-    if (lane == 0) scales[row] = scale;
+  for (i64 row0 = ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R; row0 < num_rows;
+       row0 += warps_per_grid * R) {
+    uint4 r[R][MAX_V];
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+      if (row0 + k < num_rows) load_row<MAX_V>(x + (row0 + k) * row_vec, r[k], row_vec, lane);
+    }
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+      if (row0 + k < num_rows) {
+        const float s = encode_row<FMT, DT, MAX_V>(r[k], q + (row0 + k) * row_vec, row_vec, lane);
+        if (lane == 0) scales[row0 + k] = s;
+      }
+    }
   }
 }
 
-#define QUANT_TOK(NAME, FMT, DT, MAX_V)                                                      \
+#define QUANT_TOK_R(NAME, FMT, DT, MAX_V, R)                                                 \
   extern "C" __global__ void NAME(const uint4* x, uint2* q, float* scales, i64 num_rows,     \
                                   int row_vec) {                                             \
-    quant_tok_impl<FMT, DT, MAX_V>(x, q, scales, num_rows, row_vec);                         \
+    quant_tok_impl<FMT, DT, MAX_V, R>(x, q, scales, num_rows, row_vec);                      \
   }
+#define QUANT_TOK(NAME, FMT, DT, MAX_V) QUANT_TOK_R(NAME, FMT, DT, MAX_V, 1)
+
+QUANT_TOK_R(quant_tok_int8_bf16_v4_r2, KV_INT8, KV_BF16, 4, 2)
+QUANT_TOK_R(quant_tok_fp8_bf16_v4_r2, KV_FP8, KV_BF16, 4, 2)
+QUANT_TOK_R(quant_tok_int8_fp16_v4_r2, KV_INT8, KV_FP16, 4, 2)
+QUANT_TOK_R(quant_tok_fp8_fp16_v4_r2, KV_FP8, KV_FP16, 4, 2)
 
 QUANT_TOK(quant_tok_int8_bf16_v4, KV_INT8, KV_BF16, 4)
 QUANT_TOK(quant_tok_fp8_bf16_v4, KV_FP8, KV_BF16, 4)

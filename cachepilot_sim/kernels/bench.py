@@ -151,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             stage()
         except Exception as err:  # keep going: a failed stage is recorded, the rest still runs
-            doc.setdefault("errors", {})[name] = repr(err)
-            log(f"stage {name} FAILED: {err!r}")
+            doc.setdefault("errors", {})[name] = str(err)[-2000:]
+            log(f"stage {name} FAILED: {str(err)[-2000:]}")
         save(rows)
         log(f"-- {name} done at {time.monotonic() - t0:.0f}s")
     text = summary(rows, doc["environment"])

@@ -195,7 +195,7 @@ def _safe(
         log(f"{section:20s} {name:44s} {t.median_us:10.1f} us {t.gbps:8.1f} GB/s")
         return t
     except Exception as err:
-        log(f"{section} {name} FAILED: {err!r}")
+        log(f"{section} {name} FAILED: {str(err)[-600:]}")
         return Timing(
             section,
             name,

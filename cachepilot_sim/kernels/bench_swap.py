@@ -304,7 +304,7 @@ def _safe(
         log(f"{section:16s} {name:52s} {_label(n):8s} {t.median_us:10.1f} us {t.gbps:8.2f} GB/s")
         return t
     except Exception as err:
-        log(f"{section} {name} {_label(n)} FAILED: {err!r}")
+        log(f"{section} {name} {_label(n)} FAILED: {str(err)[-600:]}")
         return Timing(
             section,
             name,

@@ -172,13 +172,32 @@ def run_checks(
     """All checks for one backend; quick keeps bf16 only (for the CPU interpreter)."""
     rng = np.random.default_rng(seed)
     halves = [HalfFormat.BF16] if quick else list(HalfFormat)
-    results = check_swap(backend, rng, geom)
+    results = _guard(backend, "swap", check_swap, rng, geom)
     for half in halves:
         for fmt in QuantFormat:
             for per_token in (True, False):
-                results += check_quant(backend, rng, half, fmt, per_token, *quant_shape)
-            results += check_fused(backend, rng, geom, half, fmt)
+                results += _guard(
+                    backend,
+                    f"quant_{fmt.value}_{half.value}",
+                    check_quant,
+                    rng,
+                    half,
+                    fmt,
+                    per_token,
+                    *quant_shape,
+                )
+            results += _guard(
+                backend, f"fused_{fmt.value}_{half.value}", check_fused, rng, geom, half, fmt
+            )
     return results
+
+
+def _guard(backend: Any, name: str, fn: Any, *args: Any) -> list[CheckResult]:
+    """Run one check group; an exception (a kernel that fails to build or launch) is a failure."""
+    try:
+        return list(fn(backend, *args))
+    except Exception as err:
+        return [_result(name, backend, False, f"raised: {str(err)[-600:]}")]
 
 
 def make_backend(name: str, device: str) -> Any:

@@ -130,12 +130,21 @@ def quantize_per_token(
     half: HalfFormat,
     fmt: QuantFormat,
     threads: int = 256,
-    ctas_per_sm: int = 16,
+    ctas_per_sm: int = 1 << 20,
+    rows_per_warp: int = 1,
 ) -> None:
-    """x [num_rows, row_len] 16-bit -> codes (1 byte each), f32 scales [num_rows]; warp per row."""
-    name = f"quant_tok_{fmt.value}_{half.value}_{_row_variant(row_len)}"
-    warps = threads // 32
-    grid = max(1, min(-(-num_rows // warps), num_sms() * ctas_per_sm))
+    """x [num_rows, row_len] 16-bit -> codes (1 byte each), f32 scales [num_rows].
+
+    One warp quantizes rows_per_warp rows at a time (1, or 2 for rows of up to 1024 values);
+    the grid is one CTA per threads/32*rows_per_warp rows, capped at ctas_per_sm per SM.
+    """
+    variant = _row_variant(row_len)
+    if rows_per_warp == 2 and variant != "v4":
+        raise ValueError("rows_per_warp=2 is built for rows of up to 1024 values only")
+    suffix = "_r2" if rows_per_warp == 2 else ""
+    name = f"quant_tok_{fmt.value}_{half.value}_{variant}{suffix}"
+    rows_per_cta = threads // 32 * rows_per_warp
+    grid = max(1, min(-(-num_rows // rows_per_cta), num_sms() * ctas_per_sm))
     _fn("kv_quant.cu", name)(
         (grid,),
         (threads,),

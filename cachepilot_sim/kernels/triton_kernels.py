@@ -19,7 +19,7 @@ import triton.language as tl
 
 from cachepilot_sim.kernels.layout import KvGeometry, QuantFormat
 
-_RINT_MAGIC = 12582912.0  # 1.5 * 2**23: (y + M) - M rounds |y| < 2**22 to nearest even in f32
+_RINT_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: (y + M) - M rounds |y| < 2**22 to RNE
 
 
 @dataclass(frozen=True, slots=True)
