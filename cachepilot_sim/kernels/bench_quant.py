@@ -53,16 +53,20 @@ def quant_variants(
             fmt,
             ctas_per_sm=c,
         )
-    v[f"cuda_tok_{fmt.value}_t256_one_cta_per_8_rows"] = lambda i: ck.quantize_per_token(
-        x.data_ptr(),
-        codes.data_ptr(),
-        scales.data_ptr(),
-        rows,
-        row_len,
-        bf16,
-        fmt,
-        ctas_per_sm=1 << 20,
-    )
+    for r, t in ((1, 256), (2, 256), (1, 128), (2, 128)):
+        v[f"cuda_tok_{fmt.value}_t{t}_r{r}_one_cta_per_{t // 32 * r}_rows"] = lambda i, r=r, t=t: (
+            ck.quantize_per_token(
+                x.data_ptr(),
+                codes.data_ptr(),
+                scales.data_ptr(),
+                rows,
+                row_len,
+                bf16,
+                fmt,
+                threads=t,
+                rows_per_warp=r,
+            )
+        )
     for rpp, warps in ((1, 4), (2, 4), (4, 4), (4, 8), (8, 8)):
         v[f"triton_tok_{fmt.value}_rows{rpp}_w{warps}"] = lambda i, r=rpp, w=warps: (
             tk.quantize_per_token(x, fmt, codes, scales, rows_per_program=r, num_warps=w)

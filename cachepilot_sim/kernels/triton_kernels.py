@@ -79,10 +79,13 @@ def _swap_kernel(
         for start in range(0, CHUNK_WORDS, BLOCK):
             o = start + offs
             m = o < CHUNK_WORDS
+            # Chunks start 16-byte aligned: say so, or Triton emits 8-byte accesses.
+            hp = tl.multiple_of(host + host_word0 + o, 16)
+            dp = tl.multiple_of(base + dev_word0 + o, 16)
             if OUT:
-                tl.store(host + host_word0 + o, tl.load(base + dev_word0 + o, mask=m), mask=m)
+                tl.store(hp, tl.load(dp, mask=m), mask=m)
             else:
-                tl.store(base + dev_word0 + o, tl.load(host + host_word0 + o, mask=m), mask=m)
+                tl.store(dp, tl.load(hp, mask=m), mask=m)
 
 
 def _native() -> bool:
@@ -272,7 +275,8 @@ def _swap_out_quant_kernel(
         x = tl.load(base_ptr + tl.multiple_of(elem0, 8) + tile, mask=m, other=0.0)
         codes, scale = _quant_tile(x.to(tl.float32), QMAX, FP8, NATIVE)
         code0 = tl.multiple_of(host_chunk * (BLOCK_SIZE * ROW_LEN), 16)
-        tl.store(codes_out + code0 + tile, codes, mask=m)
+        dst = tl.max_contiguous(tl.multiple_of(codes_out + code0 + tile, [1, 16]), [1, 16])
+        tl.store(dst, codes, mask=m)
         tl.store(scales_out + host_chunk * BLOCK_SIZE + toks, scale, mask=toks < BLOCK_SIZE)
 
 
@@ -305,7 +309,8 @@ def _swap_in_dequant_kernel(
             c, device_ids, host_ids, num_layers, num_device_blocks
         )
         code0 = tl.multiple_of(host_chunk * (BLOCK_SIZE * ROW_LEN), 16)
-        v = _decode(tl.load(codes_in + code0 + tile, mask=m, other=0), FP8)
+        src = tl.max_contiguous(tl.multiple_of(codes_in + code0 + tile, [1, 16]), [1, 16])
+        v = _decode(tl.load(src, mask=m, other=0), FP8)
         s = tl.load(scales_in + host_chunk * BLOCK_SIZE + toks, mask=toks < BLOCK_SIZE, other=0.0)
         elem0 = tl.load(layer_offs + layer) // 2 + device_chunk * (BLOCK_SIZE * ROW_LEN)
         out = _to_half(v * s[:, None], base_ptr.dtype.element_ty, NATIVE)
