@@ -74,8 +74,8 @@ class HardwareConfig(Sealed):
     section: ClassVar[str] = "hardware"
     name: str = "h200"
     hbm_bytes_per_us: float = 4.196e6
-    prefill_token_us: float = 26.2
-    attention_token2_us: float = 4.67e-4
+    prefill_token_us: float = 25.97
+    attention_token2_us: float = 9.47e-4
     step_overhead_us: float = 0.0
     pcie_h2d_latency_us: float = 9.0
     pcie_h2d_bytes_per_us: float = 55.2e3

@@ -77,15 +77,17 @@ class Simulation:
             )
         if not self.pool.conserved():
             raise SimulationError("VRAM pool accounting broken at the end of the run")
-        return SimResult(self.metrics(), self.requests(), self.recorder.frame())
+        requests = self.requests()
+        return SimResult(self.metrics(requests), requests, self.recorder.frame())
 
     def requests(self) -> pl.DataFrame:
         names = self.clients.factory.class_names
         slo = [ms_to_us(self.cfg.workload.classes[n].ttft_slo_ms) for n in names]
         return request_frame(self.clients.requests, names, slo)
 
-    def metrics(self) -> dict[str, Any]:
-        frame = self.requests()
+    def metrics(self, frame: pl.DataFrame | None = None) -> dict[str, Any]:
+        """Run metrics; `frame` is the per-request table when the caller already built it."""
+        frame = self.requests() if frame is None else frame
         duration = max(self.env.now, 1)
         kv = self.kv.stats
         eng = self.batcher.stats

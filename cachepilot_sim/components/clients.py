@@ -72,7 +72,7 @@ class Clients:
                 if turn == 0:
                     req.session_wait_us = self.env.now - arrived_us
                 self.requests.append(req)
-                yield self.inbox.put(req)
+                self.inbox.put(req)  # unbounded Store: succeeds at once, no need to wait
                 yield req.done
                 if req.outcome != Outcome.COMPLETED:
                     return

@@ -260,7 +260,7 @@ class KvManager:
 
     def _offload(self, s: SessionKV, num_bytes: int) -> Generator[simpy.Event, object, None]:
         """Process: copy a victim's blocks to the CPU store, then free them on the GPU."""
-        duration = yield self.env.process(self.link.transfer("d2h", num_bytes))
+        duration = yield from self.link.transfer("d2h", num_bytes)
         self.pool.finish_offload(num_bytes)
         self.pending_free_bytes -= num_bytes
         s.tier = Tier.CPU
@@ -285,7 +285,7 @@ class KvManager:
 
     def _reload(self, s: SessionKV, req: Request, num_bytes: int) -> Generator:
         """Process: copy a session's blocks back from the CPU store; the request then re-queues."""
-        duration = yield self.env.process(self.link.transfer("h2d", num_bytes))
+        duration = yield from self.link.transfer("h2d", num_bytes)
         self.pool.finish_reload(num_bytes)
         self.cpu_used_bytes -= num_bytes
         s.tier = Tier.GPU
@@ -305,13 +305,21 @@ class KvManager:
             self.on_ready(req)
 
     # -- running requests ----------------------------------------------------------------------
-    def grow(self, num_bytes: int) -> bool:
-        """Allocate blocks for decode growth now; drops idle KV (no time to offload) if short."""
+    def grow(self, session_ids: list[int], num_blocks: list[int]) -> bool:
+        """Give running sessions more blocks now (decode growth); all or nothing.
+
+        If memory is short, idle KV is dropped (there is no time to offload it); False when even
+        that does not free enough, and then nothing changes.
+        """
+        sessions = [self.sessions[sid] for sid in session_ids]
+        num_bytes = sum(s.block_bytes * n for s, n in zip(sessions, num_blocks))
         if self.pool.free_bytes < num_bytes:
             self.evict(num_bytes - self.pool.free_bytes, exclude=None, allow_offload=False)
         if self.pool.free_bytes < num_bytes:
             return False
         self.pool.allocate(num_bytes)
+        for s, n in zip(sessions, num_blocks):
+            s.num_blocks += n
         return True
 
     def maintain_watermark(self) -> None:
@@ -320,10 +328,10 @@ class KvManager:
         if short > 0 and self.idle:
             self.evict(short, exclude=None, allow_offload=True)
 
-    def finish(self, req: Request, num_tokens: int, num_blocks: int) -> None:
+    def finish(self, req: Request, num_tokens: int) -> None:
         """A turn ended: the session's KV stays on the GPU, idle and evictable."""
         s = self.sessions[req.session_id]
-        s.num_blocks, s.active = num_blocks, False
+        s.active = False
         e = s.entry
         e.num_tokens, e.num_bytes = num_tokens, s.num_bytes
         e.last_used_us = self.env.now

@@ -1,0 +1,88 @@
+"""Simulation speed benchmark (not a test): simulated requests per wall-second, events per second,
+peak memory; for the mixed_spike experiment (5 seeds x 3 policies, results written) and for one
+100,000-request run. Each case runs in a fresh subprocess so its peak RSS is its own.
+
+    python experiments/bench_sim_speed.py [--out experiments/bench_sim_speed.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+import simpy
+
+CASES = {
+    "mixed_spike (1000 req x 5 seeds x 3 policies, files written)": [],
+    "100k requests (mixed_spike config, perc, 1 seed, files written)": [
+        "workload.num_requests=100000", "seeds=1", "compare_policies=[perc]",
+    ],
+}
+
+
+def run_case(overrides: list[str]) -> dict[str, float]:
+    """Runs in the child process: compose the config, run it, time it, count SimPy events."""
+    from hydra import compose, initialize_config_dir
+
+    from cachepilot_sim.config import register_configs, to_config
+    from cachepilot_sim.runner import run_cells
+
+    num_events = 0
+    schedule = simpy.Environment.schedule
+
+    def counting(self, event, priority=1, delay=0):  # noqa: ANN001, ANN202
+        nonlocal num_events
+        num_events += 1
+        return schedule(self, event, priority, delay)
+
+    simpy.Environment.schedule = counting  # type: ignore[method-assign]
+    register_configs()
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = to_config(compose("config", overrides=["+experiment=mixed_spike", *overrides]))
+    with tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        cells = run_cells(cfg, Path(out))
+        wall = time.perf_counter() - start
+    num_requests = sum(c["requests"] for c in cells)
+    return {
+        "runs": len(cells), "simulated_requests": num_requests, "wall_s": wall,
+        "requests_per_wall_s": num_requests / wall, "simpy_events": num_events,
+        "events_per_wall_s": num_events / wall,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON")
+    parser.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        print(json.dumps(run_case(args.child)))
+        return
+    results = {}
+    for name, overrides in CASES.items():
+        proc = subprocess.run([sys.executable, __file__, "--child", *overrides],
+                              capture_output=True, text=True, check=True)
+        results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+        r = results[name]
+        print(f"{name}: {r['simulated_requests']} requests in {r['wall_s']:.2f} s = "
+              f"{r['requests_per_wall_s']:,.0f} req/s, {r['events_per_wall_s']:,.0f} SimPy events/s, "
+              f"peak RSS {r['peak_rss_mib']:.0f} MiB")
+    if args.out:
+        meta = {"date": date.today().isoformat(), "machine": platform.machine(),
+                "python": platform.python_version(), "cpus": __import__("os").cpu_count()}
+        args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Every experiment config composes, validates and runs at a tiny size (lightning-hydra style)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from cachepilot_sim.config import register_configs, to_config
+from cachepilot_sim.runner import run_experiment
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+
+register_configs()
+
+
+def compose_run(overrides: list[str]):  # noqa: ANN201
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def test_mixed_spike_matches_the_seed_scenario() -> None:
+    cfg = to_config(compose_run(["+experiment=mixed_spike"]))
+    assert cfg.compare_policies == ["perc", "lru", "priority"]
+    assert cfg.seeds == 5 and cfg.vram_gb == 16.0
+    wl = cfg.workload
+    assert (wl.num_requests, wl.max_active_sessions) == (1000, 48)
+    assert (wl.spike_multiplier, wl.spike_at_request) == (4.0, 300)
+    shares = {k: c.share for k, c in wl.classes.items()}
+    assert shares == {"chat": 0.4, "code": 0.3, "summarize": 0.2, "longctx": 0.1}
+    assert cfg.model.weight_bytes == 8_030_000_000
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_runs_at_tiny_size(experiment: str, tmp_path: Path) -> None:
+    cfg = to_config(compose_run([
+        f"+experiment={experiment}", "workload.num_requests=25", "seeds=1",
+        "workload.max_active_sessions=6",
+    ]))
+    report = run_experiment(cfg, tmp_path)
+    assert {c["policy"] for c in report["cells"]} == set(cfg.compare_policies or [cfg.policy.name])
+    for cell in report["cells"]:
+        assert cell["completed"] + cell["rejected"] == cell["requests"] == 25
+    assert (tmp_path / "metrics.json").exists() and (tmp_path / "summary.md").exists()
+
+
+def test_cli_writes_metrics_and_requests(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "cachepilot_sim", "+experiment=smoke", f"hydra.run.dir={out}"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((out / "metrics.json").read_text())
+    assert set(report["summary"]) == {"perc", "lru", "priority"}
+    assert len(list((out / "requests").glob("*.parquet"))) == 6  # 3 policies x 2 seeds
+    assert "realized restore s" in proc.stdout
+
+
+def test_cli_rejects_negative_capacity_naming_the_key(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "cachepilot_sim", "+experiment=smoke", "kv.cpu_store_bytes=-5",
+         f"hydra.run.dir={tmp_path}"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2
+    assert "kv.cpu_store_bytes" in proc.stderr and "-5" in proc.stderr
+    assert not (tmp_path / "metrics.json").exists()
+
+
+def test_cli_rejects_unknown_policy(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "cachepilot_sim", "policy.name=belady2",
+         f"hydra.run.dir={tmp_path}"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2
+    assert "belady2" in proc.stderr and "known" in proc.stderr
