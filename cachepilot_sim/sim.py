@@ -22,6 +22,7 @@ from cachepilot_sim.config import SimConfig
 from cachepilot_sim.cost import compute_fit, transfer_fits
 from cachepilot_sim.metrics import latency_metrics, outcome_metrics, request_frame
 from cachepilot_sim.policies import GapEstimator, make_policy
+from cachepilot_sim.policies.oracle import ShadowOracle
 from cachepilot_sim.rng import make_streams
 from cachepilot_sim.trace.recorder import NullRecorder, TraceRecorder
 
@@ -54,6 +55,8 @@ class Simulation:
         p = cfg.policy
         self.estimator = GapEstimator(p.ema_weight, s_to_us(p.prior_gap_s), s_to_us(p.delta_s))
         self.policy = make_policy(p, self.estimator)
+        if p.shadow_oracle:
+            self.policy = ShadowOracle(self.policy, self.estimator, p)
         wake = Signal(env)
         self.kv = KvManager(env, cfg, self.pool, self.link, self.policy, self.estimator, fit,
                             self.recorder)
@@ -117,6 +120,7 @@ class Simulation:
             "pcie_h2d_gb": self.link.bytes_moved["h2d"] / 1e9,
             "events": self.recorder.num_rows,
         }
+        out |= self.policy.metrics()
         return out
 
 
