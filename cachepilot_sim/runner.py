@@ -19,7 +19,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from cachepilot_sim.config import RunConfig
+from cachepilot_sim.config import RunConfig, SimConfig
 from cachepilot_sim.sim import build
 
 # (metric key, column title, format): the headline table.
@@ -35,6 +35,13 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("tpot_p95_ms", "TPOT p95 ms", "{:.2f}"),
     ("goodput_req_s", "goodput req/s", "{:.3f}"),
     ("session_wait_p95_s", "session wait p95 s", "{:.1f}"),
+)
+# Policy-lab columns, shown only when some cell has them (shadow oracle, offline bound).
+LAB_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("oracle_gap_mean", "vs oracle: gap mean", "{:.3f}"),
+    ("oracle_gap_worst", "vs oracle: gap worst", "{:.2f}"),
+    ("offline_lp_restore_s", "offline LP bound s", "{:.2f}"),
+    ("restore_vs_offline_lp", "realized / LP bound", "{:.2f}"),
 )
 
 
@@ -59,9 +66,19 @@ def run_cells(cfg: RunConfig, out_dir: Path | None) -> list[dict[str, Any]]:
             if out_dir is not None and cfg.write_requests:
                 _write_atomic(out_dir / "requests" / f"{policy}_seed{seed}.parquet",
                               result.requests.write_parquet)
+            if cfg.offline_bound:
+                _add_offline_bound(result.metrics, sim_cfg, result.requests)
             cells.append(result.metrics)
     _add_vs_lru(cells)
     return cells
+
+
+def _add_offline_bound(cell: dict[str, Any], sim_cfg: SimConfig, requests: Any) -> None:
+    from cachepilot_sim.offline import offline_metrics
+
+    cell |= offline_metrics(sim_cfg, requests)
+    bound = cell["offline_lp_restore_s"]
+    cell["restore_vs_offline_lp"] = cell["realized_restore_s"] / bound if bound else float("nan")
 
 
 def _add_vs_lru(cells: list[dict[str, Any]]) -> None:
@@ -90,8 +107,13 @@ def summarize(cells: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, 
     return out
 
 
-def _cell(stat: dict[str, float], fmt: str) -> str:
-    if math.isnan(stat["mean"]):
+def _columns(summary: dict[str, dict[str, dict[str, float]]]) -> tuple[tuple[str, str, str], ...]:
+    present = {k for stats in summary.values() for k in stats}
+    return COLUMNS + tuple(c for c in LAB_COLUMNS if c[0] in present)
+
+
+def _cell(stat: dict[str, float] | None, fmt: str) -> str:
+    if stat is None or math.isnan(stat["mean"]):
         return "-"
     f = fmt.format
     return f"{f(stat['mean'])} ± {f(stat['std'])}\n[{f(stat['min'])}, {f(stat['max'])}]"
@@ -100,20 +122,22 @@ def _cell(stat: dict[str, float], fmt: str) -> str:
 def table(summary: dict[str, dict[str, dict[str, float]]], title: str) -> Table:
     t = Table(title=title, show_lines=True)
     t.add_column("policy")
-    for _, name, _ in COLUMNS:
+    columns = _columns(summary)
+    for _, name, _ in columns:
         t.add_column(name, justify="right")
     for policy, stats in summary.items():
-        t.add_row(policy, *(_cell(stats[k], fmt) for k, _, fmt in COLUMNS))
+        t.add_row(policy, *(_cell(stats.get(k), fmt) for k, _, fmt in columns))
     return t
 
 
 def markdown(summary: dict[str, dict[str, dict[str, float]]]) -> str:
     """The same table as GitHub markdown (mean ± σ, then [min, max])."""
-    head = "| policy | " + " | ".join(name for _, name, _ in COLUMNS) + " |"
-    rule = "|---|" + "---:|" * len(COLUMNS)
+    columns = _columns(summary)
+    head = "| policy | " + " | ".join(name for _, name, _ in columns) + " |"
+    rule = "|---|" + "---:|" * len(columns)
     lines = [head, rule]
     for policy, stats in summary.items():
-        cells = [_cell(stats[k], fmt).replace("\n", " ") for k, _, fmt in COLUMNS]
+        cells = [_cell(stats.get(k), fmt).replace("\n", " ") for k, _, fmt in columns]
         lines.append(f"| {policy} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
