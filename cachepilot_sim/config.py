@@ -250,6 +250,8 @@ class PolicyConfig(Sealed):
     flop_weight: float = 1.0
     # PERC-hazard: idle gaps kept per workload class for the survival estimate (oldest dropped).
     hazard_max_gaps: int = 512
+    # T-LRU: restore time (ms) under which losing a session's KV cannot breach the TTFT tail target.
+    tlru_threshold_ms: float = 200.0
 
     def validate(self, prefix: str) -> None:
         from cachepilot_sim.policies import known_policies
@@ -257,7 +259,7 @@ class PolicyConfig(Sealed):
         known = known_policies()
         require(self.name in known, f"{prefix}.name", self.name, f"unknown policy; known: {known}")
         _positive(self, prefix, "delta_s", "prior_gap_s", "oracle_time_limit_s", "hazard_max_gaps")
-        _nonneg(self, prefix, "flop_weight")
+        _nonneg(self, prefix, "flop_weight", "tlru_threshold_ms")
         require(0.0 < self.ema_weight <= 1.0, f"{prefix}.ema_weight", self.ema_weight,
                 "must be in (0, 1]")
         require(0.0 <= self.slru_protected_fraction <= 1.0, f"{prefix}.slru_protected_fraction",

@@ -7,6 +7,10 @@ FLOPs in our cost model). Lowest utility is evicted first.
 `wild`: in the spirit of "KVCache Cache in the Wild" (Wang et al., ATC'25): per workload class, the
 reuse probability follows an exponential model of reuse time; evict the lowest predicted
 probability of reuse within delta, LRU among equals. It does not weigh restore cost or size.
+`tlru`: in the spirit of Tail-Optimized LRU (Zhang et al., 2025): KV whose loss cannot push the
+next turn's TTFT past the tail target does not matter for the tail, so it goes first (LRU), then
+the rest (LRU). With whole-session entries "tail-first" is this two-class order: cutting only the
+excess tail blocks of a session needs the prefix chains of trace replay.
 """
 
 from __future__ import annotations
@@ -87,3 +91,14 @@ class WildPolicy(RankingPolicy):
 
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
         return (self.reuse_probability(entry, now_us), entry.last_used_us, entry.entry_id)
+
+
+@register("tlru")
+class TailLruPolicy(RankingPolicy):
+    """Entries whose restore fits within `tlru_threshold_ms` first, each group LRU."""
+
+    name = "tlru"
+
+    def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
+        matters = int(entry.restore_us > self.cfg.tlru_threshold_ms * 1000.0)
+        return (matters, entry.last_used_us, entry.entry_id)

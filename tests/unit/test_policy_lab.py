@@ -156,3 +156,11 @@ def test_shadow_does_not_change_the_policy_decisions() -> None:
     shadowed = run_shadowed("lru")
     for key in ("realized_restore_s", "evictions", "ttft_p99_s", "completed"):
         assert plain[key] == shadowed[key], key
+
+
+def test_tlru_evicts_kv_that_cannot_breach_the_tail_target_first() -> None:
+    tlru = make("tlru", tlru_threshold_ms=100.0)
+    cheap_recent = make_entry(0, restore_us=50_000.0, last_used_us=90)
+    dear_old = make_entry(1, restore_us=400_000.0, last_used_us=1)
+    cheap_old = make_entry(2, restore_us=20_000.0, last_used_us=5)
+    assert ids(tlru.order([cheap_recent, dear_old, cheap_old], 100)) == [2, 0, 1]
