@@ -22,17 +22,18 @@ from typing import Any
 from cachepilot_sim.kernels import fit
 
 PREFILL_TOKENS = [128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
+# (batch, context): context + 1 (the new token) is a power of two so split-KV decode can divide it
 DECODE_CASES = [
-    (1, 512),
-    (1, 8192),
-    (1, 32768),
-    (8, 2048),
-    (8, 8192),
-    (32, 1024),
-    (32, 4096),
-    (64, 2048),
-    (128, 512),
-    (128, 2048),
+    (1, 511),
+    (1, 8191),
+    (1, 32767),
+    (8, 2047),
+    (8, 8191),
+    (32, 1023),
+    (32, 4095),
+    (64, 2047),
+    (128, 511),
+    (128, 2047),
 ]
 SWAP_BLOCKS = [1, 2, 4, 8, 16, 64, 256, 1024]
 COPY_BYTES = [1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 28, 1 << 30]
