@@ -142,7 +142,7 @@ def measure_pcie(log: Any) -> dict[str, list[dict[str, Any]]]:
                     unroll=4,
                 )
 
-            row = {
+            row: dict[str, Any] = {
                 "path": fit.PCIE_PATH,
                 "bytes": n * g.block_bytes,
                 "num_blocks": n,
@@ -198,7 +198,7 @@ def measure_quant(log: Any) -> list[dict[str, Any]]:
             ),
         }
         for name, fn in variants.items():
-            row = {
+            row: dict[str, Any] = {
                 "variant": name,
                 "num_rows": rows,
                 "row_len": 1024,

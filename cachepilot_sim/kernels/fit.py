@@ -136,7 +136,8 @@ def hbm_ceiling_bytes_per_us(raw: dict[str, Any]) -> float | None:
 
 def fit_all(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, list[PointError]]]:
     """All hardware parameters (HARDWARE_KEYS) from one raw calibration file, with point errors."""
-    params, it_err = fit_iteration(raw)
+    it_params, it_err = fit_iteration(raw)
+    params: dict[str, Any] = dict(it_params)
     errors = {"iteration": it_err}
     for direction in ("h2d", "d2h"):
         pts = [p for p in raw["pcie"][direction] if p["path"] == PCIE_PATH]
