@@ -387,7 +387,7 @@ class RunConfig(SimConfig):
     """Top-level Hydra config: a SimConfig plus what to compare (policies x seeds)."""
 
     section: ClassVar[str] = "run"
-    seeds: int = 1
+    seeds: int = 5  # single-seed comparisons of eviction policies mislead
     compare_policies: list[str] = field(default_factory=list)
     write_requests: bool = True
     jobs: int = 0  # worker processes for the (policy, seed) cells; 0: one per CPU core
