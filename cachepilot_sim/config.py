@@ -1,9 +1,9 @@
 """Typed, validated experiment configuration, registered with Hydra's ConfigStore in one place.
 
 Configs are dataclasses that OmegaConf uses as schemas (so YAML and command-line overrides are type
-checked), then instantiated with `OmegaConf.to_object`, which runs `validate()` and seals the object:
-any later assignment raises. `frozen=True` is avoided on purpose: it makes OmegaConf mark nodes read-only
-and breaks overrides and sweeps.
+checked), then instantiated with `OmegaConf.to_object`, which runs `validate()` and seals the
+object: any later assignment raises. `frozen=True` is avoided on purpose: it makes OmegaConf mark
+nodes read-only and breaks overrides and sweeps.
 """
 
 from __future__ import annotations
@@ -54,7 +54,9 @@ def _nonneg(obj: object, prefix: str, *names: str) -> None:
         value = getattr(obj, name)
         require(
             isinstance(value, int | float) and math.isfinite(value) and value >= 0,
-            f"{prefix}.{name}", value, "must be a finite number >= 0",
+            f"{prefix}.{name}",
+            value,
+            "must be a finite number >= 0",
         )
 
 
@@ -63,7 +65,9 @@ def _positive(obj: object, prefix: str, *names: str) -> None:
         value = getattr(obj, name)
         require(
             isinstance(value, int | float) and math.isfinite(value) and value > 0,
-            f"{prefix}.{name}", value, "must be a finite number > 0",
+            f"{prefix}.{name}",
+            value,
+            "must be a finite number > 0",
         )
 
 
@@ -85,10 +89,23 @@ class HardwareConfig(Sealed):
     source: str = "defaults"
 
     def validate(self, prefix: str) -> None:
-        _positive(self, prefix, "hbm_bytes_per_us", "prefill_token_us", "pcie_h2d_bytes_per_us",
-                  "pcie_d2h_bytes_per_us", "quantize_bytes_per_us")
-        _nonneg(self, prefix, "attention_token2_us", "step_overhead_us", "pcie_h2d_latency_us",
-                "pcie_d2h_latency_us")
+        _positive(
+            self,
+            prefix,
+            "hbm_bytes_per_us",
+            "prefill_token_us",
+            "pcie_h2d_bytes_per_us",
+            "pcie_d2h_bytes_per_us",
+            "quantize_bytes_per_us",
+        )
+        _nonneg(
+            self,
+            prefix,
+            "attention_token2_us",
+            "step_overhead_us",
+            "pcie_h2d_latency_us",
+            "pcie_d2h_latency_us",
+        )
 
 
 @dataclass
@@ -110,15 +127,24 @@ class ModelConfig(Sealed):
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
 
     def validate(self, prefix: str) -> None:
-        _positive(self, prefix, "num_layers", "num_kv_heads", "head_dim", "kv_dtype_bytes",
-                  "max_context_tokens")
+        _positive(
+            self,
+            prefix,
+            "num_layers",
+            "num_kv_heads",
+            "head_dim",
+            "kv_dtype_bytes",
+            "max_context_tokens",
+        )
         _nonneg(self, prefix, "weight_bytes")
         require(bool(self.name), f"{prefix}.name", self.name, "must not be empty")
 
 
 @dataclass
 class WorkloadClass(Sealed):
-    """One traffic class of returning sessions; lengths and think times are log-normal, turns geometric."""
+    """One traffic class of returning sessions; lengths and think times are log-normal, turns
+    geometric.
+    """
 
     share: float = 1.0
     prompt_tokens_mean: float = 256.0
@@ -134,10 +160,18 @@ class WorkloadClass(Sealed):
     model: str = ""  # empty: the run's primary model
 
     def validate(self, prefix: str) -> None:
-        _nonneg(self, prefix, "share", "prompt_tokens_sigma", "output_tokens_sigma",
-                "think_time_mean_s", "think_time_sigma")
-        _positive(self, prefix, "prompt_tokens_mean", "output_tokens_mean", "ttft_slo_ms",
-                  "tpot_slo_ms")
+        _nonneg(
+            self,
+            prefix,
+            "share",
+            "prompt_tokens_sigma",
+            "output_tokens_sigma",
+            "think_time_mean_s",
+            "think_time_sigma",
+        )
+        _positive(
+            self, prefix, "prompt_tokens_mean", "output_tokens_mean", "ttft_slo_ms", "tpot_slo_ms"
+        )
         require(self.turns_mean >= 1.0, f"{prefix}.turns_mean", self.turns_mean, "must be >= 1")
 
 
@@ -159,15 +193,27 @@ class WorkloadConfig(Sealed):
     max_active_sessions: int = 48
 
     def validate(self, prefix: str) -> None:
-        _positive(self, prefix, "num_requests", "session_rate_per_s", "spike_multiplier",
-                  "max_active_sessions")
+        _positive(
+            self,
+            prefix,
+            "num_requests",
+            "session_rate_per_s",
+            "spike_multiplier",
+            "max_active_sessions",
+        )
         _nonneg(self, prefix, "spike_at_request")
-        require(len(self.classes) > 0, f"{prefix}.classes", self.classes, "needs at least one class")
+        require(
+            len(self.classes) > 0, f"{prefix}.classes", self.classes, "needs at least one class"
+        )
         for name, cls in self.classes.items():
             cls.validate(f"{prefix}.classes.{name}")
         total = sum(c.share for c in self.classes.values())
-        require(abs(total - 1.0) <= 1e-6, f"{prefix}.classes.*.share", round(total, 9),
-                "class shares must sum to 1")
+        require(
+            abs(total - 1.0) <= 1e-6,
+            f"{prefix}.classes.*.share",
+            round(total, 9),
+            "class shares must sum to 1",
+        )
 
 
 class BatchMode(StrEnum):
@@ -193,8 +239,16 @@ class BatcherConfig(Sealed):
     max_decode_run: int = 256
 
     def validate(self, prefix: str) -> None:
-        _positive(self, prefix, "max_decode_run", "throughput_token_budget", "throughput_max_seqs",
-                  "latency_token_budget", "latency_max_seqs", "adaptive_queue_depth")
+        _positive(
+            self,
+            prefix,
+            "max_decode_run",
+            "throughput_token_budget",
+            "throughput_max_seqs",
+            "latency_token_budget",
+            "latency_max_seqs",
+            "adaptive_queue_depth",
+        )
         _nonneg(self, prefix, "adaptive_slack_ms")
 
 
@@ -227,13 +281,19 @@ class KVConfig(Sealed):
     def validate(self, prefix: str) -> None:
         _positive(self, prefix, "block_tokens")
         _nonneg(self, prefix, "activation_reserve_bytes", "cpu_store_bytes", "watermark_fraction")
-        require(self.watermark_fraction < 0.5, f"{prefix}.watermark_fraction",
-                self.watermark_fraction, "must be < 0.5")
+        require(
+            self.watermark_fraction < 0.5,
+            f"{prefix}.watermark_fraction",
+            self.watermark_fraction,
+            "must be < 0.5",
+        )
 
 
 @dataclass
 class PolicyConfig(Sealed):
-    """Which eviction policy runs, and PERC's parameters (ignored by policies that do not use them)."""
+    """Which eviction policy runs, and PERC's parameters (ignored by policies that do not use
+    them).
+    """
 
     section: ClassVar[str] = "policy"
     name: str = "perc"
@@ -258,12 +318,22 @@ class PolicyConfig(Sealed):
 
         known = known_policies()
         require(self.name in known, f"{prefix}.name", self.name, f"unknown policy; known: {known}")
-        _positive(self, prefix, "delta_s", "prior_gap_s", "oracle_time_limit_s", "hazard_max_gaps")
+        _positive(
+            self, prefix, "delta_s", "prior_gap_s", "oracle_time_limit_s", "hazard_max_gaps"
+        )
         _nonneg(self, prefix, "flop_weight", "tlru_threshold_ms")
-        require(0.0 < self.ema_weight <= 1.0, f"{prefix}.ema_weight", self.ema_weight,
-                "must be in (0, 1]")
-        require(0.0 <= self.slru_protected_fraction <= 1.0, f"{prefix}.slru_protected_fraction",
-                self.slru_protected_fraction, "must be in [0, 1]")
+        require(
+            0.0 < self.ema_weight <= 1.0,
+            f"{prefix}.ema_weight",
+            self.ema_weight,
+            "must be in (0, 1]",
+        )
+        require(
+            0.0 <= self.slru_protected_fraction <= 1.0,
+            f"{prefix}.slru_protected_fraction",
+            self.slru_protected_fraction,
+            "must be in [0, 1]",
+        )
 
 
 @dataclass
@@ -315,12 +385,18 @@ class SimConfig(Sealed):
         names = [m.name for m in self.models]
         require(len(set(names)) == len(names), "extra_models", names, "model names must be unique")
         for cls_name, cls in self.workload.classes.items():
-            require(cls.model in ("", *names), f"workload.classes.{cls_name}.model", cls.model,
-                    f"no such model; configured: {names}")
+            require(
+                cls.model in ("", *names),
+                f"workload.classes.{cls_name}.model",
+                cls.model,
+                f"no such model; configured: {names}",
+            )
         weights = sum(m.weight_bytes for m in self.models)
         largest_block = max(m.kv_bytes_per_token for m in self.models) * self.kv.block_tokens
         require(
-            self.kv_pool_bytes >= 64 * largest_block, "vram_gb", self.vram_gb,
+            self.kv_pool_bytes >= 64 * largest_block,
+            "vram_gb",
+            self.vram_gb,
             f"cannot hold the model: {weights / GB:.2f} GB of pinned weights plus "
             f"{self.kv.activation_reserve_bytes / GB:.2f} GB activation reserve leave "
             f"{self.kv_pool_bytes / GB:.3f} GB, under 64 KV blocks",
@@ -332,7 +408,7 @@ class RunConfig(SimConfig):
     """Top-level Hydra config: a SimConfig plus what to compare (policies x seeds)."""
 
     section: ClassVar[str] = "run"
-    seeds: int = 1
+    seeds: int = 5  # single-seed comparisons of eviction policies mislead
     compare_policies: list[str] = field(default_factory=list)
     write_requests: bool = True
     jobs: int = 0  # worker processes for the (policy, seed) cells; 0: one per CPU core
@@ -347,8 +423,12 @@ class RunConfig(SimConfig):
         from cachepilot_sim.policies import known_policies
 
         for name in self.compare_policies:
-            require(name in known_policies(), "compare_policies", name,
-                    f"unknown policy; known: {known_policies()}")
+            require(
+                name in known_policies(),
+                "compare_policies",
+                name,
+                f"unknown policy; known: {known_policies()}",
+            )
 
     def sim_for(self, policy_name: str, seed: int) -> SimConfig:
         """The SimConfig of one (policy, seed) cell of this run."""
@@ -362,7 +442,6 @@ class RunConfig(SimConfig):
 def register_configs() -> None:
     """Register the schema with Hydra's ConfigStore (called once by the entry point)."""
     from hydra.core.config_store import ConfigStore
-
     from omegaconf import OmegaConf
 
     cs = ConfigStore.instance()
@@ -371,9 +450,13 @@ def register_configs() -> None:
     # exactly its own classes instead of adding to the dataclass default.
     node.workload.classes = {}
     cs.store(name="run_schema", node=node)
-    for group, node in (("hardware", HardwareConfig), ("model", ModelConfig),
-                        ("workload", WorkloadConfig), ("batcher", BatcherConfig),
-                        ("policy", PolicyConfig)):
+    for group, node in (
+        ("hardware", HardwareConfig),
+        ("model", ModelConfig),
+        ("workload", WorkloadConfig),
+        ("batcher", BatcherConfig),
+        ("policy", PolicyConfig),
+    ):
         cs.store(group=group, name=f"{group}_schema", node=node)
 
 

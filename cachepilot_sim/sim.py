@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import simpy
 
-from cachepilot_sim.clock import ms_to_us, s_to_us
+from cachepilot_sim.clock import SimEnvironment, ms_to_us, s_to_us
 from cachepilot_sim.components.batcher import Batcher
 from cachepilot_sim.components.clients import Clients
 from cachepilot_sim.components.kv_manager import KvManager
@@ -43,11 +42,12 @@ class Simulation:
 
     def __init__(self, cfg: SimConfig, trace_dir: Path | None = None) -> None:
         self.cfg = cfg
-        self.env = simpy.Environment()
+        self.env = SimEnvironment()
         env = self.env
         streams = make_streams(cfg.seed)
-        self.recorder = (TraceRecorder(trace_dir, cfg.trace.chunk_rows) if cfg.trace.enabled
-                         else NullRecorder())
+        self.recorder = (
+            TraceRecorder(trace_dir, cfg.trace.chunk_rows) if cfg.trace.enabled else NullRecorder()
+        )
         fit = compute_fit(cfg.hardware)
         h2d, d2h = transfer_fits(cfg.hardware)
         self.pool = VramPool(cfg)
@@ -58,8 +58,9 @@ class Simulation:
         if p.shadow_oracle:
             self.policy = ShadowOracle(self.policy, self.estimator, p)
         wake = Signal(env)
-        self.kv = KvManager(env, cfg, self.pool, self.link, self.policy, self.estimator, fit,
-                            self.recorder)
+        self.kv = KvManager(
+            env, cfg, self.pool, self.link, self.policy, self.estimator, fit, self.recorder
+        )
         self.scheduler = Scheduler(env, cfg.scheduler, wake, self.recorder)
         self.batcher = Batcher(env, cfg, self.scheduler, self.kv, fit, self.recorder, wake)
         self.clients = Clients(env, cfg, streams, self.scheduler.inbox)
@@ -108,8 +109,11 @@ class Simulation:
         }
         out |= {k: v for k, v in asdict(kv).items() if k.startswith(("evictions_", "evicted_"))}
         out |= {
-            "hits": kv.hits, "reloads": kv.reloads, "recomputes": kv.recomputes,
-            "preemptions": kv.preemptions, "promoted": self.scheduler.num_promoted,
+            "hits": kv.hits,
+            "reloads": kv.reloads,
+            "recomputes": kv.recomputes,
+            "preemptions": kv.preemptions,
+            "promoted": self.scheduler.num_promoted,
             "sessions": self.clients.num_sessions,
             "vram_kv_util_mean": eng.kv_byte_us / duration / self.pool.capacity_bytes,
             "vram_kv_util_peak": eng.kv_peak_bytes / self.pool.capacity_bytes,

@@ -1,6 +1,7 @@
 """The one definition of the event trace: one row per simulator event, ordered by (t_us, seq).
 
-Writers pass `schema=TRACE_SCHEMA`; Parquet export, notebooks and docs read column meaning from here.
+Writers pass `schema=TRACE_SCHEMA`; Parquet export, notebooks and docs read column meaning from
+here.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ TIERS = ("gpu", "cpu", "none", "flight")
 REJECT_REASONS = ("exceeds_kv_capacity", "queue_timeout")
 
 TRACE_SCHEMA = pl.Schema(
-    {
+    {  # type: ignore[arg-type]
         "t_us": pl.Int64,  # simulated time, integer microseconds
         "seq": pl.Int64,  # global event counter: orders rows that share t_us
         "component": pl.Enum(COMPONENTS),

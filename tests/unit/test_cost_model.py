@@ -66,14 +66,16 @@ def test_recompute_is_monotone_and_superlinear(a: int, b: int) -> None:
         assert recompute_us(FIT, hi) / hi >= recompute_us(FIT, lo) / lo - 1e-9
 
 
-@given(st.integers(min_value=1, max_value=256), st.integers(min_value=0, max_value=32768),
-       st.integers(min_value=1, max_value=64))
+@given(
+    st.integers(min_value=1, max_value=256),
+    st.integers(min_value=0, max_value=32768),
+    st.integers(min_value=1, max_value=64),
+)
 def test_decode_slope_predicts_the_next_iteration(num_seqs: int, ctx: int, steps: int) -> None:
     tok_bytes = 131072.0
 
     def decode_iteration(c: int) -> float:
-        return iteration_us(FIT, 8e9, num_seqs, num_seqs * c * tok_bytes,
-                            num_seqs * (c + 0.5))
+        return iteration_us(FIT, 8e9, num_seqs, num_seqs * c * tok_bytes, num_seqs * (c + 0.5))
 
     slope = decode_step_slope_us(FIT, num_seqs * tok_bytes, num_seqs)
     predicted = decode_iteration(ctx) + steps * slope

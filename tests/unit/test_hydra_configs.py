@@ -38,10 +38,16 @@ def test_mixed_spike_matches_the_seed_scenario() -> None:
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_runs_at_tiny_size(experiment: str, tmp_path: Path) -> None:
-    cfg = to_config(compose_run([
-        f"+experiment={experiment}", "workload.num_requests=25", "seeds=1",
-        "workload.max_active_sessions=6",
-    ]))
+    cfg = to_config(
+        compose_run(
+            [
+                f"+experiment={experiment}",
+                "workload.num_requests=25",
+                "seeds=1",
+                "workload.max_active_sessions=6",
+            ]
+        )
+    )
     report = run_experiment(cfg, tmp_path)
     assert {c["policy"] for c in report["cells"]} == set(cfg.compare_policies or [cfg.policy.name])
     for cell in report["cells"]:
@@ -53,7 +59,9 @@ def test_cli_writes_metrics_and_requests(tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "cachepilot_sim", "+experiment=smoke", f"hydra.run.dir={out}"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     report = json.loads((out / "metrics.json").read_text())
@@ -64,9 +72,17 @@ def test_cli_writes_metrics_and_requests(tmp_path: Path) -> None:
 
 def test_cli_rejects_negative_capacity_naming_the_key(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "cachepilot_sim", "+experiment=smoke", "kv.cpu_store_bytes=-5",
-         f"hydra.run.dir={tmp_path}"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "cachepilot_sim",
+            "+experiment=smoke",
+            "kv.cpu_store_bytes=-5",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 2
     assert "kv.cpu_store_bytes" in proc.stderr and "-5" in proc.stderr
@@ -75,9 +91,16 @@ def test_cli_rejects_negative_capacity_naming_the_key(tmp_path: Path) -> None:
 
 def test_cli_rejects_unknown_policy(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "cachepilot_sim", "policy.name=belady2",
-         f"hydra.run.dir={tmp_path}"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "cachepilot_sim",
+            "policy.name=belady2",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 2
     assert "belady2" in proc.stderr and "known" in proc.stderr

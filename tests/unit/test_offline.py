@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from functools import lru_cache
+from functools import cache
 
 import pytest
 from hypothesis import given, settings
@@ -26,7 +26,7 @@ accesses_st = st.lists(st.integers(min_value=0, max_value=4), min_size=1, max_si
 def optimal_paging_misses(accesses: list[int], capacity: int) -> int:
     """Brute force over every eviction choice (demand paging)."""
 
-    @lru_cache(maxsize=None)
+    @cache
     def best(i: int, cache: frozenset[int]) -> int:
         if i == len(accesses):
             return 0
