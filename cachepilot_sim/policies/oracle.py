@@ -31,11 +31,16 @@ def expected_costs(estimator: GapEstimator, entries: Sequence[CacheEntry],
     return estimator.resume_probabilities(gap, idle) * restore
 
 
-def cover_problem(entries: Sequence[CacheEntry], costs: np.ndarray,
-                  bytes_needed: int) -> CoverProblem:
-    """Whole-session entries: one chain per entry (prefix chains arrive with trace replay)."""
+def cover_problem(entries: Sequence[CacheEntry], costs: np.ndarray, bytes_needed: int,
+                  chains: Sequence[Sequence[int]] | None = None) -> CoverProblem:
+    """The decision as a covering knapsack over `entries`.
+
+    chains: positions in `entries` grouped root first, where only a tail may be evicted (blocks
+    of a prefix-sharing chain); None: one chain per entry, today's whole-session entries. Trace
+    replay's KV manager will pass its chains here; the solvers already enforce them.
+    """
     sizes = [max(e.num_bytes, 1) for e in entries]
-    return CoverProblem.of(sizes, costs.tolist(), bytes_needed)
+    return CoverProblem.of(sizes, costs.tolist(), bytes_needed, chains)
 
 
 @register("oracle")
@@ -50,10 +55,11 @@ class OraclePolicy(PercPolicy):
         self.num_not_proven = 0
         self.worst_bound_gap = 0.0
 
-    def solve(self, entries: Sequence[CacheEntry], bytes_needed: int,
-              now_us: int) -> CoverSolution:
+    def solve(self, entries: Sequence[CacheEntry], bytes_needed: int, now_us: int,
+              chains: Sequence[Sequence[int]] | None = None) -> CoverSolution:
+        """Exact least-expected-cost cover; `chains` as in `cover_problem`."""
         costs = expected_costs(self.estimator, entries, now_us)
-        return solve_exact(cover_problem(entries, costs, bytes_needed),
+        return solve_exact(cover_problem(entries, costs, bytes_needed, chains),
                            self.cfg.oracle_time_limit_s)
 
     def select_victims(self, entries: Sequence[CacheEntry], bytes_needed: int,

@@ -8,6 +8,7 @@ from cachepilot_sim.config import PolicyConfig
 from cachepilot_sim.policies import CacheEntry, GapEstimator, make_policy
 from cachepilot_sim.policies.base import RankingPolicy
 from cachepilot_sim.policies.classic import ArcPolicy, GdsfPolicy, SlruPolicy
+from cachepilot_sim.policies.oracle import OraclePolicy
 from cachepilot_sim.policies.perc_variants import PercHazardPolicy, SurvivalEstimate
 from cachepilot_sim.sim import build
 from tests.conftest import make_sim_config
@@ -164,3 +165,20 @@ def test_tlru_evicts_kv_that_cannot_breach_the_tail_target_first() -> None:
     dear_old = make_entry(1, restore_us=400_000.0, last_used_us=1)
     cheap_old = make_entry(2, restore_us=20_000.0, last_used_us=5)
     assert ids(tlru.order([cheap_recent, dear_old, cheap_old], 100)) == [2, 0, 1]
+
+
+def test_oracle_cuts_only_chain_tails_when_entries_form_a_prefix_chain() -> None:
+    oracle = make("oracle")
+    assert isinstance(oracle, OraclePolicy)
+    # Entries 0 -> 1 -> 2 are one chain (root first); 3 stands alone. The root is the cheapest
+    # per byte, but it can only go together with everything after it.
+    entries = [make_entry(0, num_bytes=100, restore_us=1.0, gap_ema_us=1e6),
+               make_entry(1, num_bytes=100, restore_us=500.0, gap_ema_us=1e6),
+               make_entry(2, num_bytes=100, restore_us=400.0, gap_ema_us=1e6),
+               make_entry(3, num_bytes=100, restore_us=300.0, gap_ema_us=1e6)]
+    free = oracle.solve(entries, 100, 0)
+    chained = oracle.solve(entries, 100, 0, chains=[[0, 1, 2], [3]])
+    assert free.chosen == (0,)
+    assert chained.chosen == (3,)  # the cheapest tail: entry 3 (300) beats tail 2 (400)
+    both = oracle.solve(entries, 200, 0, chains=[[0, 1, 2], [3]])
+    assert both.chosen == (2, 3)
