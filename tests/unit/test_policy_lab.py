@@ -182,3 +182,11 @@ def test_oracle_cuts_only_chain_tails_when_entries_form_a_prefix_chain() -> None
     assert chained.chosen == (3,)  # the cheapest tail: entry 3 (300) beats tail 2 (400)
     both = oracle.solve(entries, 200, 0, chains=[[0, 1, 2], [3]])
     assert both.chosen == (2, 3)
+
+
+@pytest.mark.parametrize("policy", ["arc", "slru", "gdsf", "perc_hazard", "wild"])
+def test_stateful_policies_give_identical_runs_on_one_seed(policy: str) -> None:
+    cfg = make_sim_config(policy=PolicyConfig(name=policy))
+    first, second = build(cfg).run(), build(cfg).run()
+    assert first.requests.equals(second.requests)
+    assert first.metrics["evictions"] > 0
