@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -78,18 +79,17 @@ class LpBound:
     num_constraints: int
 
 
-def lp_lower_bound(seq: AccessSequence) -> LpBound:
-    """min sum x_g restore_g  s.t. at every start t: running(t) + sum_{g covers t} (1 - x_g)
-    bytes_g <= capacity, 0 <= x <= 1. Memory only rises where a gap or a running turn starts, so
-    those are the points to check. Where running turns alone exceed the capacity (cannot happen
-    for a recorded run), every idle KV is given up there."""
-    from scipy.optimize import linprog
+def _memory_rows(seq: AccessSequence) -> tuple[np.ndarray, Any, np.ndarray, int]:
+    """(cost, A, b, points) of  A x >= b  at every point where memory rises.
+
+    At every start t: running(t) + sum_{g covers t} (1 - x_g) bytes_g <= capacity, i.e.
+    sum_{g covers t} x_g bytes_g >= idle(t) + running(t) - capacity. Memory only rises where a
+    gap or a running turn starts, so those are the points to check. Where running turns alone
+    exceed the capacity (cannot happen for a recorded run), every idle KV is given up there.
+    """
     from scipy.sparse import csr_array
 
     n = len(seq.gaps)
-    never = float(sum(g.restore_us for g in seq.gaps))
-    if n == 0:
-        return LpBound(0.0, 0.0, 0, 0)
     starts = np.array([g.start_us for g in seq.gaps], dtype=np.int64)
     ends = np.array([g.end_us for g in seq.gaps], dtype=np.int64)
     run = np.array(seq.running, dtype=np.int64).reshape(-1, 3)
@@ -103,20 +103,55 @@ def lp_lower_bound(seq: AccessSequence) -> LpBound:
     running_bytes = np.cumsum(load)[:-1]
     first = np.searchsorted(points, starts, side="left")
     last = np.searchsorted(points, ends, side="left")  # gap covers points[first:last]
-    counts = last - first
     rows = np.concatenate([np.arange(a, b) for a, b in zip(first, last, strict=True)])
-    cols = np.repeat(np.arange(n), counts)
+    cols = np.repeat(np.arange(n), last - first)
     sizes = np.array([g.num_bytes for g in seq.gaps], dtype=np.float64)
     scale = float(sizes.max())  # keep coefficients near 1 for the solver
     a = csr_array((sizes[cols] / scale, (rows, cols)), shape=(len(points), n))
     idle_total = a @ np.ones(n)
-    # sum (1 - x) s <= C - running  <=>  -sum x s <= C - running - sum s
-    b = np.maximum((seq.capacity_bytes - running_bytes) / scale - idle_total, -idle_total)
+    need = np.minimum(idle_total + (running_bytes - seq.capacity_bytes) / scale, idle_total)
     cost = np.array([g.restore_us for g in seq.gaps])
-    res = linprog(cost, A_ub=-a, b_ub=b, bounds=(0, 1), method="highs")
+    return cost, a, need, len(points)
+
+
+def lp_lower_bound(seq: AccessSequence) -> LpBound:
+    """min sum x_g restore_g  s.t. the memory rows (`_memory_rows`), 0 <= x <= 1."""
+    from scipy.optimize import linprog
+
+    n = len(seq.gaps)
+    if n == 0:
+        return LpBound(0.0, 0.0, 0, 0)
+    cost, a, need, num_points = _memory_rows(seq)
+    res = linprog(cost, A_ub=-a, b_ub=-need, bounds=(0, 1), method="highs")
     if res.status != 0:
         raise RuntimeError(f"offline LP failed: {res.message}")
-    return LpBound(float(res.fun), never, n, len(points))
+    return LpBound(float(res.fun), float(cost.sum()), n, num_points)
+
+
+@dataclass(frozen=True, slots=True)
+class OfflineOptimum:
+    restore_us: float  # best 0/1 solution found (each idle KV kept for its whole gap or not)
+    bound_us: float  # proven lower bound (equals restore_us when optimal)
+    optimal: bool
+
+
+def integral_optimum(seq: AccessSequence, time_limit_s: float = 60.0) -> OfflineOptimum:
+    """The same problem with x in {0, 1} (HiGHS): the offline optimum of this memory model, since
+    an offline policy loses nothing by giving up a KV at the start of its gap. Slow (10-30 s for
+    a 1000-request run), so it is a one-off measurement, not part of every cell."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    if not seq.gaps:
+        return OfflineOptimum(0.0, 0.0, True)
+    cost, a, need, _ = _memory_rows(seq)
+    res = milp(cost, constraints=[LinearConstraint(a, need, np.inf)],
+               integrality=np.ones(len(cost)), bounds=Bounds(0, 1),
+               options={"time_limit": time_limit_s})
+    if res.x is None:
+        raise RuntimeError(f"offline MILP found no solution: {res.message}")
+    value = float(cost @ np.round(res.x))
+    bound = float(getattr(res, "mip_dual_bound", value))  # HiGHS stops at a 1e-4 relative gap
+    return OfflineOptimum(value, min(bound, value), res.status == 0)
 
 
 def belady_misses(accesses: Sequence[Hashable], capacity: int) -> int:

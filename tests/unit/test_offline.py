@@ -15,6 +15,7 @@ from cachepilot_sim.offline import (
     IdleGap,
     access_sequence,
     belady_misses,
+    integral_optimum,
     lp_lower_bound,
 )
 from cachepilot_sim.sim import build
@@ -66,6 +67,15 @@ def test_lp_bound_never_exceeds_belady_on_unit_sizes_and_costs(accesses: list[in
     assert bound.restore_us <= bound.never_kept_us + 1e-9
 
 
+@settings(deadline=None, max_examples=40)
+@given(accesses_st, st.integers(min_value=1, max_value=3))
+def test_integral_offline_optimum_equals_belady_on_unit_sizes_and_costs(accesses: list[int],
+                                                                         capacity: int) -> None:
+    opt = integral_optimum(uniform_sequence(accesses, capacity))
+    assert opt.optimal
+    assert opt.restore_us == belady_misses(accesses, capacity) - len(set(accesses))
+
+
 def test_lp_bound_is_zero_with_room_and_everything_with_none() -> None:
     accesses = [0, 1, 2, 0, 1, 2, 0]
     roomy = lp_lower_bound(uniform_sequence(accesses, capacity=10))
@@ -83,6 +93,15 @@ def test_lp_bound_never_exceeds_the_restore_cost_a_run_paid(policy: str) -> None
     assert bound.num_gaps > 0 and bound.restore_us > 0  # the pool is under pressure
     assert bound.restore_us / 1e6 <= result.metrics["realized_restore_s"] + 1e-9
     assert bound.restore_us <= bound.never_kept_us
+
+
+def test_integral_optimum_lies_between_the_lp_bound_and_what_the_run_paid() -> None:
+    cfg = make_sim_config(policy=PolicyConfig(name="lru"))
+    result = build(cfg).run()
+    seq = access_sequence(cfg, result.requests)
+    lp, opt = lp_lower_bound(seq), integral_optimum(seq, time_limit_s=20.0)
+    assert lp.restore_us <= opt.bound_us * (1 + 1e-6) + 1e-6
+    assert opt.bound_us <= opt.restore_us <= result.metrics["realized_restore_s"] * 1e6 + 1e-6
 
 
 def test_brute_force_counts_only_first_accesses_when_everything_fits() -> None:
