@@ -114,7 +114,8 @@ class SlruPolicy(_TracksEvictions):
 class ArcPolicy(_TracksEvictions):
     """T1 (seen once) and T2 (reused) LRU lists; ghosts B1, B2 of recent victims move the target
     p (bytes of T1): a B1 hit raises it, a B2 hit lowers it. REPLACE takes T1's LRU while T1
-    holds more than p, else T2's."""
+    holds more than p, else T2's. As vLLM's CPU-offload ARC documents its rules (not its code):
+    a hit in T1 promotes to T2, and a returning victim re-enters T1 after moving the target."""
 
     name = "arc"
 
@@ -136,8 +137,10 @@ class ArcPolicy(_TracksEvictions):
         elif eid in self.ghost2:
             self.target_bytes = max(self.target_bytes - max(b1 / b2, 1.0) * self.ghost2.pop(eid),
                                     0.0)
-        self.evicted.discard(eid)
-        self.frequent.add(eid)  # a hit, or a ghost hit: both go to T2
+        if eid in self.evicted:  # a miss: stored again, into T1
+            self.evicted.discard(eid)
+        else:  # a hit: T1 -> T2 (or MRU of T2)
+            self.frequent.add(eid)
 
     def on_evict(self, entry: CacheEntry) -> None:
         eid = entry.entry_id

@@ -65,10 +65,14 @@ def test_arc_ghost_hit_in_b1_raises_the_recency_target() -> None:
     entries = [make_entry(i, last_used_us=i, num_bytes=100) for i in range(4)]
     arc.select_victims(entries, 100, 10)  # evicts 0 from T1 into ghost B1
     assert 0 in arc.ghost1 and arc.target_bytes == 0
-    arc.on_access(entries[0], 20)
-    assert arc.target_bytes == 100 and 0 in arc.frequent and 0 not in arc.ghost1
-    # T1 now holds 1,2,3 (300 bytes > p = 100): T1's LRU goes before the reused entry 0.
-    assert ids(arc.order(entries, 30))[:1] == [1]
+    arc.on_access(entries[0], 20)  # a returning victim: the target grows, it re-enters T1
+    assert arc.target_bytes == 100 and 0 not in arc.frequent and 0 not in arc.ghost1
+    arc.on_access(entries[3], 20)  # a hit on a resident entry promotes it to T2
+    assert 3 in arc.frequent
+    # T1 = {0, 1, 2} holds 300 bytes > p = 100: T1's LRU goes until T1 is down to p, then T2.
+    assert ids(arc.order(entries, 30)) == [0, 1, 3, 2]
+    arc.target_bytes = 1000.0  # once T1 is within its target, T2's LRU goes first
+    assert ids(arc.order(entries, 30))[0] == 3
 
 
 def test_gdsf_inflation_ages_entries_that_were_not_used_since() -> None:
