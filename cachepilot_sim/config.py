@@ -77,16 +77,17 @@ class HardwareConfig(Sealed):
 
     section: ClassVar[str] = "hardware"
     name: str = "h200"
-    hbm_bytes_per_us: float = 4.196e6
-    prefill_token_us: float = 25.97
-    attention_token2_us: float = 9.47e-4
-    step_overhead_us: float = 0.0
-    pcie_h2d_latency_us: float = 9.0
-    pcie_h2d_bytes_per_us: float = 55.2e3
-    pcie_d2h_latency_us: float = 9.0
-    pcie_d2h_bytes_per_us: float = 55.0e3
-    quantize_bytes_per_us: float = 4.1e6
-    source: str = "defaults"
+    # Defaults: the H200 calibration of 2026-11-29 (conf/hardware/h200.yaml; a test checks it).
+    hbm_bytes_per_us: float = 2644125.349444123
+    prefill_token_us: float = 18.774784899961098
+    attention_token2_us: float = 0.0014449815343814405
+    step_overhead_us: float = 778.5392007599909
+    pcie_h2d_latency_us: float = 5.087833751592979
+    pcie_h2d_bytes_per_us: float = 51279.48774063125
+    pcie_d2h_latency_us: float = 3.713765748178057
+    pcie_d2h_bytes_per_us: float = 52702.402988170135
+    quantize_bytes_per_us: float = 3857292.166640563
+    source: str = "experiments/calibration/2026-11-29_h200.json, NVIDIA H200, 2026-11-29"
 
     def validate(self, prefix: str) -> None:
         _positive(

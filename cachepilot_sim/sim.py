@@ -92,7 +92,9 @@ class Simulation:
     def metrics(self, frame: pl.DataFrame | None = None) -> dict[str, Any]:
         """Run metrics; `frame` is the per-request table when the caller already built it."""
         frame = self.requests() if frame is None else frame
-        duration = max(self.env.now, 1)
+        # The served span ends with the last answer; clients that were still thinking when the
+        # request budget ran out keep the clock going afterwards without load.
+        duration = max(int(frame["finish_us"].to_numpy().max(initial=0)), 1)
         kv = self.kv.stats
         eng = self.batcher.stats
         out: dict[str, Any] = {"policy": self.cfg.policy.name, "seed": self.cfg.seed}

@@ -37,7 +37,7 @@ TRACE_SCHEMA = pl.Schema(
         "session": pl.Int64,  # -1 when not about one session
         "request": pl.Int64,  # -1 when not about one request
         "model": pl.Int32,
-        "blocks": pl.Int64,  # KV blocks concerned (iteration: tokens in the batch)
+        "blocks": pl.Int64,  # KV blocks concerned (iteration: sequences in the batch)
         "bytes": pl.Int64,  # bytes concerned (iteration: KV pool bytes used + in flight)
         "tier": pl.Enum(TIERS),
         "score": pl.Float64,  # the policy's eviction key head where one was taken; NaN otherwise
