@@ -43,16 +43,21 @@ class SurvivalEstimate:
 
     def __init__(self, max_subjects: int) -> None:
         self.max_subjects = max_subjects
-        self.released: OrderedDict[int, list[int]] = OrderedDict()  # entry -> [release_us, gap]
+        # One record per gap (not per session: a session's finished gaps must stay observations
+        # after its next turn starts a new one), oldest first: gap id -> [release_us, gap_us].
+        self.released: OrderedDict[int, list[int]] = OrderedDict()
+        self.open_gap: dict[int, int] = {}  # entry -> id of its gap in progress
+        self._next_gap = 0
 
     def release(self, entry_id: int, now_us: int) -> None:
-        self.released.pop(entry_id, None)
-        self.released[entry_id] = [now_us, -1]
+        self.open_gap[entry_id] = self._next_gap
+        self.released[self._next_gap] = [now_us, -1]
+        self._next_gap += 1
         while len(self.released) > self.max_subjects:
             self.released.popitem(last=False)
 
     def returned(self, entry_id: int, now_us: int) -> None:
-        rec = self.released.get(entry_id)
+        rec = self.released.get(self.open_gap.pop(entry_id, -1))
         if rec is not None and rec[1] < 0:
             rec[1] = now_us - rec[0]
 

@@ -194,3 +194,12 @@ def test_stateful_policies_give_identical_runs_on_one_seed(policy: str) -> None:
     first, second = build(cfg).run(), build(cfg).run()
     assert first.requests.equals(second.requests)
     assert first.metrics["evictions"] > 0
+
+
+def test_survival_estimate_keeps_a_sessions_past_gaps_when_it_starts_a_new_one() -> None:
+    km = SurvivalEstimate(max_subjects=100)
+    km.release(7, 0)
+    km.returned(7, 4_000_000)  # gap of 4 s observed
+    km.release(7, 9_000_000)  # its next turn ended: a new gap starts, the old one must stay
+    curve = km.curve(now_us=10_000_000)
+    assert curve is not None and curve[0].tolist() == [4_000_000.0]
