@@ -238,3 +238,43 @@ def greedy_plus_one(p: CoverProblem) -> list[int]:
             size += p.sizes[item]
     assert best is not None  # the empty S has a candidate once the total covers the need
     return best
+
+
+def _lower_hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Lower convex hull of points with increasing x (Andrew's monotone chain)."""
+    hull: list[tuple[float, float]] = []
+    for p in points:
+        while len(hull) >= 2:
+            (ox, oy), (ax, ay) = hull[-2], hull[-1]
+            if (ax - ox) * (p[1] - oy) - (ay - oy) * (p[0] - ox) > 0:
+                break
+            hull.pop()
+        hull.append(p)
+    return hull
+
+
+def fractional_optimum(p: CoverProblem) -> float:
+    """Optimum of the fractional relaxation with chain constraints (x_parent <= x_child).
+
+    Per chain, the least cost of freeing F bytes is the lower convex hull of its tails' (bytes,
+    cost) points; filling the need from all chains' hull segments in order of slope (cost per
+    byte: the densest tail first) is optimal. With one-item chains this is section 1's ratio rule.
+    """
+    if p.need <= 0:
+        return 0.0
+    segments: list[tuple[float, float, float]] = []  # (slope, bytes, cost)
+    for chain in p.chains:
+        points = [(0.0, 0.0)]
+        for item in reversed(chain):
+            points.append((points[-1][0] + p.sizes[item], points[-1][1] + p.costs[item]))
+        hull = _lower_hull(points)
+        for (x0, y0), (x1, y1) in zip(hull, hull[1:], strict=False):
+            segments.append(((y1 - y0) / (x1 - x0), x1 - x0, y1 - y0))
+    left, value = float(p.need), 0.0
+    for slope, size, cost in sorted(segments):
+        if left <= 0:
+            break
+        take = min(size, left)
+        value += cost if take == size else slope * take
+        left -= take
+    return value if left <= 0 else math.inf

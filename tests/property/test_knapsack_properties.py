@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from cachepilot_sim.policies.knapsack import (
     CoverProblem,
+    fractional_optimum,
     greedy_by_ratio,
     greedy_plus_one,
     solve_dp,
@@ -132,3 +133,25 @@ def test_exact_solver_uses_the_milp_when_the_dp_table_would_be_too_large() -> No
     assert solve_exact(p).method == "dp"
     big = solve_exact(p, max_dp_cells=1)
     assert big.method == "milp" and big.cost == solve_dp(p).cost == 3.5
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems(chained=True))
+def test_densest_tail_rule_is_the_fractional_optimum_with_chains(p: CoverProblem) -> None:
+    import numpy as np
+    from scipy.optimize import linprog
+
+    n = len(p.sizes)
+    rows = []
+    for chain in p.chains:  # x[parent] - x[child] <= 0
+        for parent, child in zip(chain, chain[1:], strict=False):
+            row = np.zeros(n)
+            row[parent], row[child] = 1.0, -1.0
+            rows.append(row)
+    a_ub = np.vstack([-np.array(p.sizes, dtype=float), *rows])
+    b_ub = np.concatenate([[-float(p.need)], np.zeros(len(rows))])
+    res = linprog(np.array(p.costs), A_ub=a_ub, b_ub=b_ub, bounds=(0, 1), method="highs")
+    assert res.status == 0
+    value = fractional_optimum(p)
+    assert abs(value - res.fun) <= 1e-6 * max(1.0, abs(res.fun))
+    assert close_le(value, solve_dp(p).cost)  # a relaxation: never above the 0/1 optimum
