@@ -253,15 +253,20 @@ class PolicyConfig(Sealed):
 
 @dataclass
 class TraceConfig(Sealed):
-    """Event trace to Parquet: on/off, iteration sampling, rows per written chunk."""
+    """Event trace to Parquet: on/off, iteration sampling, session sampling, rows per chunk."""
 
     section: ClassVar[str] = "trace"
     enabled: bool = True
     iteration_every: int = 10
     chunk_rows: int = 200_000
+    # Keep every row of one session in k (session id % k == 0); 1 traces every session.
+    session_every: int = 1
 
     def validate(self, prefix: str) -> None:
-        _positive(self, prefix, "iteration_every", "chunk_rows")
+        _positive(self, prefix, "iteration_every", "chunk_rows", "session_every")
+        for name in ("iteration_every", "chunk_rows", "session_every"):
+            value = getattr(self, name)
+            require(isinstance(value, int), f"{prefix}.{name}", value, "must be an integer")
 
 
 @dataclass

@@ -23,7 +23,7 @@ from cachepilot_sim.cost import compute_fit, transfer_fits
 from cachepilot_sim.metrics import latency_metrics, outcome_metrics, request_frame
 from cachepilot_sim.policies import GapEstimator, make_policy
 from cachepilot_sim.rng import make_streams
-from cachepilot_sim.trace.recorder import NullRecorder, TraceRecorder
+from cachepilot_sim.trace.recorder import make_recorder
 
 
 class SimulationError(RuntimeError):
@@ -45,8 +45,8 @@ class Simulation:
         self.env = simpy.Environment()
         env = self.env
         streams = make_streams(cfg.seed)
-        self.recorder = (TraceRecorder(trace_dir, cfg.trace.chunk_rows) if cfg.trace.enabled
-                         else NullRecorder())
+        t = cfg.trace
+        self.recorder = make_recorder(trace_dir, t.enabled, t.chunk_rows, t.session_every)
         fit = compute_fit(cfg.hardware)
         h2d, d2h = transfer_fits(cfg.hardware)
         self.pool = VramPool(cfg)
@@ -59,7 +59,7 @@ class Simulation:
                             self.recorder)
         self.scheduler = Scheduler(env, cfg.scheduler, wake, self.recorder)
         self.batcher = Batcher(env, cfg, self.scheduler, self.kv, fit, self.recorder, wake)
-        self.clients = Clients(env, cfg, streams, self.scheduler.inbox)
+        self.clients = Clients(env, cfg, streams, self.scheduler.inbox, self.recorder)
         self.kv.on_ready = self.scheduler.requeue_front
         self.kv.on_memory = wake.notify
         self.scheduler.on_arrival = self.kv.on_arrival
@@ -77,8 +77,25 @@ class Simulation:
             )
         if not self.pool.conserved():
             raise SimulationError("VRAM pool accounting broken at the end of the run")
+        # The closing row carries the simulated duration (stale timers can outlive the last event).
+        self.recorder.emit(self.env.now, "sim", "run_end")
+        self.recorder.close(self.trace_meta())
         requests = self.requests()
         return SimResult(self.metrics(requests), requests, self.recorder.frame())
+
+    def trace_meta(self) -> dict[str, Any]:
+        """What a trace reader needs besides the rows (trace/derive.py): classes, SLOs, sizes."""
+        names = self.clients.factory.class_names
+        classes = self.cfg.workload.classes
+        return {
+            "policy": self.cfg.policy.name, "seed": self.cfg.seed, "class_names": names,
+            "ttft_slo_us": [ms_to_us(classes[n].ttft_slo_ms) for n in names],
+            "tpot_slo_us": [ms_to_us(classes[n].tpot_slo_ms) for n in names],
+            "model_names": [m.name for m in self.cfg.models],
+            "kv_pool_bytes": self.pool.capacity_bytes,
+            "session_every": self.cfg.trace.session_every,
+            "iteration_every": self.cfg.trace.iteration_every,
+        }
 
     def requests(self) -> pl.DataFrame:
         names = self.clients.factory.class_names

@@ -132,7 +132,15 @@ class KvManager:
         """A session's next turn arrived: its idle gap is an observation for the reuse model."""
         s = self.sessions.get(req.session_id)
         if s is not None and req.turn > 0:
-            self.estimator.observe(s.entry, self.env.now - s.entry.last_used_us)
+            gap = self.env.now - s.entry.last_used_us
+            # Trace the estimator's prediction (its gap EMA before this observation) next to the
+            # true gap: what the reuse model believed when it ranked this session.
+            e = s.entry
+            self.recorder.emit(self.env.now, "kv", "reuse_gap", req.session_id, req.req_id,
+                               req.model_index, value=gap,
+                               score=e.gap_ema_us if e.gap_ema_us >= 0 else
+                               self.estimator.population_gap_us)
+            self.estimator.observe(s.entry, gap)
             self.policy.on_access(s.entry, self.env.now)
 
     def admit(self, req: Request) -> Admit:
@@ -176,7 +184,8 @@ class KvManager:
             self.stats.recomputes += 1
             self.stats.realized_recompute_us += req.recompute_us_paid
             self.recorder.emit(now, "kv", "recompute", req.session_id, req.req_id,
-                               req.model_index, value=int(req.recompute_us_paid))
+                               req.model_index, value=int(req.recompute_us_paid),
+                               cost_us=req.recompute_us_paid)
 
     def _make_room(self, need_bytes: int, exclude: SessionKV | None) -> bool:
         """True when `need_bytes` (plus the watermark, if it can ever fit) are free now."""
@@ -232,25 +241,27 @@ class KvManager:
             self.stats.expected_evict_cost_us += expected
             score = float(self.policy.key(e, now)[0])
             if allow_offload and self._can_offload(s.num_bytes) and self._cpu_room(s.num_bytes):
-                self._start_offload(s, score)
+                self._start_offload(s, score, expected)
             else:
-                self._drop(s, score)
+                self._drop(s, score, expected)
         return evicted
 
-    def _drop(self, s: SessionKV, score: float) -> None:
+    def _drop(self, s: SessionKV, score: float, expected_us: float) -> None:
         self.stats.evictions_drop += 1
         self.stats.evicted_bytes_drop += s.num_bytes
         self.recorder.emit(self.env.now, "kv", "evict_drop", s.entry.session_id, -1,
-                           s.entry.model_index, s.num_blocks, s.num_bytes, "none", score)
+                           s.entry.model_index, s.num_blocks, s.num_bytes, "none", score,
+                           cost_us=expected_us)
         self.pool.release(s.num_bytes)
         s.tier, s.num_blocks = Tier.NONE, 0
 
-    def _start_offload(self, s: SessionKV, score: float) -> None:
+    def _start_offload(self, s: SessionKV, score: float, expected_us: float) -> None:
         num_bytes = s.num_bytes
         self.stats.evictions_offload += 1
         self.stats.evicted_bytes_offload += num_bytes
         self.recorder.emit(self.env.now, "kv", "evict_offload", s.entry.session_id, -1,
-                           s.entry.model_index, s.num_blocks, num_bytes, "flight", score)
+                           s.entry.model_index, s.num_blocks, num_bytes, "flight", score,
+                           cost_us=expected_us)
         self.pool.start_offload(num_bytes)
         self.cpu_used_bytes += num_bytes
         self.stats.cpu_peak_bytes = max(self.stats.cpu_peak_bytes, self.cpu_used_bytes)
@@ -347,7 +358,8 @@ class KvManager:
         self.stats.preemptions += 1
         self.stats.preempt_recompute_us += cost
         self.recorder.emit(self.env.now, "kv", "preempt", req.session_id, req.req_id,
-                           req.model_index, s.num_blocks, s.num_bytes, "none", value=int(cost))
+                           req.model_index, s.num_blocks, s.num_bytes, "none", value=int(cost),
+                           cost_us=cost)
         self.pool.release(s.num_bytes)
         s.tier, s.active, s.num_blocks = Tier.NONE, False, 0
         req.num_preemptions += 1

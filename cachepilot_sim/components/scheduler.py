@@ -44,7 +44,8 @@ class Scheduler:
         while True:
             req = yield self.inbox.get()
             self.recorder.emit(self.env.now, "scheduler", "arrive", req.session_id, req.req_id,
-                               req.model_index, value=req.context_tokens + req.prompt_tokens)
+                               req.model_index, value=req.context_tokens + req.prompt_tokens,
+                               class_index=req.class_index)
             self.on_arrival(req)
             self.push(req)
             self.wake_batcher.notify()
