@@ -167,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--param", default=None, help="x axis (default: first swept number)")
     ap.add_argument("--format", default="png", choices=["png", "svg"])
     args = ap.parse_args(argv)
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed on servers and CI
     try:
         result = collect(args.sweep_dir, args.out, args.metric, args.param, args.format)
     except CollectError as err:

@@ -270,6 +270,23 @@ class TraceConfig(Sealed):
 
 
 @dataclass
+class TelemetryConfig(Sealed):
+    """What a run reports while and after it runs (never changes results): a rich progress bar
+    when stdout is a terminal, the Prometheus exposition file, a 127.0.0.1 metrics server."""
+
+    section: ClassVar[str] = "telemetry"
+    progress: bool = True
+    progress_every_events: int = 50_000
+    prometheus_file: bool = True
+    prometheus_port: int = 0  # 0: no server; else serve /metrics on 127.0.0.1:<port> during the run
+
+    def validate(self, prefix: str) -> None:
+        _positive(self, prefix, "progress_every_events")
+        require(isinstance(self.prometheus_port, int) and 0 <= self.prometheus_port <= 65535,
+                f"{prefix}.prometheus_port", self.prometheus_port, "must be a port in 0..65535")
+
+
+@dataclass
 class SimConfig(Sealed):
     """Everything one simulation needs: one policy, one seed."""
 
@@ -325,6 +342,7 @@ class RunConfig(SimConfig):
     seeds: int = 1
     compare_policies: list[str] = field(default_factory=list)
     write_requests: bool = True
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
     def validate(self, prefix: str) -> None:
         super().validate(prefix)

@@ -15,15 +15,12 @@ import sys
 from pathlib import Path
 
 import matplotlib
+import matplotlib.pyplot as plt
+import polars as pl
+import seaborn as sns
 
-matplotlib.use("Agg")  # files only: no display on servers and CI
-
-import matplotlib.pyplot as plt  # noqa: E402
-import polars as pl  # noqa: E402
-import seaborn as sns  # noqa: E402
-
-from cachepilot_sim.trace.derive import TraceError, load_trace, request_results  # noqa: E402
-from cachepilot_sim.trace.recorder import META_FILE  # noqa: E402
+from cachepilot_sim.trace.derive import TraceError, load_trace, request_results
+from cachepilot_sim.trace.recorder import META_FILE
 
 K = pl.col("kind")
 
@@ -79,7 +76,7 @@ def _save(fig: plt.Figure, out_dir: Path, name: str, fmt: str) -> Path:
     return path
 
 
-def plot_vram(traces: list[tuple[str, pl.LazyFrame]], out_dir: Path, fmt: str) -> Path:
+def plot_vram(traces: list[tuple[str, pl.LazyFrame]]) -> plt.Figure:
     """One panel per trace: GB by tier over time; evictions as ticks along the bottom."""
     traces = traces[:MAX_TIMELINES]
     fig, axes = plt.subplots(len(traces), 1, figsize=(9, 2.6 * len(traces)), squeeze=False,
@@ -93,10 +90,10 @@ def plot_vram(traces: list[tuple[str, pl.LazyFrame]], out_dir: Path, fmt: str) -
                 label=f"evictions ({ev.height})")
         ax.set_title(label, fontsize=9)
         ax.legend(loc="upper left", fontsize=7)
-    return _save(fig, out_dir, "vram_by_tier", fmt)
+    return fig
 
 
-def plot_latency_cdfs(requests: pl.DataFrame, out_dir: Path, fmt: str) -> Path:
+def plot_latency_cdfs(requests: pl.DataFrame) -> plt.Figure:
     done = requests.filter(pl.col("outcome") == "completed").with_columns(
         (pl.col("ttft_us") / 1e6).alias("TTFT s"), (pl.col("tpot_us") / 1e3).alias("TPOT ms"))
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
@@ -105,10 +102,10 @@ def plot_latency_cdfs(requests: pl.DataFrame, out_dir: Path, fmt: str) -> Path:
                  ax=b)
     a.set_title("TTFT CDF")
     b.set_title("TPOT CDF")
-    return _save(fig, out_dir, "latency_cdfs", fmt)
+    return fig
 
 
-def plot_restore_by_class(requests: pl.DataFrame, out_dir: Path, fmt: str) -> Path:
+def plot_restore_by_class(requests: pl.DataFrame) -> plt.Figure:
     """Realized restore seconds (reload + recompute) per workload class, mean over seeds."""
     per = requests.group_by("policy", "seed", "workload_class").agg(
         ((pl.col("reload_us") + pl.col("recompute_us")).sum() / 1e6).alias("restore s"))
@@ -116,10 +113,10 @@ def plot_restore_by_class(requests: pl.DataFrame, out_dir: Path, fmt: str) -> Pa
     sns.barplot(data=per.sort("workload_class", "policy").to_pandas(), x="workload_class",
                 y="restore s", hue="policy", errorbar="sd", ax=ax)
     ax.set_title("realized restore cost by workload class (bars: mean over seeds, whiskers: sd)")
-    return _save(fig, out_dir, "restore_by_class", fmt)
+    return fig
 
 
-def plot_gap_estimates(gaps: pl.DataFrame, out_dir: Path, fmt: str) -> Path:
+def plot_gap_estimates(gaps: pl.DataFrame) -> plt.Figure:
     """Predicted gap (1/lambda of the reuse estimator) against the true gap, log-log."""
     fig, ax = plt.subplots(figsize=(5.5, 5))
     if gaps.height:
@@ -132,7 +129,7 @@ def plot_gap_estimates(gaps: pl.DataFrame, out_dir: Path, fmt: str) -> Path:
         ax.set_xscale("log")
         ax.set_yscale("log")
     ax.set_title("reuse estimator: predicted vs true idle gap")
-    return _save(fig, out_dir, "gap_estimates", fmt)
+    return fig
 
 
 def load_runs(root: Path) -> tuple[list[tuple[str, pl.LazyFrame]], pl.DataFrame, pl.DataFrame]:
@@ -152,13 +149,23 @@ def load_runs(root: Path) -> tuple[list[tuple[str, pl.LazyFrame]], pl.DataFrame,
 
 
 def run_figures(root: Path, out_dir: Path, fmt: str = "png") -> list[Path]:
+    """Draw and save the four run figures; returns their paths."""
     traces, requests, gaps = load_runs(root)
-    return [plot_vram(traces, out_dir, fmt), plot_latency_cdfs(requests, out_dir, fmt),
-            plot_restore_by_class(requests, out_dir, fmt), plot_gap_estimates(gaps, out_dir, fmt)]
+    return [_save(plot_vram(traces), out_dir, "vram_by_tier", fmt),
+            _save(plot_latency_cdfs(requests), out_dir, "latency_cdfs", fmt),
+            _save(plot_restore_by_class(requests), out_dir, "restore_by_class", fmt),
+            _save(plot_gap_estimates(gaps), out_dir, "gap_estimates", fmt)]
 
 
 def metric_vs_param(frame: pl.DataFrame, metric: str, param: str, out_dir: Path,
                     fmt: str = "png", hue: str = "policy") -> Path:
+    """Save `fig_metric_vs_param` as `<metric>_vs_<param>.<fmt>`."""
+    return _save(fig_metric_vs_param(frame, metric, param, hue), out_dir,
+                 f"{metric}_vs_{param}", fmt)
+
+
+def fig_metric_vs_param(frame: pl.DataFrame, metric: str, param: str,
+                        hue: str = "policy") -> plt.Figure:
     """Mean of `metric` against `param` per policy, band = sd over seeds, dots = single seeds."""
     data = frame.select(param, metric, *([hue] if hue in frame.columns else [])).to_pandas()
     hue_arg = hue if hue in data.columns else None
@@ -166,7 +173,7 @@ def metric_vs_param(frame: pl.DataFrame, metric: str, param: str, out_dir: Path,
     sns.lineplot(data=data, x=param, y=metric, hue=hue_arg, errorbar="sd", marker="o", ax=ax)
     sns.scatterplot(data=data, x=param, y=metric, hue=hue_arg, alpha=0.35, legend=False, ax=ax)
     ax.set_title(f"{metric} vs {param} (line: mean, band: sd over seeds)")
-    return _save(fig, out_dir, f"{metric}_vs_{param}", fmt)
+    return fig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metric", default="realized_restore_s", help="sweeps: metric to plot")
     ap.add_argument("--param", default=None, help="sweeps: x axis (default: first swept number)")
     args = ap.parse_args(argv)
+    matplotlib.use("Agg")  # files only: no display needed on servers and CI
     out = args.out or args.dir / "plots"
     paths: list[Path] = []
     try:

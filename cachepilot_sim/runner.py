@@ -21,6 +21,7 @@ from rich.table import Table
 
 from cachepilot_sim.config import RunConfig
 from cachepilot_sim.sim import build
+from cachepilot_sim.telemetry import RunMonitor
 
 # (metric key, column title, format): the headline table.
 COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -45,8 +46,10 @@ def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
     os.replace(tmp, path)
 
 
-def run_cells(cfg: RunConfig, out_dir: Path | None) -> list[dict[str, Any]]:
-    """Every (policy, seed) cell, in a fixed order; per-request results written when out_dir."""
+def run_cells(cfg: RunConfig, out_dir: Path | None,
+              monitor: RunMonitor | None = None) -> list[dict[str, Any]]:
+    """Every (policy, seed) cell, in a fixed order; per-request results written when out_dir.
+    A `monitor` (telemetry.RunMonitor) is told the progress of each cell."""
     policies = list(cfg.compare_policies) or [cfg.policy.name]
     cells: list[dict[str, Any]] = []
     for policy in policies:
@@ -55,7 +58,13 @@ def run_cells(cfg: RunConfig, out_dir: Path | None) -> list[dict[str, Any]]:
             trace_dir = None
             if out_dir is not None and sim_cfg.trace.enabled:
                 trace_dir = out_dir / "trace" / f"{policy}_seed{seed}"
-            result = build(sim_cfg, trace_dir).run()
+            sim = build(sim_cfg, trace_dir)
+            if monitor is None:
+                result = sim.run()
+            else:
+                hook = monitor.hook(sim)
+                result = sim.run(hook, cfg.telemetry.progress_every_events)
+                hook.finish()
             if out_dir is not None and cfg.write_requests:
                 _write_atomic(out_dir / "requests" / f"{policy}_seed{seed}.parquet",
                               result.requests.write_parquet)
@@ -119,8 +128,15 @@ def markdown(summary: dict[str, dict[str, dict[str, float]]]) -> str:
 
 
 def run_experiment(cfg: RunConfig, out_dir: Path, console: Console | None = None) -> dict[str, Any]:
-    """Run the matrix, write metrics.json and summary.md, print the table."""
-    cells = run_cells(cfg, out_dir)
+    """Run the matrix, write metrics.json, summary.md and metrics.prom, print the table."""
+    console = console or Console(width=250)
+    monitor = RunMonitor(cfg.telemetry, console)
+    try:
+        cells = run_cells(cfg, out_dir, monitor)
+    except BaseException:
+        monitor.close([], None)  # stop the bar and the server; no exposition of a failed run
+        raise
+    monitor.close(cells, out_dir)
     summary = summarize(cells)
     seeds = f"seeds {cfg.seed}..{cfg.seed + cfg.seeds - 1}"
     title = (f"{cfg.workload.name}: {cfg.workload.num_requests} requests, {cfg.vram_gb:g} GB VRAM, "
@@ -129,5 +145,5 @@ def run_experiment(cfg: RunConfig, out_dir: Path, console: Console | None = None
     _write_atomic(out_dir / "metrics.json",
                   lambda p: p.write_text(json.dumps(report, indent=1, allow_nan=True)))
     _write_atomic(out_dir / "summary.md", lambda p: p.write_text(f"{title}\n\n{markdown(summary)}"))
-    (console or Console(width=250)).print(table(summary, title))
+    console.print(table(summary, title))
     return report

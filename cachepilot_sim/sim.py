@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -67,8 +68,14 @@ class Simulation:
         for process in (self.clients.arrivals(), self.scheduler.run(), self.batcher.run()):
             env.process(process)
 
-    def run(self) -> SimResult:
-        self.env.run()
+    def run(self, on_progress: Callable[[int], None] | None = None,
+            every_events: int = 50_000) -> SimResult:
+        """Run to the end; `on_progress(num_events)` is called every `every_events` events (the
+        plain `env.run()` loop when None: reporting costs nothing unless asked for)."""
+        if on_progress is None:
+            self.env.run()
+        else:
+            self._run_reporting(on_progress, every_events)
         pending = [r.req_id for r in self.clients.requests if r.outcome == Outcome.PENDING]
         if pending:
             raise SimulationError(
@@ -78,10 +85,22 @@ class Simulation:
         if not self.pool.conserved():
             raise SimulationError("VRAM pool accounting broken at the end of the run")
         # The closing row carries the simulated duration (stale timers can outlive the last event).
-        self.recorder.emit(self.env.now, "sim", "run_end")
+        self.recorder.emit(int(self.env.now), "sim", "run_end")
         self.recorder.close(self.trace_meta())
         requests = self.requests()
         return SimResult(self.metrics(requests), requests, self.recorder.frame())
+
+    def _run_reporting(self, on_progress: Callable[[int], None], every_events: int) -> None:
+        """`env.run()`'s own loop (step until the schedule is empty), paused to report."""
+        step, num_events = self.env.step, 0
+        try:
+            while True:
+                for _ in range(every_events):
+                    step()
+                num_events += every_events
+                on_progress(num_events)
+        except simpy.core.EmptySchedule:
+            return
 
     def trace_meta(self) -> dict[str, Any]:
         """What a trace reader needs besides the rows (trace/derive.py): classes, SLOs, sizes."""
