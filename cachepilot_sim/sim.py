@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +32,19 @@ class SimulationError(RuntimeError):
     """The simulation ended in a state the model forbids (a request never finished, say)."""
 
 
-@dataclass
 class SimResult:
-    metrics: dict[str, Any]
-    requests: pl.DataFrame
-    trace: pl.DataFrame
+    """Run metrics, per-request results, and the trace, which is read back from its Parquet parts
+    only when accessed (a 10^6-request run's caller need never hold the whole trace)."""
+
+    def __init__(self, metrics: dict[str, Any], requests: pl.DataFrame,
+                 load_trace: Callable[[], pl.DataFrame]) -> None:
+        self.metrics = metrics
+        self.requests = requests
+        self._load_trace = load_trace
+
+    @cached_property
+    def trace(self) -> pl.DataFrame:
+        return self._load_trace()
 
 
 class Simulation:
@@ -88,7 +97,7 @@ class Simulation:
         self.recorder.emit(int(self.env.now), "sim", "run_end")
         self.recorder.close(self.trace_meta())
         requests = self.requests()
-        return SimResult(self.metrics(requests), requests, self.recorder.frame())
+        return SimResult(self.metrics(requests), requests, self.recorder.frame)
 
     def _run_reporting(self, on_progress: Callable[[int], None], every_events: int) -> None:
         """`env.run()`'s own loop (step until the schedule is empty), paused to report."""

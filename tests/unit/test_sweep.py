@@ -103,3 +103,18 @@ def test_overrides_are_typed_as_yaml_reads_them() -> None:
     assert parse_override("policy=perc") == ("policy", "perc")
     assert parse_override("compare_policies=[perc,lru]") == ("compare_policies", '["perc", "lru"]')
     assert parse_override("~trace") is None
+
+
+def test_a_job_that_raises_records_error_and_traceback_without_raising(tmp_path: Path,
+                                                                        capsys) -> None:  # noqa: ANN001
+    from omegaconf import OmegaConf
+
+    from cachepilot_sim.sweep import is_complete, read_job, run_job
+
+    cfg = OmegaConf.create({"seed": 0})  # not a RunConfig: the job fails while building it
+    assert run_job(cfg, tmp_path, ["seed=0"], 7) == "failed"
+    record = read_job(tmp_path)
+    assert record is not None and record["status"] == "failed" and record["job"] == 7
+    assert "Traceback" in record["traceback"] and record["error"].startswith("AssertionError")
+    assert "job 7 (seed=0) failed: AssertionError" in capsys.readouterr().err
+    assert not is_complete(tmp_path, record["config_sha256"])

@@ -21,9 +21,11 @@ from cachepilot_sim.collect import collect  # noqa: E402
 
 
 @pytest.mark.slow
-def test_sweep_runs_on_a_local_ray_instance(tmp_path: Path) -> None:
-    ray_tmp = tmp_path / "ray"
-    ray_tmp.mkdir()
+def test_sweep_runs_on_a_local_ray_instance(tmp_path: Path,
+                                            tmp_path_factory: pytest.TempPathFactory) -> None:
+    # Ray's socket paths under RAY_TMPDIR must stay below 107 bytes: a short folder of the
+    # test session's temporary tree rather than the long per-test one.
+    ray_tmp = tmp_path_factory.mktemp("r")
     env = os.environ | {"RAY_TMPDIR": str(ray_tmp), "RAY_USAGE_STATS_ENABLED": "0"}
     sweep_dir = tmp_path / "sweep"
     proc = subprocess.run(
