@@ -207,10 +207,16 @@ class KvManager:
             return num_bytes <= self.cpu_capacity_bytes
         return self.cpu_used_bytes + num_bytes <= self.cpu_capacity_bytes
 
-    def _cpu_room(self, num_bytes: int) -> bool:
-        """Make room in the CPU store by dropping its least recently offloaded KV, if allowed."""
-        while self.cpu_used_bytes + num_bytes > self.cpu_capacity_bytes and self.cpu_lru:
-            old = self.cpu_lru.pop(next(iter(self.cpu_lru)))
+    def _cpu_room(self, num_bytes: int, keep: SessionKV | None) -> bool:
+        """Make room in the CPU store by dropping its least recently offloaded KV, if allowed.
+
+        `keep` is never dropped: it is the session whose reload is making room right now.
+        """
+        while self.cpu_used_bytes + num_bytes > self.cpu_capacity_bytes:
+            old = next((o for o in self.cpu_lru.values() if o is not keep), None)
+            if old is None:
+                break
+            del self.cpu_lru[old.entry.entry_id]
             self.cpu_used_bytes -= old.num_bytes
             self.stats.cpu_drops += 1
             self.recorder.emit(self.env.now, "kv", "evict_drop", old.entry.session_id, -1,
@@ -240,7 +246,8 @@ class KvManager:
             expected = self.estimator.resume_probability(e, now) * e.restore_us
             self.stats.expected_evict_cost_us += expected
             score = float(self.policy.key(e, now)[0])
-            if allow_offload and self._can_offload(s.num_bytes) and self._cpu_room(s.num_bytes):
+            if (allow_offload and self._can_offload(s.num_bytes)
+                    and self._cpu_room(s.num_bytes, keep=exclude)):
                 self._start_offload(s, score, expected)
             else:
                 self._drop(s, score, expected)

@@ -132,3 +132,27 @@ class KvMachine(RuleBasedStateMachine):
 KvMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=60, deadline=None)
 TestKvManagerInvariants = KvMachine.TestCase
 assert GIB  # the machine sizes memory in blocks, not GiB
+
+
+def test_reload_making_room_never_drops_its_own_cpu_copy() -> None:
+    """Found by the machine above: a returning session's reload evicts an idle victim to the CPU
+    store, which was full, and the store's LRU drop picked the returning session's own copy
+    (KeyError in _start_reload). The store must keep the KV that is about to come back."""
+    state = KvMachine()
+    for sid, prompt in ((0, 128), (5, 398), (4, 417)):
+        state.arrive(prompt=prompt, sid=sid)
+    for _ in range(3):
+        state.leave(pick=0, preempt=False)
+    state.arrive(prompt=97, sid=0)
+    state.arrive(prompt=275, sid=5)
+    state.leave(pick=0, preempt=False)
+    for _ in range(3):
+        state.watermark()
+    state.leave(pick=0, preempt=False)
+    state.arrive(prompt=161, sid=1)
+    state.arrive(prompt=1, sid=4)
+    state.advance(dt=139)  # session 4's KV lands in the full CPU store; its turn is handed back
+    state.arrive(prompt=401, sid=1)
+    state.readmit()  # session 4 reloads: making room must not drop session 4's own CPU copy
+    state.bytes_are_conserved()
+    state.tiers_agree_with_pool_and_indexes()
