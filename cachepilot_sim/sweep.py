@@ -59,6 +59,8 @@ def run_job(cfg: DictConfig, out_dir: Path, overrides: list[str], job_num: int) 
 
     Exceptions are recorded in job.json and printed with the job's overrides, never raised.
     """
+    from rich.console import Console
+
     from cachepilot_sim.runner import run_experiment
 
     digest = config_hash(cfg)
@@ -69,7 +71,8 @@ def run_job(cfg: DictConfig, out_dir: Path, overrides: list[str], job_num: int) 
     record: dict[str, Any] = {"job": job_num, "overrides": overrides, "config_sha256": digest}
     write_json_atomic(out_dir / JOB_FILE, record | {"status": "running"})
     try:
-        run_experiment(to_config(cfg), out_dir)
+        # One line per job instead of each job's table: a sweep has hundreds (summary.md has it).
+        report = run_experiment(to_config(cfg), out_dir, Console(quiet=True))
     except Exception as err:  # noqa: BLE001 - a job's failure must not take down the sweep
         reason = f"{type(err).__name__}: {err}"
         print(f"cachepilot_sim: {label} failed: {reason}", file=sys.stderr)
@@ -77,6 +80,8 @@ def run_job(cfg: DictConfig, out_dir: Path, overrides: list[str], job_num: int) 
             "status": "failed", "error": reason, "traceback": traceback.format_exc()})
         return "failed"
     write_json_atomic(out_dir / JOB_FILE, record | {"status": "complete"})
+    restore = [round(c["realized_restore_s"], 3) for c in report["cells"]]
+    print(f"cachepilot_sim: {label}: complete, realized restore s {restore}")
     return "complete"
 
 

@@ -106,10 +106,14 @@ class SampledRecorder(TraceRecorder):
         super().__init__(out_dir, chunk_rows)
         self.session_every = session_every
 
-    def emit(self, t_us: int, component: str, kind: str, session: int = -1,  # type: ignore[override]
-             *args: Any, **kwargs: Any) -> None:
+    def emit(
+        self, t_us: int, component: str, kind: str, session: int = -1, request: int = -1,
+        model: int = 0, blocks: int = 0, num_bytes: int = 0, tier: str = "none",
+        score: float = NAN, value: int = 0, class_index: int = -1, cost_us: float = NAN,
+    ) -> None:
         if session < 0 or session % self.session_every == 0:
-            super().emit(t_us, component, kind, session, *args, **kwargs)
+            TraceRecorder.emit(self, t_us, component, kind, session, request, model, blocks,
+                               num_bytes, tier, score, value, class_index, cost_us)
 
 
 class NullRecorder(TraceRecorder):
