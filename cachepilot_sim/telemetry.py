@@ -71,7 +71,12 @@ class Telemetry:
         if port:
             from prometheus_client import start_http_server
 
-            self.server, _ = start_http_server(port, addr="127.0.0.1", registry=self.registry)
+            try:
+                self.server, _ = start_http_server(port, addr="127.0.0.1",
+                                                   registry=self.registry)
+            except OSError as err:  # busy port (another run, another sweep job): run unserved
+                print(f"cachepilot_sim: not serving metrics on 127.0.0.1:{port}: {err}",
+                      file=sys.stderr)
         self._t0 = time.perf_counter()
 
     def _gauge(self, name: str, doc: str) -> Gauge:

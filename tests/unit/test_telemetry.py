@@ -87,6 +87,17 @@ def test_server_binds_localhost_and_serves_progress() -> None:
         telemetry.close()
 
 
+def test_a_busy_port_leaves_the_run_unserved_with_a_warning(capsys) -> None:  # noqa: ANN001
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        telemetry = Telemetry(port)
+        assert telemetry.server is None
+    assert f"not serving metrics on 127.0.0.1:{port}" in capsys.readouterr().err
+    telemetry.progress("lru", 0, 1, 1, 1, 1)  # still records
+
+
 def test_progress_reporting_does_not_change_the_run() -> None:
     cfg = make_sim_config(workload=make_workload(num_requests=60))
     calls: list[int] = []
