@@ -129,7 +129,9 @@ def default_param(frame: pl.DataFrame, overrides: list[str]) -> str | None:
 
 def collect(sweep_dir: Path, out_dir: Path | None = None, metric: str = "realized_restore_s",
             param: str | None = None, fmt: str = "png") -> dict[str, Any]:
-    """Write the table, the job list and the plot; returns paths and the failed jobs."""
+    """Write the table, the job list and the plot. Returns `jobs` and `failed` (dicts of job,
+    status, error) and, when a job completed, `table`, `parquet`, `params` (override keys) and
+    `plot` (when a parameter to plot against was given or found)."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise CollectError(f"{sweep_dir}: no such sweep folder")
@@ -146,7 +148,7 @@ def collect(sweep_dir: Path, out_dir: Path | None = None, metric: str = "realize
     frame = to_frame(rows)
     _write_atomic(out_dir / f"{TABLE}.parquet", frame.write_parquet)
     _write_atomic(out_dir / f"{TABLE}.csv", frame.write_csv)
-    result |= {"table": frame, "parquet": out_dir / f"{TABLE}.parquet"}
+    result |= {"table": frame, "parquet": out_dir / f"{TABLE}.parquet", "params": swept}
     param = param or default_param(frame, swept)
     if metric not in frame.columns:
         raise CollectError(f"metric '{metric}' not in the table; columns: {frame.columns}")

@@ -40,7 +40,9 @@ def _label(meta: dict, trace_dir: Path, root: Path) -> str:
     """`policy s<seed>`, prefixed with the job folder when the trace is inside a sweep job."""
     run = f"{meta.get('policy', trace_dir.name)} s{meta.get('seed', '?')}"
     job = trace_dir.parent.parent
-    return run if job == root else f"{job.relative_to(root)}: {run}"
+    if job == root or root not in job.parents:  # a run folder, or one trace folder given
+        return run
+    return f"{job.relative_to(root)}: {run}"
 
 
 def tier_timeline(trace: pl.LazyFrame) -> pl.DataFrame:

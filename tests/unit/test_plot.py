@@ -27,6 +27,9 @@ def test_plot_writes_every_run_figure(tmp_path: Path, capsys) -> None:  # noqa: 
     assert names == {"vram_by_tier.svg", "latency_cdfs.svg", "restore_by_class.svg",
                      "gap_estimates.svg"}
     assert "vram_by_tier.svg" in capsys.readouterr().out
+    one = tmp_path / "run" / "trace" / "lru_seed0"  # a single trace folder works too
+    assert main([str(one), "--out", str(tmp_path / "one")]) == 0
+    assert (tmp_path / "one" / "gap_estimates.png").stat().st_size > 5000
 
 
 def test_tier_timeline_ends_with_every_copy_landed(tmp_path: Path) -> None:
