@@ -79,15 +79,19 @@ def _save(fig: plt.Figure, out_dir: Path, name: str, fmt: str) -> Path:
 
 
 def plot_vram(traces: list[tuple[str, pl.LazyFrame]]) -> plt.Figure:
-    """One panel per trace: GB by tier over time; evictions as ticks along the bottom."""
+    """One panel per trace: GB by tier over time; GPU evictions as ticks along the bottom."""
     traces = traces[:MAX_TIMELINES]
     fig, axes = plt.subplots(len(traces), 1, figsize=(9, 2.6 * len(traces)), squeeze=False,
                              sharex=True)
     for ax, (label, lf) in zip(axes[:, 0], traces, strict=True):
         line = tier_timeline(lf)
+        # estimator=None: raw steps; seaborn's default would bootstrap a CI at every time point.
         sns.lineplot(data=line.to_pandas(), x="time_s", y="GB", hue="tier", ax=ax,
-                     drawstyle="steps-post", hue_order=["gpu", "cpu", "flight"])
-        ev = lf.filter(K.is_in(["evict_offload", "evict_drop"])).select("t_us", "kind").collect()
+                     drawstyle="steps-post", hue_order=["gpu", "cpu", "flight"],
+                     estimator=None, errorbar=None, sort=False)
+        # GPU evictions only (a cpu-tier evict_drop is the CPU store making room), as in the metrics
+        gpu = (K == "evict_offload") | ((K == "evict_drop") & (pl.col("tier") != "cpu"))
+        ev = lf.filter(gpu).select("t_us", "kind").collect()
         ax.plot(ev["t_us"].to_numpy() / 1e6, [0.0] * ev.height, "|", color="crimson", ms=10,
                 label=f"evictions ({ev.height})")
         ax.set_title(label, fontsize=9)
