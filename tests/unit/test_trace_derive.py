@@ -109,3 +109,12 @@ def test_load_trace_names_the_file_that_is_missing_or_wrong(tmp_path: Path) -> N
     pl.DataFrame({"t_us": [1]}).write_parquet(trace_dir / "part-99999.parquet")
     with pytest.raises(TraceError, match=r"part-99999.parquet: schema differs"):
         load_trace(trace_dir)
+
+
+def test_a_run_writing_its_trace_to_disk_reads_it_back_only_on_request(tmp_path: Path) -> None:
+    _, result = traced_run(tmp_path, TraceConfig(chunk_rows=100))
+    assert "trace" not in vars(result)  # cached_property not evaluated: nothing read back
+    parts = sorted((tmp_path / "trace").glob("part-*.parquet"))
+    assert len(parts) > 5 and all(pl.read_parquet(p).height <= 100 for p in parts)
+    assert result.trace.height == sum(pl.read_parquet(p).height for p in parts)
+    assert "trace" in vars(result)
