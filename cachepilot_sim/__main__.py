@@ -1,4 +1,8 @@
-"""Hydra entry point: `python -m cachepilot_sim +experiment=...`. The only DictConfig user."""
+"""Hydra entry point: `python -m cachepilot_sim +experiment=...`. The only DictConfig user.
+
+`--multirun` sweeps run each job through `sweep.run_job` (crash isolation, resume); see
+docs/observability.md.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,8 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
 
 from cachepilot_sim.config import ConfigError, register_configs, to_config
 from cachepilot_sim.runner import run_experiment
@@ -17,12 +22,19 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    hydra_cfg = HydraConfig.get()
+    out_dir = Path(hydra_cfg.runtime.output_dir)
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        from cachepilot_sim.sweep import run_job
+
+        overrides = [str(o) for o in OmegaConf.to_container(hydra_cfg.overrides.task) or []]
+        run_job(cfg, out_dir, overrides, int(hydra_cfg.job.num))
+        return
     try:
         run_cfg = to_config(cfg)
     except ConfigError as err:
         print(f"cachepilot_sim: invalid configuration: {err}", file=sys.stderr)
         sys.exit(2)
-    out_dir = Path(HydraConfig.get().runtime.output_dir)
     run_experiment(run_cfg, out_dir)
     print(f"results: {out_dir}")
 

@@ -319,9 +319,7 @@ class PolicyConfig(Sealed):
 
         known = known_policies()
         require(self.name in known, f"{prefix}.name", self.name, f"unknown policy; known: {known}")
-        _positive(
-            self, prefix, "delta_s", "prior_gap_s", "oracle_time_limit_s", "hazard_max_gaps"
-        )
+        _positive(self, prefix, "delta_s", "prior_gap_s", "oracle_time_limit_s", "hazard_max_gaps")
         _nonneg(self, prefix, "flop_weight", "tlru_threshold_ms")
         require(
             0.0 < self.ema_weight <= 1.0,
@@ -339,15 +337,41 @@ class PolicyConfig(Sealed):
 
 @dataclass
 class TraceConfig(Sealed):
-    """Event trace to Parquet: on/off, iteration sampling, rows per written chunk."""
+    """Event trace to Parquet: on/off, iteration sampling, session sampling, rows per chunk."""
 
     section: ClassVar[str] = "trace"
     enabled: bool = True
     iteration_every: int = 10
     chunk_rows: int = 200_000
+    # Keep every row of one session in k (session id % k == 0); 1 traces every session.
+    session_every: int = 1
 
     def validate(self, prefix: str) -> None:
-        _positive(self, prefix, "iteration_every", "chunk_rows")
+        _positive(self, prefix, "iteration_every", "chunk_rows", "session_every")
+        for name in ("iteration_every", "chunk_rows", "session_every"):
+            value = getattr(self, name)
+            require(isinstance(value, int), f"{prefix}.{name}", value, "must be an integer")
+
+
+@dataclass
+class TelemetryConfig(Sealed):
+    """What a run reports while and after it runs (never changes results): a rich progress bar
+    when stdout is a terminal, the Prometheus exposition file, a 127.0.0.1 metrics server."""
+
+    section: ClassVar[str] = "telemetry"
+    progress: bool = True
+    progress_every_events: int = 50_000
+    prometheus_file: bool = True
+    prometheus_port: int = 0  # 0: no server; else serve /metrics on 127.0.0.1:<port> during the run
+
+    def validate(self, prefix: str) -> None:
+        _positive(self, prefix, "progress_every_events")
+        require(
+            isinstance(self.prometheus_port, int) and 0 <= self.prometheus_port <= 65535,
+            f"{prefix}.prometheus_port",
+            self.prometheus_port,
+            "must be a port in 0..65535",
+        )
 
 
 @dataclass
@@ -416,6 +440,7 @@ class RunConfig(SimConfig):
     # Policy lab: after each cell, the offline LP lower bound on restore cost over its recorded
     # access sequence (cachepilot_sim/offline.py).
     offline_bound: bool = False
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
     def validate(self, prefix: str) -> None:
         super().validate(prefix)

@@ -23,6 +23,7 @@ from rich.table import Table
 
 from cachepilot_sim.config import RunConfig, SimConfig
 from cachepilot_sim.sim import build
+from cachepilot_sim.telemetry import RunMonitor
 
 # (metric key, column title, format): the headline table.
 COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -54,13 +55,26 @@ def _write_atomic(path: Path, write: Callable[[Path], object]) -> None:
     os.replace(tmp, path)
 
 
-def run_cell(sim_cfg: SimConfig, out_dir: Path | None, write_requests: bool,
-             offline_bound: bool = False) -> dict[str, Any]:
+def run_cell(
+    sim_cfg: SimConfig,
+    out_dir: Path | None,
+    write_requests: bool,
+    offline_bound: bool = False,
+    monitor: RunMonitor | None = None,
+    progress_every_events: int = 0,
+) -> dict[str, Any]:
     """One simulation; its trace and per-request results go under out_dir when given; with
-    offline_bound, the offline LP lower bound over its access sequence joins its metrics."""
+    offline_bound, the offline LP lower bound over its access sequence joins its metrics; a
+    `monitor` (telemetry.RunMonitor, in-process runs only) is told its progress."""
     name = f"{sim_cfg.policy.name}_seed{sim_cfg.seed}"
     trace_dir = out_dir / "trace" / name if out_dir is not None and sim_cfg.trace.enabled else None
-    result = build(sim_cfg, trace_dir).run()
+    sim = build(sim_cfg, trace_dir)
+    if monitor is None:
+        result = sim.run()
+    else:
+        hook = monitor.hook(sim)
+        result = sim.run(hook, progress_every_events)
+        hook.finish()
     if out_dir is not None and write_requests:
         _write_atomic(out_dir / "requests" / f"{name}.parquet", result.requests.write_parquet)
     if offline_bound:
@@ -68,24 +82,37 @@ def run_cell(sim_cfg: SimConfig, out_dir: Path | None, write_requests: bool,
     return result.metrics
 
 
-def run_cells(cfg: RunConfig, out_dir: Path | None) -> list[dict[str, Any]]:
+def run_cells(
+    cfg: RunConfig, out_dir: Path | None, monitor: RunMonitor | None = None
+) -> list[dict[str, Any]]:
     """Every (policy, seed) cell, in a fixed order, on `cfg.jobs` worker processes.
 
     Cells are independent simulations, so running them in parallel changes nothing but wall time.
+    Progress (`monitor`) needs the cells in this process: they run here when `jobs=1` or when
+    someone watches live (a terminal bar or a served Prometheus port); otherwise on workers, and
+    the progress gauges are left out of metrics.prom (the run metrics are all there).
     """
     policies = list(cfg.compare_policies) or [cfg.policy.name]
     sims = [
         cfg.sim_for(p, seed) for p in policies for seed in range(cfg.seed, cfg.seed + cfg.seeds)
     ]
     jobs = min(cfg.jobs or os.cpu_count() or 1, len(sims))
+    if monitor is not None and monitor.live:
+        jobs = 1
+    every = cfg.telemetry.progress_every_events
     if jobs <= 1:
-        cells = [run_cell(s, out_dir, cfg.write_requests, cfg.offline_bound) for s in sims]
+        cells = [
+            run_cell(s, out_dir, cfg.write_requests, cfg.offline_bound, monitor, every)
+            for s in sims
+        ]
     else:
         # spawn, not fork: polars keeps a thread pool, and a forked child can deadlock on it.
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-            futures = [pool.submit(run_cell, s, out_dir, cfg.write_requests, cfg.offline_bound)
-                       for s in sims]
+            futures = [
+                pool.submit(run_cell, s, out_dir, cfg.write_requests, cfg.offline_bound)
+                for s in sims
+            ]
             cells = [f.result() for f in futures]
     _add_vs_lru(cells)
     return cells
@@ -164,8 +191,15 @@ def markdown(summary: dict[str, dict[str, dict[str, float]]]) -> str:
 
 
 def run_experiment(cfg: RunConfig, out_dir: Path, console: Console | None = None) -> dict[str, Any]:
-    """Run the matrix, write metrics.json and summary.md, print the table."""
-    cells = run_cells(cfg, out_dir)
+    """Run the matrix, write metrics.json, summary.md and metrics.prom, print the table."""
+    console = console or Console(width=250)
+    monitor = RunMonitor(cfg.telemetry, console)
+    try:
+        cells = run_cells(cfg, out_dir, monitor)
+    except BaseException:
+        monitor.close([], None)  # stop the bar and the server; no exposition of a failed run
+        raise
+    monitor.close(cells, out_dir)
     summary = summarize(cells)
     seeds = f"seeds {cfg.seed}..{cfg.seed + cfg.seeds - 1}"
     title = (
@@ -178,5 +212,5 @@ def run_experiment(cfg: RunConfig, out_dir: Path, console: Console | None = None
         lambda p: p.write_text(json.dumps(report, indent=1, allow_nan=True)),
     )
     _write_atomic(out_dir / "summary.md", lambda p: p.write_text(f"{title}\n\n{markdown(summary)}"))
-    (console or Console(width=250)).print(table(summary, title))
+    console.print(table(summary, title))
     return report

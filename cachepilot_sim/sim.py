@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import polars as pl
+import simpy
 
 from cachepilot_sim.clock import SimEnvironment, ms_to_us, s_to_us
 from cachepilot_sim.components.batcher import Batcher
@@ -23,18 +26,30 @@ from cachepilot_sim.metrics import latency_metrics, outcome_metrics, request_fra
 from cachepilot_sim.policies import GapEstimator, make_policy
 from cachepilot_sim.policies.oracle import ShadowOracle
 from cachepilot_sim.rng import make_streams
-from cachepilot_sim.trace.recorder import NullRecorder, TraceRecorder
+from cachepilot_sim.trace.recorder import make_recorder
 
 
 class SimulationError(RuntimeError):
     """The simulation ended in a state the model forbids (a request never finished, say)."""
 
 
-@dataclass
 class SimResult:
-    metrics: dict[str, Any]
-    requests: pl.DataFrame
-    trace: pl.DataFrame
+    """Run metrics, per-request results, and the trace, which is read back from its Parquet parts
+    only when accessed (a 10^6-request run's caller need never hold the whole trace)."""
+
+    def __init__(
+        self,
+        metrics: dict[str, Any],
+        requests: pl.DataFrame,
+        load_trace: Callable[[], pl.DataFrame],
+    ) -> None:
+        self.metrics = metrics
+        self.requests = requests
+        self._load_trace = load_trace
+
+    @cached_property
+    def trace(self) -> pl.DataFrame:
+        return self._load_trace()
 
 
 class Simulation:
@@ -45,9 +60,8 @@ class Simulation:
         self.env = SimEnvironment()
         env = self.env
         streams = make_streams(cfg.seed)
-        self.recorder = (
-            TraceRecorder(trace_dir, cfg.trace.chunk_rows) if cfg.trace.enabled else NullRecorder()
-        )
+        t = cfg.trace
+        self.recorder = make_recorder(trace_dir, t.enabled, t.chunk_rows, t.session_every)
         fit = compute_fit(cfg.hardware)
         h2d, d2h = transfer_fits(cfg.hardware)
         self.pool = VramPool(cfg)
@@ -63,7 +77,7 @@ class Simulation:
         )
         self.scheduler = Scheduler(env, cfg.scheduler, wake, self.recorder)
         self.batcher = Batcher(env, cfg, self.scheduler, self.kv, fit, self.recorder, wake)
-        self.clients = Clients(env, cfg, streams, self.scheduler.inbox)
+        self.clients = Clients(env, cfg, streams, self.scheduler.inbox, self.recorder)
         self.kv.on_ready = self.scheduler.requeue_front
         self.kv.on_memory = wake.notify
         self.scheduler.on_arrival = self.kv.on_arrival
@@ -71,8 +85,15 @@ class Simulation:
         for process in (self.clients.arrivals(), self.scheduler.run(), self.batcher.run()):
             env.process(process)
 
-    def run(self) -> SimResult:
-        self.env.run()
+    def run(
+        self, on_progress: Callable[[int], None] | None = None, every_events: int = 50_000
+    ) -> SimResult:
+        """Run to the end; `on_progress(num_events)` is called every `every_events` events (the
+        plain `env.run()` loop when None: reporting costs nothing unless asked for)."""
+        if on_progress is None:
+            self.env.run()
+        else:
+            self._run_reporting(on_progress, every_events)
         pending = [r.req_id for r in self.clients.requests if r.outcome == Outcome.PENDING]
         if pending:
             raise SimulationError(
@@ -81,8 +102,39 @@ class Simulation:
             )
         if not self.pool.conserved():
             raise SimulationError("VRAM pool accounting broken at the end of the run")
+        # The closing row carries the simulated duration (stale timers can outlive the last event).
+        self.recorder.emit(int(self.env.now), "sim", "run_end")
+        self.recorder.close(self.trace_meta())
         requests = self.requests()
-        return SimResult(self.metrics(requests), requests, self.recorder.frame())
+        return SimResult(self.metrics(requests), requests, self.recorder.frame)
+
+    def _run_reporting(self, on_progress: Callable[[int], None], every_events: int) -> None:
+        """`env.run()`'s own loop (step until the schedule is empty), paused to report."""
+        step, num_events = self.env.step, 0
+        try:
+            while True:
+                for _ in range(every_events):
+                    step()
+                num_events += every_events
+                on_progress(num_events)
+        except simpy.core.EmptySchedule:
+            return
+
+    def trace_meta(self) -> dict[str, Any]:
+        """What a trace reader needs besides the rows (trace/derive.py): classes, SLOs, sizes."""
+        names = self.clients.factory.class_names
+        classes = self.cfg.workload.classes
+        return {
+            "policy": self.cfg.policy.name,
+            "seed": self.cfg.seed,
+            "class_names": names,
+            "ttft_slo_us": [ms_to_us(classes[n].ttft_slo_ms) for n in names],
+            "tpot_slo_us": [ms_to_us(classes[n].tpot_slo_ms) for n in names],
+            "model_names": [m.name for m in self.cfg.models],
+            "kv_pool_bytes": self.pool.capacity_bytes,
+            "session_every": self.cfg.trace.session_every,
+            "iteration_every": self.cfg.trace.iteration_every,
+        }
 
     def requests(self) -> pl.DataFrame:
         names = self.clients.factory.class_names

@@ -17,14 +17,21 @@ from cachepilot_sim.clock import SimEnvironment, ms_to_us, s_to_us
 from cachepilot_sim.components.request import Outcome, Request
 from cachepilot_sim.config import SimConfig
 from cachepilot_sim.rng import RngStreams
+from cachepilot_sim.trace.recorder import NullRecorder, TraceRecorder
 from cachepilot_sim.workloads.synthetic import SessionFactory, SessionSpec
 
 
 class Clients:
     def __init__(
-        self, env: SimEnvironment, cfg: SimConfig, streams: RngStreams, inbox: simpy.Store
+        self,
+        env: SimEnvironment,
+        cfg: SimConfig,
+        streams: RngStreams,
+        inbox: simpy.Store,
+        recorder: TraceRecorder | None = None,
     ) -> None:
         self.env = env
+        self.recorder = recorder if recorder is not None else NullRecorder()
         self.wl = cfg.workload
         self.inbox = inbox
         self.streams = streams
@@ -64,6 +71,18 @@ class Clients:
         """Process: hold a session slot, send each turn, wait for its answer, think."""
         with self.slots.request() as slot:
             yield slot
+            # The session's turn 0 will be request `first` (-1: the request budget is spent).
+            first = self.num_issued if self.num_issued < self.wl.num_requests else -1
+            self.recorder.emit(
+                self.env.now,
+                "client",
+                "session_start",
+                spec.session_id,
+                first,
+                spec.model_index,
+                value=self.env.now - arrived_us,
+                class_index=spec.class_index,
+            )
             context = 0
             for turn in range(spec.num_turns):
                 if self.num_issued >= self.wl.num_requests:

@@ -152,7 +152,21 @@ class KvManager:
         """A session's next turn arrived: its idle gap is an observation for the reuse model."""
         s = self.sessions.get(req.session_id)
         if s is not None and req.turn > 0:
-            self.estimator.observe(s.entry, self.env.now - s.entry.last_used_us)
+            gap = self.env.now - s.entry.last_used_us
+            # Trace the estimator's prediction (its gap EMA before this observation) next to the
+            # true gap: what the reuse model believed when it ranked this session.
+            e = s.entry
+            self.recorder.emit(
+                self.env.now,
+                "kv",
+                "reuse_gap",
+                req.session_id,
+                req.req_id,
+                req.model_index,
+                value=gap,
+                score=e.gap_ema_us if e.gap_ema_us >= 0 else self.estimator.population_gap_us,
+            )
+            self.estimator.observe(s.entry, gap)
             self.policy.on_access(s.entry, self.env.now)
 
     def admit(self, req: Request) -> Admit:
@@ -203,6 +217,7 @@ class KvManager:
                 req.req_id,
                 req.model_index,
                 value=int(req.recompute_us_paid),
+                cost_us=req.recompute_us_paid,
             )
 
     def _make_room(self, need_bytes: int, exclude: SessionKV | None) -> bool:
@@ -225,10 +240,16 @@ class KvManager:
             return num_bytes <= self.cpu_capacity_bytes
         return self.cpu_used_bytes + num_bytes <= self.cpu_capacity_bytes
 
-    def _cpu_room(self, num_bytes: int) -> bool:
-        """Make room in the CPU store by dropping its least recently offloaded KV, if allowed."""
-        while self.cpu_used_bytes + num_bytes > self.cpu_capacity_bytes and self.cpu_lru:
-            old = self.cpu_lru.pop(next(iter(self.cpu_lru)))
+    def _cpu_room(self, num_bytes: int, keep: SessionKV | None) -> bool:
+        """Make room in the CPU store by dropping its least recently offloaded KV, if allowed.
+
+        `keep` is never dropped: it is the session whose reload is making room right now.
+        """
+        while self.cpu_used_bytes + num_bytes > self.cpu_capacity_bytes:
+            old = next((o for o in self.cpu_lru.values() if o is not keep), None)
+            if old is None:
+                break
+            del self.cpu_lru[old.entry.entry_id]
             self.cpu_used_bytes -= old.num_bytes
             self.stats.cpu_drops += 1
             self.recorder.emit(
@@ -267,13 +288,17 @@ class KvManager:
             expected = self.estimator.resume_probability(e, now) * e.restore_us
             self.stats.expected_evict_cost_us += expected
             score = float(self.policy.key(e, now)[0])
-            if allow_offload and self._can_offload(s.num_bytes) and self._cpu_room(s.num_bytes):
-                self._start_offload(s, score)
+            if (
+                allow_offload
+                and self._can_offload(s.num_bytes)
+                and self._cpu_room(s.num_bytes, keep=exclude)
+            ):
+                self._start_offload(s, score, expected)
             else:
-                self._drop(s, score)
+                self._drop(s, score, expected)
         return evicted
 
-    def _drop(self, s: SessionKV, score: float) -> None:
+    def _drop(self, s: SessionKV, score: float, expected_us: float) -> None:
         self.stats.evictions_drop += 1
         self.stats.evicted_bytes_drop += s.num_bytes
         self.recorder.emit(
@@ -287,11 +312,12 @@ class KvManager:
             s.num_bytes,
             "none",
             score,
+            cost_us=expected_us,
         )
         self.pool.release(s.num_bytes)
         s.tier, s.num_blocks = Tier.NONE, 0
 
-    def _start_offload(self, s: SessionKV, score: float) -> None:
+    def _start_offload(self, s: SessionKV, score: float, expected_us: float) -> None:
         num_bytes = s.num_bytes
         self.stats.evictions_offload += 1
         self.stats.evicted_bytes_offload += num_bytes
@@ -306,6 +332,7 @@ class KvManager:
             num_bytes,
             "flight",
             score,
+            cost_us=expected_us,
         )
         self.pool.start_offload(num_bytes)
         self.cpu_used_bytes += num_bytes
@@ -444,6 +471,7 @@ class KvManager:
             s.num_bytes,
             "none",
             value=int(cost),
+            cost_us=cost,
         )
         self.pool.release(s.num_bytes)
         s.tier, s.active, s.num_blocks = Tier.NONE, False, 0

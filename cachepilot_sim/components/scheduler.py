@@ -54,6 +54,7 @@ class Scheduler:
                 req.req_id,
                 req.model_index,
                 value=req.context_tokens + req.prompt_tokens,
+                class_index=req.class_index,
             )
             self.on_arrival(req)
             self.push(req)

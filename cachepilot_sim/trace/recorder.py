@@ -1,16 +1,25 @@
 """Collects trace rows in column lists and hands them to polars in chunks.
 
 With an output directory the chunks become numbered Parquet part files, so a long run never holds
-its whole trace in memory; without one they stay in memory (tests, notebooks on tiny runs).
+its whole trace in memory; without one they stay in memory (tests, notebooks on tiny runs). Tracing
+can be off (`NullRecorder`) or keep one session in k (`SampledRecorder`): every row of a kept
+session, so per-request results derived from a sampled trace are exact for the sessions it holds.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import os
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
 from cachepilot_sim.trace.schema import TRACE_SCHEMA
+
+META_FILE = "meta.json"
+NAN = math.nan
 
 
 class TraceRecorder:
@@ -35,8 +44,10 @@ class TraceRecorder:
         blocks: int = 0,
         num_bytes: int = 0,
         tier: str = "none",
-        score: float = float("nan"),
+        score: float = NAN,
         value: int = 0,
+        class_index: int = -1,
+        cost_us: float = NAN,
     ) -> None:
         c = self._cols
         c[0].append(t_us)
@@ -51,6 +62,8 @@ class TraceRecorder:
         c[9].append(tier)
         c[10].append(score)
         c[11].append(value)
+        c[12].append(class_index)
+        c[13].append(cost_us)
         self.num_rows += 1
         if len(c[0]) >= self.chunk_rows:
             self.flush()
@@ -58,16 +71,30 @@ class TraceRecorder:
     def flush(self) -> None:
         if not self._cols[0]:
             return
-        frame = pl.DataFrame(
-            dict(zip(TRACE_SCHEMA.names(), self._cols, strict=False)), schema=TRACE_SCHEMA
-        )
+        columns = dict(zip(TRACE_SCHEMA.names(), self._cols, strict=True))
+        frame = pl.DataFrame(columns, schema=TRACE_SCHEMA)
         self._cols = [[] for _ in TRACE_SCHEMA]
         if self.out_dir is None:
             self._chunks.append(frame)
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        frame.write_parquet(self.out_dir / f"part-{self._num_parts:05d}.parquet")
+        path = self.out_dir / f"part-{self._num_parts:05d}.parquet"
+        tmp = path.with_name(path.name + ".tmp")
+        frame.write_parquet(tmp)
+        os.replace(tmp, path)
         self._num_parts += 1
+
+    def close(self, meta: dict[str, Any]) -> None:
+        """Write the last chunk and `meta.json` (what a reader needs besides the rows: class names,
+        SLOs, pool size, sampling). The meta file is written last: its presence marks a complete
+        trace."""
+        self.flush()
+        if self.out_dir is None:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.out_dir / (META_FILE + ".tmp")
+        tmp.write_text(json.dumps(meta, indent=1))
+        os.replace(tmp, self.out_dir / META_FILE)
 
     def frame(self) -> pl.DataFrame:
         """The whole trace (reads the part files back when they were written to disk)."""
@@ -81,8 +108,63 @@ class TraceRecorder:
         return pl.concat(self._chunks)
 
 
+class SampledRecorder(TraceRecorder):
+    """Keeps every row of one session in `session_every` (session id % k == 0) and every row not
+    about a session (iterations, run end). Session ids follow arrival order, so the kept sessions
+    spread evenly over the run and over workload classes."""
+
+    def __init__(self, out_dir: Path | None, chunk_rows: int, session_every: int) -> None:
+        super().__init__(out_dir, chunk_rows)
+        self.session_every = session_every
+
+    def emit(
+        self,
+        t_us: int,
+        component: str,
+        kind: str,
+        session: int = -1,
+        request: int = -1,
+        model: int = 0,
+        blocks: int = 0,
+        num_bytes: int = 0,
+        tier: str = "none",
+        score: float = NAN,
+        value: int = 0,
+        class_index: int = -1,
+        cost_us: float = NAN,
+    ) -> None:
+        if session < 0 or session % self.session_every == 0:
+            TraceRecorder.emit(
+                self,
+                t_us,
+                component,
+                kind,
+                session,
+                request,
+                model,
+                blocks,
+                num_bytes,
+                tier,
+                score,
+                value,
+                class_index,
+                cost_us,
+            )
+
+
 class NullRecorder(TraceRecorder):
     """Tracing switched off: emit does nothing."""
 
     def emit(self, *args: object, **kwargs: object) -> None:  # type: ignore[override]
         return None
+
+
+def make_recorder(
+    out_dir: Path | None, enabled: bool, chunk_rows: int, session_every: int
+) -> TraceRecorder:
+    """The recorder a run's trace settings ask for."""
+    if not enabled:
+        return NullRecorder()
+    if session_every > 1:
+        return SampledRecorder(out_dir, chunk_rows, session_every)
+    return TraceRecorder(out_dir, chunk_rows)

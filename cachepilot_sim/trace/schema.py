@@ -1,14 +1,14 @@
 """The one definition of the event trace: one row per simulator event, ordered by (t_us, seq).
 
 Writers pass `schema=TRACE_SCHEMA`; Parquet export, notebooks and docs read column meaning from
-here.
+here. Kinds and columns are only ever appended, so older traces keep their encoding.
 """
 
 from __future__ import annotations
 
 import polars as pl
 
-COMPONENTS = ("client", "scheduler", "batcher", "kv", "pcie")
+COMPONENTS = ("client", "scheduler", "batcher", "kv", "pcie", "sim")
 EVENT_KINDS = (
     "arrive",  # a request reached the scheduler
     "admit",  # the batcher took it into the running batch
@@ -23,7 +23,12 @@ EVENT_KINDS = (
     "offload_done",
     "evict_drop",  # an idle session's KV chosen as victim and discarded
     "preempt",  # a running request lost its KV (recompute preemption)
-    "iteration",  # sampled engine iteration: blocks = tokens in batch, bytes = KV bytes in use
+    "iteration",  # sampled engine iteration: blocks = sequences in batch, bytes = KV bytes in use
+    # Appended kinds (new kinds go at the end so existing traces keep their physical encoding):
+    "session_start",  # a new session got a front-end slot; value = us it waited for one
+    "run_end",  # the last row of a complete run: t_us = simulated duration
+    "reuse_gap",  # a session came back: value = true idle gap (us), score = the gap predicted
+    #               by the reuse estimator before this observation (us; lambda = 1 / score)
 )
 TIERS = ("gpu", "cpu", "none", "flight")
 REJECT_REASONS = ("exceeds_kv_capacity", "queue_timeout")
@@ -40,7 +45,10 @@ TRACE_SCHEMA = pl.Schema(
         "blocks": pl.Int64,  # KV blocks concerned (iteration: sequences in the batch)
         "bytes": pl.Int64,  # bytes concerned (iteration: KV pool bytes used + in flight)
         "tier": pl.Enum(TIERS),
-        "score": pl.Float64,  # the policy's eviction key head where one was taken; NaN otherwise
+        "score": pl.Float64,  # evictions: the policy's key head; reuse_gap: predicted gap; else NaN
         "value": pl.Int64,  # kind-specific: duration in us, or reason code for reject
+        # Appended columns (issue 6): what derived per-request results and run metrics need.
+        "class_index": pl.Int32,  # workload class (arrive, session_start); -1 otherwise
+        "cost_us": pl.Float64,  # modelled cost: recompute/preempt paid, eviction expected; else NaN
     }
 )

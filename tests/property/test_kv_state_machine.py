@@ -15,7 +15,7 @@ from cachepilot_sim.components.kv_manager import Admit, KvManager, Tier
 from cachepilot_sim.components.pcie_link import PcieLink
 from cachepilot_sim.components.request import Request
 from cachepilot_sim.components.vram_pool import VramPool
-from cachepilot_sim.config import GIB, KVConfig, ModelConfig, PolicyConfig
+from cachepilot_sim.config import GIB, HardwareConfig, KVConfig, ModelConfig, PolicyConfig
 from cachepilot_sim.cost import compute_fit, transfer_fits
 from cachepilot_sim.policies import GapEstimator, make_policy
 from cachepilot_sim.trace.recorder import TraceRecorder
@@ -25,6 +25,8 @@ NUM_SESSIONS = 12
 
 
 class KvMachine(RuleBasedStateMachine):
+    hardware = HardwareConfig()
+
     def __init__(self) -> None:
         super().__init__()
         model = ModelConfig(weight_bytes=1_000_000_000, num_layers=4, max_context_tokens=4096)
@@ -32,7 +34,9 @@ class KvMachine(RuleBasedStateMachine):
         kv = KVConfig(
             activation_reserve_bytes=0, cpu_store_bytes=40 * block, watermark_fraction=0.05
         )
-        cfg = make_sim_config(model=model, kv=kv, vram_gb=(1e9 + 100 * block) / 1e9)
+        cfg = make_sim_config(
+            model=model, kv=kv, vram_gb=(1e9 + 100 * block) / 1e9, hardware=self.hardware
+        )
         self.env = SimEnvironment()
         self.pool = VramPool(cfg)
         self.weights = self.pool.pinned_weight_bytes
@@ -153,3 +157,43 @@ class KvMachine(RuleBasedStateMachine):
 KvMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=60, deadline=None)
 TestKvManagerInvariants = KvMachine.TestCase
 assert GIB  # the machine sizes memory in blocks, not GiB
+
+
+class ReferenceHardwareKvMachine(KvMachine):
+    """The machine with the transfer times the failing sequence below was found with."""
+
+    hardware = HardwareConfig(
+        name="h200_reference",
+        hbm_bytes_per_us=4.196e6,
+        prefill_token_us=25.97,
+        attention_token2_us=9.47e-4,
+        step_overhead_us=0.0,
+        pcie_h2d_latency_us=9.0,
+        pcie_h2d_bytes_per_us=55.2e3,
+        pcie_d2h_latency_us=9.0,
+        pcie_d2h_bytes_per_us=55.0e3,
+    )
+
+
+def test_reload_making_room_never_drops_its_own_cpu_copy() -> None:
+    """Found by the machine above: a returning session's reload evicts an idle victim to the CPU
+    store, which was full, and the store's LRU drop picked the returning session's own copy
+    (KeyError in _start_reload). The store must keep the KV that is about to come back."""
+    state = ReferenceHardwareKvMachine()
+    for sid, prompt in ((0, 128), (5, 398), (4, 417)):
+        state.arrive(prompt=prompt, sid=sid)
+    for _ in range(3):
+        state.leave(pick=0, preempt=False)
+    state.arrive(prompt=97, sid=0)
+    state.arrive(prompt=275, sid=5)
+    state.leave(pick=0, preempt=False)
+    for _ in range(3):
+        state.watermark()
+    state.leave(pick=0, preempt=False)
+    state.arrive(prompt=161, sid=1)
+    state.arrive(prompt=1, sid=4)
+    state.advance(dt=139)  # session 4's KV lands in the full CPU store; its turn is handed back
+    state.arrive(prompt=401, sid=1)
+    state.readmit()  # session 4 reloads: making room must not drop session 4's own CPU copy
+    state.bytes_are_conserved()
+    state.tiers_agree_with_pool_and_indexes()

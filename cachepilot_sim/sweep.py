@@ -1,0 +1,138 @@
+"""Hydra multirun jobs that survive each other: per-job status files, crash isolation, resume.
+
+Every job of a sweep writes `job.json` in its own folder (`hydra.sweep.subdir`, by default the job's
+overrides, so a rerun with the same `hydra.sweep.dir` finds the same folders): `complete` with the
+hash of its resolved config once `metrics.json` is written, or `failed` with the exception and its
+traceback. A failing job never raises into the launcher, so the other jobs finish; a rerun skips
+every job whose `job.json` says complete for the same config, and runs the others again. When the
+sweep ends, `SweepReport` prints which jobs failed and why and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from cachepilot_sim.config import to_config
+
+JOB_FILE = "job.json"
+STATUS_FILE = "sweep_status.json"
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """sha256 of the job's resolved task config (what decides its results)."""
+    text = OmegaConf.to_yaml(cfg, resolve=True, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=1, allow_nan=True))
+    os.replace(tmp, path)
+
+
+def read_job(job_dir: Path) -> dict[str, Any] | None:
+    """The job's status record, or None when it has none or it cannot be parsed."""
+    try:
+        record = json.loads((job_dir / JOB_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def is_complete(job_dir: Path, digest: str) -> bool:
+    """True when the job finished for exactly this config and its metrics are on disk."""
+    record = read_job(job_dir)
+    return (record is not None and record.get("status") == "complete"
+            and record.get("config_sha256") == digest and (job_dir / "metrics.json").is_file())
+
+
+def run_job(cfg: DictConfig, out_dir: Path, overrides: list[str], job_num: int) -> str:
+    """Run one sweep job in `out_dir`; returns its status: complete, skipped or failed.
+
+    Exceptions are recorded in job.json and printed with the job's overrides, never raised.
+    """
+    from rich.console import Console
+
+    from cachepilot_sim.runner import run_experiment
+
+    digest = config_hash(cfg)
+    label = f"job {job_num} ({','.join(overrides) or 'no overrides'})"
+    if is_complete(out_dir, digest):
+        print(f"cachepilot_sim: {label}: skipped, results complete in {out_dir}")
+        return "skipped"
+    record: dict[str, Any] = {"job": job_num, "overrides": overrides, "config_sha256": digest}
+    write_json_atomic(out_dir / JOB_FILE, record | {"status": "running"})
+    if cfg.get("jobs", 0) == 0:
+        # The launcher already spreads jobs over the cores; a pool of cell workers inside a
+        # launcher worker (loky) cannot start and would only oversubscribe the machine.
+        cfg.jobs = 1
+    try:
+        # One line per job instead of each job's table: a sweep has hundreds (summary.md has it).
+        report = run_experiment(to_config(cfg), out_dir, Console(quiet=True))
+    except Exception as err:  # noqa: BLE001 - a job's failure must not take down the sweep
+        reason = f"{type(err).__name__}: {err}"
+        print(f"cachepilot_sim: {label} failed: {reason}", file=sys.stderr)
+        write_json_atomic(out_dir / JOB_FILE, record | {
+            "status": "failed", "error": reason, "traceback": traceback.format_exc()})
+        return "failed"
+    write_json_atomic(out_dir / JOB_FILE, record | {"status": "complete"})
+    restore = [round(c["realized_restore_s"], 3) for c in report["cells"]]
+    print(f"cachepilot_sim: {label}: complete, realized restore s {restore}")
+    return "complete"
+
+
+def job_dirs(sweep_dir: Path) -> list[Path]:
+    """Every job folder under a sweep folder (one holding Hydra's .hydra/overrides.yaml)."""
+    found = {p.parent.parent for p in sweep_dir.rglob(".hydra/overrides.yaml")}
+    return sorted(d for d in found if d != sweep_dir or (d / JOB_FILE).exists())
+
+
+def sweep_status(sweep_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    """Jobs of a sweep folder grouped by status (complete, failed, incomplete)."""
+    out: dict[str, list[dict[str, Any]]] = {"complete": [], "failed": [], "incomplete": []}
+    for job_dir in job_dirs(sweep_dir):
+        record = read_job(job_dir) or {"status": "incomplete"}
+        status = record.get("status")
+        entry = {"dir": str(job_dir.relative_to(sweep_dir)), "overrides": record.get("overrides"),
+                 "error": record.get("error", "")}
+        if status == "complete" and (job_dir / "metrics.json").is_file():
+            out["complete"].append(entry)
+        elif status == "failed":
+            out["failed"].append(entry)
+        else:
+            entry["error"] = entry["error"] or f"no finished job.json (status {status})"
+            out["incomplete"].append(entry)
+    return out
+
+
+try:
+    from hydra.experimental.callback import Callback
+except ImportError:  # pragma: no cover - hydra-core always ships it (>= 1.1)
+    Callback = object  # type: ignore[misc,assignment]
+
+
+class SweepReport(Callback):  # type: ignore[misc]
+    """Hydra callback: at the end of a multirun, write sweep_status.json, list the failed jobs with
+    their reasons, and exit with status 1 when any failed (the others' results stay)."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if not sweep_dir.is_dir():
+            return
+        status = sweep_status(sweep_dir)
+        write_json_atomic(sweep_dir / STATUS_FILE, status)
+        bad = status["failed"] + status["incomplete"]
+        print(f"cachepilot_sim: sweep {sweep_dir}: {len(status['complete'])} jobs complete, "
+              f"{len(status['failed'])} failed, {len(status['incomplete'])} incomplete")
+        for job in bad:
+            print(f"  FAILED {job['dir']}: {job['error']}", file=sys.stderr)
+        if bad:
+            raise SystemExit(1)

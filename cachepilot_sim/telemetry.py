@@ -1,0 +1,250 @@
+"""Telemetry out: Prometheus text exposition of run metrics, live progress, a Grafana dashboard.
+
+Every numeric run metric of every (policy, seed) cell becomes a gauge `cachepilot_<metric>` with
+labels `policy` and `seed`, written to `metrics.prom` in the run folder (Prometheus text format,
+for node_exporter's textfile collector or a Pushgateway). While a run progresses, the
+`cachepilot_progress_*` gauges (simulated seconds, requests done, events, events per wall second)
+are updated and, when `telemetry.prometheus_port` is set, served on 127.0.0.1 only.
+`grafana_dashboard()` builds a dashboard whose panels query exactly these names. Wall-clock time is
+read here, for rates shown to people, never inside the simulated model.
+
+    python -m cachepilot_sim.telemetry grafana [--out dashboard.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+
+from cachepilot_sim.components.request import Outcome
+
+PREFIX = "cachepilot_"
+LABELS = ("policy", "seed")
+PROM_FILE = "metrics.prom"
+# Live progress of the cell being simulated: (name, help).
+PROGRESS = (
+    ("progress_sim_seconds", "simulated time reached, seconds"),
+    ("progress_requests_done", "requests completed or rejected so far"),
+    ("progress_requests_total", "requests the run will issue"),
+    ("progress_events", "SimPy events processed so far"),
+    ("progress_events_per_wall_second", "SimPy events per wall-clock second"),
+)
+# Run metrics with a panel on the dashboard: (title, unit, metric keys).
+PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("Realized restore (reload + recompute)", "s", ("realized_restore_s", "realized_reload_s",
+                                                    "realized_recompute_s")),
+    ("Expected eviction cost (seed metric)", "s", ("expected_evict_cost_s",)),
+    ("Evictions", "short", ("evictions_offload", "evictions_drop")),
+    ("TTFT percentiles", "s", ("ttft_p50_s", "ttft_p95_s", "ttft_p99_s")),
+    ("TPOT percentiles", "ms", ("tpot_p50_ms", "tpot_p95_ms")),
+    ("Goodput", "reqps", ("goodput_req_s",)),
+    ("SLA attainment", "percentunit", ("sla_attainment",)),
+    ("KV pool utilisation", "percentunit", ("vram_kv_util_mean", "vram_kv_util_peak")),
+    ("PCIe traffic", "decgbytes", ("pcie_d2h_gb", "pcie_h2d_gb")),
+    ("Cache outcomes", "short", ("hits", "reloads", "recomputes", "preemptions")),
+)
+
+
+def metric_name(key: str) -> str:
+    """Prometheus name of a run metric key (`ttft_p95_s` -> `cachepilot_ttft_p95_s`)."""
+    return PREFIX + re.sub(r"[^a-zA-Z0-9_]", "_", key)
+
+
+class Telemetry:
+    """One registry per run: progress gauges, run-metric gauges, optional 127.0.0.1 server."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.registry = CollectorRegistry()
+        self._gauges: dict[str, Gauge] = {}
+        for name, doc in PROGRESS:
+            self._gauge(PREFIX + name, doc)
+        self.server: Any = None
+        if port:
+            from prometheus_client import start_http_server
+
+            try:
+                self.server, _ = start_http_server(port, addr="127.0.0.1",
+                                                   registry=self.registry)
+            except OSError as err:  # busy port (another run, another sweep job): run unserved
+                print(f"cachepilot_sim: not serving metrics on 127.0.0.1:{port}: {err}",
+                      file=sys.stderr)
+        self._t0 = time.perf_counter()
+
+    def _gauge(self, name: str, doc: str) -> Gauge:
+        if name not in self._gauges:
+            self._gauges[name] = Gauge(name, doc, LABELS, registry=self.registry)
+        return self._gauges[name]
+
+    def start_cell(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def progress(self, policy: str, seed: int, sim_us: int, done: int, total: int,
+                 events: int) -> float:
+        """Update the live progress gauges of one cell; returns events per wall second."""
+        labels = {"policy": policy, "seed": str(seed)}
+        wall = max(time.perf_counter() - self._t0, 1e-9)
+        values = (sim_us / 1e6, done, total, events, events / wall)
+        for (name, _), value in zip(PROGRESS, values, strict=True):
+            self._gauges[PREFIX + name].labels(**labels).set(value)
+        return events / wall
+
+    def record_cells(self, cells: Sequence[dict[str, Any]]) -> None:
+        """One gauge per numeric metric; NaN (undefined, e.g. no LRU baseline) is left out."""
+        for cell in cells:
+            labels = {"policy": str(cell["policy"]), "seed": str(cell["seed"])}
+            for key, value in cell.items():
+                if key in LABELS or isinstance(value, bool) or not isinstance(value, int | float):
+                    continue
+                if math.isnan(value):
+                    continue
+                self._gauge(metric_name(key), f"run metric {key}").labels(**labels).set(value)
+
+    def write(self, out_dir: Path) -> Path:
+        """Write the exposition to `out_dir/metrics.prom` (atomically: temp file + rename)."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / PROM_FILE
+        write_to_textfile(str(path), self.registry)
+        return path
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server = None
+
+
+class RunMonitor:
+    """Progress of a run's cells: a rich bar (only when the console is a terminal and progress is
+    on) and the Prometheus progress gauges; at the end, the run metrics and `metrics.prom`."""
+
+    def __init__(self, cfg: Any, console: Any = None) -> None:
+        from rich.console import Console
+
+        self.cfg = cfg  # a TelemetryConfig
+        self.console = console or Console()
+        self.telemetry = Telemetry(cfg.prometheus_port)
+        self.bar: Any = None
+        if cfg.progress and self.console.is_terminal:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self.bar = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("sim {task.fields[sim_s]:,.0f} s"),
+                TextColumn("{task.fields[eps]:,.0f} events/s"), TimeElapsedColumn(),
+                console=self.console)
+            self.bar.start()
+
+    @property
+    def live(self) -> bool:
+        """Whether anyone watches progress while cells run (a terminal bar or a served port)."""
+        return self.bar is not None or self.telemetry.server is not None
+
+    def hook(self, sim: Any) -> Any:
+        """The `on_progress` callback for one Simulation (counts requests done incrementally)."""
+        cfg = sim.cfg
+        policy, seed, total = cfg.policy.name, cfg.seed, cfg.workload.num_requests
+        requests = sim.clients.requests
+        task = None if self.bar is None else self.bar.add_task(
+            f"{policy} seed {seed}", total=total, sim_s=0.0, eps=0.0)
+        self.telemetry.start_cell()
+        prefix, events = 0, 0  # requests[:prefix] are all done: each call scans only the rest
+
+        def on_progress(num_events: int) -> None:
+            nonlocal prefix, events
+            while prefix < len(requests) and requests[prefix].outcome != Outcome.PENDING:
+                prefix += 1
+            done = prefix + sum(1 for r in requests[prefix:] if r.outcome != Outcome.PENDING)
+            events = num_events
+            eps = self.telemetry.progress(policy, seed, sim.env.now, done, total, num_events)
+            if task is not None:
+                self.bar.update(task, completed=done, sim_s=sim.env.now / 1e6, eps=eps)
+
+        def finish() -> None:
+            self.telemetry.progress(policy, seed, sim.env.now, total, total, events)
+            if task is not None:
+                self.bar.update(task, completed=total, sim_s=sim.env.now / 1e6)
+
+        on_progress.finish = finish  # type: ignore[attr-defined]
+        return on_progress
+
+    def close(self, cells: Sequence[dict[str, Any]], out_dir: Path | None) -> Path | None:
+        """Stop the bar and the server; write metrics.prom when asked for."""
+        if self.bar is not None:
+            self.bar.stop()
+        self.telemetry.record_cells(cells)
+        path = None
+        if out_dir is not None and self.cfg.prometheus_file:
+            path = self.telemetry.write(out_dir)
+        self.telemetry.close()
+        return path
+
+
+def _panel(pid: int, title: str, unit: str, names: Sequence[str], y: int, x: int) -> dict:
+    targets = [{"refId": chr(65 + i), "expr": f'{n}{{policy=~"$policy"}}',
+                "legendFormat": f"{n.removeprefix(PREFIX)} {{{{policy}}}} s{{{{seed}}}}"}
+               for i, n in enumerate(names)]
+    return {"id": pid, "type": "timeseries", "title": title, "datasource": "${datasource}",
+            "gridPos": {"h": 8, "w": 12, "x": x, "y": y},
+            "fieldConfig": {"defaults": {"unit": unit}, "overrides": []}, "targets": targets}
+
+
+def grafana_dashboard() -> dict[str, Any]:
+    """A Grafana dashboard (JSON model) over the progress gauges and the run-metric gauges."""
+    rows: list[tuple[str, str, list[str]]] = [
+        ("Simulated time", "s", [PREFIX + "progress_sim_seconds"]),
+        ("Requests done / total", "short",
+         [PREFIX + "progress_requests_done", PREFIX + "progress_requests_total"]),
+        ("Events per wall second", "short", [PREFIX + "progress_events_per_wall_second"]),
+    ]
+    rows += [(title, unit, [metric_name(k) for k in keys]) for title, unit, keys in PANELS]
+    panels = [_panel(i + 1, t, u, n, 8 * (i // 2), 12 * (i % 2)) for i, (t, u, n) in
+              enumerate(rows)]
+    templating = [
+        {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Prometheus"},
+        {"name": "policy", "type": "query", "datasource": "${datasource}", "includeAll": True,
+         "multi": True, "query": f"label_values({PREFIX}progress_events, policy)",
+         "current": {"text": "All", "value": "$__all"}},
+    ]
+    return {"title": "CachePilot-Sim", "uid": "cachepilot-sim", "schemaVersion": 39,
+            "tags": ["cachepilot"], "time": {"from": "now-6h", "to": "now"}, "refresh": "10s",
+            "templating": {"list": templating}, "panels": panels}
+
+
+def panel_metric_names(dashboard: dict[str, Any]) -> set[str]:
+    """Every metric name that a panel's PromQL expression refers to."""
+    names: set[str] = set()
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            names |= set(re.findall(rf"\b{PREFIX}[a-zA-Z0-9_]+", target["expr"]))
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m cachepilot_sim.telemetry", description=__doc__)
+    ap.add_argument("what", choices=["grafana"])
+    ap.add_argument("--out", type=Path, default=None, help="file to write (default: stdout)")
+    args = ap.parse_args(argv)
+    text = json.dumps(grafana_dashboard(), indent=1) + "\n"
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

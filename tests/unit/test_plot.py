@@ -1,0 +1,46 @@
+"""`python -m cachepilot_sim.plot` draws the run figures from the traces of a tiny run."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+import polars as pl
+
+from cachepilot_sim.config import RunConfig, SimConfig
+from cachepilot_sim.plot import main, tier_timeline
+from cachepilot_sim.runner import run_experiment
+from cachepilot_sim.trace.derive import load_trace
+from tests.conftest import make_sim_config, make_workload
+
+
+def tiny_run(out: Path) -> None:
+    sim = make_sim_config(vram_gb=10.0, workload=make_workload(num_requests=60))
+    values = {f.name: getattr(sim, f.name) for f in fields(SimConfig)}
+    run_experiment(RunConfig(**values, compare_policies=["perc", "lru"]), out)
+
+
+def test_plot_writes_every_run_figure(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    tiny_run(tmp_path / "run")
+    assert main([str(tmp_path / "run"), "--format", "svg"]) == 0
+    names = {p.name for p in (tmp_path / "run" / "plots").iterdir()}
+    assert names == {"vram_by_tier.svg", "latency_cdfs.svg", "restore_by_class.svg",
+                     "gap_estimates.svg"}
+    assert "vram_by_tier.svg" in capsys.readouterr().out
+    one = tmp_path / "run" / "trace" / "lru_seed0"  # a single trace folder works too
+    assert main([str(one), "--out", str(tmp_path / "one")]) == 0
+    assert (tmp_path / "one" / "gap_estimates.png").stat().st_size > 5000
+
+
+def test_tier_timeline_ends_with_every_copy_landed(tmp_path: Path) -> None:
+    tiny_run(tmp_path)
+    lf, _ = load_trace(tmp_path / "trace" / "perc_seed0")
+    line = tier_timeline(lf)
+    flight = line.filter(pl.col("tier") == "flight")["bytes"]
+    assert flight.len() > 0 and flight[-1] == 0 and flight.min() >= 0
+    assert line.filter(pl.col("tier") == "cpu")["bytes"].min() >= 0
+
+
+def test_plot_of_a_folder_without_traces_names_it(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    assert main([str(tmp_path)]) == 2
+    assert str(tmp_path) in capsys.readouterr().err

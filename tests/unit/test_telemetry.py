@@ -1,0 +1,129 @@
+"""Prometheus exposition, the 127.0.0.1 server, the Grafana dashboard, and progress reporting."""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+
+from cachepilot_sim.config import ConfigError, RunConfig, TelemetryConfig
+from cachepilot_sim.runner import run_experiment
+from cachepilot_sim.sim import build
+from cachepilot_sim.telemetry import (
+    RunMonitor,
+    Telemetry,
+    grafana_dashboard,
+    metric_name,
+    panel_metric_names,
+)
+from tests.conftest import make_sim_config, make_workload
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "cachepilot_dashboard.json"
+
+
+def tiny_config(**telemetry: object) -> RunConfig:
+    sim = make_sim_config(vram_gb=10.0, workload=make_workload(num_requests=40))
+    values = {k: getattr(sim, k) for k in ("seed", "vram_gb", "model", "workload", "kv")}
+    # jobs=1: the cells run in this process, so the progress gauges are recorded too.
+    return RunConfig(**values, compare_policies=["perc", "lru"], jobs=1,
+                     telemetry=TelemetryConfig(**telemetry))  # type: ignore[arg-type]
+
+
+def exposed(path: Path) -> dict[str, dict[tuple[str, str], float]]:
+    out: dict[str, dict[tuple[str, str], float]] = {}
+    for family in text_string_to_metric_families(path.read_text()):
+        for s in family.samples:
+            out.setdefault(s.name, {})[(s.labels["policy"], s.labels["seed"])] = s.value
+    return out
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("run")
+    return out, run_experiment(tiny_config(progress_every_events=200), out)
+
+
+def test_exposition_holds_every_numeric_metric_of_every_cell(run_dir) -> None:  # noqa: ANN001
+    out, report = run_dir
+    metrics = exposed(out / "metrics.prom")
+    for cell in report["cells"]:
+        key = (cell["policy"], str(cell["seed"]))
+        assert metrics[metric_name("ttft_p95_s")][key] == pytest.approx(cell["ttft_p95_s"])
+        assert metrics[metric_name("evictions")][key] == cell["evictions"]
+        assert metrics["cachepilot_progress_requests_done"][key] == 40
+        assert metrics["cachepilot_progress_events"][key] >= 200
+
+
+def test_every_grafana_panel_queries_a_metric_the_run_exports(run_dir) -> None:  # noqa: ANN001
+    out, _ = run_dir
+    dashboard = grafana_dashboard()
+    wanted = panel_metric_names(dashboard)
+    assert len(wanted) >= 20 and len(dashboard["panels"]) >= 12
+    missing = wanted - set(exposed(out / "metrics.prom"))
+    assert not missing
+    # The committed dashboard is the generated one (regenerate: python -m
+    # cachepilot_sim.telemetry grafana --out docs/grafana/cachepilot_dashboard.json).
+    assert json.loads(DASHBOARD.read_text()) == dashboard
+
+
+def test_server_binds_localhost_and_serves_progress() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    telemetry = Telemetry(port)
+    try:
+        assert telemetry.server.server_address[0] == "127.0.0.1"
+        telemetry.progress("perc", 3, 5_000_000, 7, 10, 1234)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        text = body.decode()
+        assert 'cachepilot_progress_requests_done{policy="perc",seed="3"} 7.0' in text
+        assert 'cachepilot_progress_sim_seconds{policy="perc",seed="3"} 5.0' in text
+    finally:
+        telemetry.close()
+
+
+def test_a_busy_port_leaves_the_run_unserved_with_a_warning(capsys) -> None:  # noqa: ANN001
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        telemetry = Telemetry(port)
+        assert telemetry.server is None
+    assert f"not serving metrics on 127.0.0.1:{port}" in capsys.readouterr().err
+    telemetry.progress("lru", 0, 1, 1, 1, 1)  # still records
+
+
+def test_progress_reporting_does_not_change_the_run() -> None:
+    cfg = make_sim_config(workload=make_workload(num_requests=60))
+    calls: list[int] = []
+    reported = build(cfg).run(calls.append, every_events=100)
+    plain = build(cfg).run()
+    assert len(calls) >= 3 and calls == sorted(calls)
+    assert reported.trace.equals(plain.trace) and reported.metrics == plain.metrics
+
+
+def test_progress_bar_draws_on_a_terminal_only() -> None:
+    sim = build(make_sim_config(workload=make_workload(num_requests=30)))
+    buf = io.StringIO()
+    monitor = RunMonitor(TelemetryConfig(), Console(file=buf, force_terminal=True, width=120))
+    hook = monitor.hook(sim)
+    sim.run(hook, every_events=100)
+    hook.finish()
+    monitor.close([], None)
+    assert "perc seed 0" in buf.getvalue() and "30/30" in buf.getvalue()
+    quiet = RunMonitor(TelemetryConfig(), Console(file=io.StringIO(), force_terminal=False))
+    assert quiet.bar is None
+    off = RunMonitor(TelemetryConfig(progress=False), Console(file=io.StringIO(),
+                                                              force_terminal=True))
+    assert off.bar is None
+
+
+def test_prometheus_port_must_be_a_port() -> None:
+    with pytest.raises(ConfigError, match="telemetry.prometheus_port"):
+        TelemetryConfig(prometheus_port=70000)
