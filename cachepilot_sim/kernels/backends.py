@@ -125,13 +125,26 @@ class TritonBackend(TorchBackend):
 
 
 class CudaBackend(TorchBackend):
+    """quant_variant: the per-token kernel (None: the default); swap_in: "zero_copy" (the default
+    kernel), a split kernel name of cuda.SPLIT_KERNELS starting with swap_in_,
+    "staged:<pieces>:<scatter kernel>" (copy engine into a staging buffer, pipelined scatter),
+    "flagged:<pieces>" (the same with one flag-driven scatter kernel) or "hybrid:<blocks>" (that
+    many blocks through the copy engine, the rest zero-copy, concurrently)."""
+
     name = "cuda"
 
-    def __init__(self, device: str = "cuda") -> None:
+    def __init__(
+        self, device: str = "cuda", quant_variant: Any = None, swap_in: str = "zero_copy"
+    ) -> None:
         super().__init__(device)
         from cachepilot_sim.kernels import cuda
 
         self.k = cuda
+        self.quant_variant = quant_variant
+        self.swap_in = swap_in
+        if quant_variant is not None or swap_in != "zero_copy":
+            label = quant_variant.label() if quant_variant is not None else swap_in
+            self.name = f"cuda[{label}]"
 
     def _ptr_table(self, layers: list[Any]) -> Any:
         return self.torch.tensor(
@@ -150,6 +163,10 @@ class CudaBackend(TorchBackend):
         dl = [self.dev(a) for a in layers]
         hp = self.host(host_pool)
         ptrs, di, hi = self._ptr_table(dl), self.dev(device_ids), self.dev(host_ids)
+        if not out and self.swap_in != "zero_copy":
+            self._swap_in_variant(ptrs, di, hi, host_ids, geom, layers[0].shape[1], hp)
+            self.sync()
+            return [t.cpu().numpy() for t in dl], hp.numpy()
         self.k.swap(
             ptrs.data_ptr(),
             di.data_ptr(),
@@ -163,6 +180,50 @@ class CudaBackend(TorchBackend):
         self.sync()
         return [t.cpu().numpy() for t in dl], hp.numpy()
 
+    def _swap_in_variant(
+        self,
+        ptrs: Any,
+        di: Any,
+        hi: Any,
+        host_ids: I64,
+        geom: KvGeometry,
+        num_device_blocks: int,
+        hp: Any,
+    ) -> None:
+        n = len(host_ids)
+        if self.swap_in.split(":")[0] in ("staged", "flagged", "hybrid"):
+            kind, num, *rest = self.swap_in.split(":")
+            staging = self.torch.full(
+                (n * geom.block_bytes,), POISON_BYTE, dtype=self.torch.uint8, device=self.device
+            )
+            slots = self.torch.arange(n, dtype=self.torch.int64, device=self.device)
+            args = (host_ids.tolist(), geom, num_device_blocks, hp.data_ptr(), staging.data_ptr())
+            cb = max(1, -(-n // int(num)))  # num = pieces
+            if kind == "staged":
+                self.k.swap_in_staged(
+                    ptrs.data_ptr(), di.data_ptr(), slots.data_ptr(), *args, cb, *rest
+                )
+            elif kind == "flagged":
+                self.k.swap_in_staged_flagged(
+                    ptrs.data_ptr(), di.data_ptr(), slots.data_ptr(), *args, cb
+                )
+            else:  # num = blocks through the copy engine
+                self.k.swap_in_hybrid(
+                    ptrs.data_ptr(), di.data_ptr(), hi.data_ptr(), slots.data_ptr(), *args, int(num)
+                )
+            self.sync()  # staging must outlive the side-stream copies and the scatters
+        else:
+            self.k.swap_split(
+                self.swap_in,
+                ptrs.data_ptr(),
+                di.data_ptr(),
+                hi.data_ptr(),
+                n,
+                geom,
+                num_device_blocks,
+                hp.data_ptr(),
+            )
+
     def quantize(
         self, bits: U16, half: HalfFormat, fmt: QuantFormat, per_token: bool
     ) -> tuple[U8, F32]:
@@ -172,7 +233,14 @@ class CudaBackend(TorchBackend):
         if per_token:
             scales = self.out_f32((rows,))
             self.k.quantize_per_token(
-                x.data_ptr(), codes.data_ptr(), scales.data_ptr(), rows, row_len, half, fmt
+                x.data_ptr(),
+                codes.data_ptr(),
+                scales.data_ptr(),
+                rows,
+                row_len,
+                half,
+                fmt,
+                self.quant_variant,
             )
         else:
             scales = self.out_f32((row_len,))

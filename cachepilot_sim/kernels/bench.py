@@ -8,6 +8,7 @@ against the baselines, and write `results.json`, `summary.md` and the build log 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from cachepilot_sim.kernels.cuda import CUDA_SOURCES, KERNEL_DIR
 from cachepilot_sim.kernels.layout import KvGeometry
 from cachepilot_sim.kernels.timing import Timing
 
-SWAP_SIZES = [4, 16, 64, 256, 1024]
+SWAP_SIZES = [4, 8, 16, 64, 256, 1024]
 TARGETS = {
     "swap_out_4blk_gbps": 50.0,
     "swap_out_16blk_gbps": 52.0,
@@ -72,6 +73,32 @@ def gpu_checks() -> list[dict[str, Any]]:
         backend = make_backend(name, "cuda")
         for seed, geom, shape in ((0, TINY_GEOMETRY, (37, 96)), (1, llama4, (300, 2048))):
             for r in run_checks(backend, seed, geom=geom, quant_shape=shape):
+                results.append({**asdict(r), "seed": seed})
+    results += variant_checks(llama4)
+    return results
+
+
+def variant_checks(llama4: KvGeometry) -> list[dict[str, Any]]:
+    """Every non-default swap-in path and per-token kernel the suite times, against NumPy."""
+    from cachepilot_sim.kernels import bench_quant
+    from cachepilot_sim.kernels.backends import CudaBackend
+    from cachepilot_sim.kernels.check import TINY_GEOMETRY, run_variant_checks
+
+    backends = [CudaBackend("cuda", quant_variant=v) for v in bench_quant.TOK_VARIANTS]
+    for path in ("swap_in_p4_u2", "swap_in_p1_u8_pf", "swap_in_p4_u2_pf"):
+        backends.append(CudaBackend("cuda", swap_in=path))
+    for pieces, scatter in ((1, "scatter_p4_u2"), (1, "scatter_p8_u1"), (2, "scatter_p4_u2")):
+        backends.append(CudaBackend("cuda", swap_in=f"staged:{pieces}:{scatter}"))
+    for path in ("flagged:1", "flagged:2", "flagged:3", "hybrid:1", "hybrid:2"):
+        backends.append(CudaBackend("cuda", swap_in=path))
+    results = []
+    for backend in backends:
+        for seed, geom, shape in (
+            (10, TINY_GEOMETRY, (37, 96)),
+            (11, llama4, (301, 1024)),
+            (12, TINY_GEOMETRY, (19, 104)),  # rows of 13 vectors: version 3 falls back to 2
+        ):
+            for r in run_variant_checks(backend, seed, geom, shape):
                 results.append({**asdict(r), "seed": seed})
     return results
 
@@ -257,6 +284,78 @@ def verify_swap(s: Any, n: int = 16) -> dict[str, Any]:
     )
     back = torch.stack([layer.index_select(1, target).transpose(0, 1) for layer in s.layers], 1)
     res["cuda_swap_in_exact"] = bool(torch.equal(back, want))
+    hl = h.tolist()
+    paths = {
+        "staged_4pieces": lambda: ck.swap_in_staged(
+            s.ptr_table.data_ptr(),
+            target.data_ptr(),
+            h.data_ptr(),
+            hl,
+            g,
+            s.num_device_blocks,
+            s.host_pool.data_ptr(),
+            s.staging.data_ptr(),
+            4,
+        ),
+        "swap_in_auto": lambda: ck.swap_in(
+            s.ptr_table.data_ptr(),
+            target.data_ptr(),
+            h.data_ptr(),
+            h.data_ptr(),
+            hl,
+            g,
+            s.num_device_blocks,
+            s.host_pool.data_ptr(),
+            s.staging.data_ptr(),
+        ),
+    }
+    for pieces in (1, 4, 16):
+        paths[f"flagged_{pieces}pieces"] = functools.partial(
+            ck.swap_in_staged_flagged,
+            s.ptr_table.data_ptr(),
+            target.data_ptr(),
+            h.data_ptr(),
+            hl,
+            g,
+            s.num_device_blocks,
+            s.host_pool.data_ptr(),
+            s.staging.data_ptr(),
+            -(-n // pieces),
+        )
+    for k in (4, 8, 12):
+        paths[f"hybrid_{k}of{n}"] = functools.partial(
+            ck.swap_in_hybrid,
+            s.ptr_table.data_ptr(),
+            target.data_ptr(),
+            h.data_ptr(),
+            h.data_ptr(),
+            hl,
+            g,
+            s.num_device_blocks,
+            s.host_pool.data_ptr(),
+            s.staging.data_ptr(),
+            k,
+        )
+    for name in ("swap_in_p4_u2", "swap_in_p1_u8_pf", "swap_in_p4_u2_pf"):
+        paths[name] = functools.partial(
+            ck.swap_split,
+            name,
+            s.ptr_table.data_ptr(),
+            target.data_ptr(),
+            h.data_ptr(),
+            n,
+            g,
+            s.num_device_blocks,
+            s.host_pool.data_ptr(),
+        )
+    for name, run in paths.items():
+        for layer in s.layers:
+            layer[:, target] = 0.5
+        s.staging.fill_(3.0)
+        run()
+        torch.cuda.synchronize()
+        back = torch.stack([layer.index_select(1, target).transpose(0, 1) for layer in s.layers], 1)
+        res[f"cuda_{name}_exact"] = bool(torch.equal(back, want))
     codes = []
     for backend in ("cuda", "triton"):
         s.host_codes.fill_(0xA5)

@@ -17,6 +17,38 @@ from cachepilot_sim.kernels.timing import Timing, measure
 
 NUM_ROWS = 1 << 20
 ROW_LEN = 1024
+V1, V2, V3 = 1, 2, 3
+TOK_VARIANTS = [
+    # version 3: 16 values per lane, 16-byte code stores; nc or plain ("_pl") loads
+    *(
+        ck.TokVariant(V3, r, hint=h, threads=t)
+        for r, h, t in (
+            (1, "", 256),
+            (2, "", 256),
+            (4, "", 128),
+            (4, "", 256),
+            (1, "_pl", 256),
+            (2, "_pl", 256),
+            (4, "_pl", 128),
+            (4, "_pl", 256),
+        )
+    ),
+    # version 1 (the 2026-11-29 morning kernels)
+    *(ck.TokVariant(V1, 1, ctas_per_sm=c) for c in (4, 16, 64)),
+    *(ck.TokVariant(V1, r, threads=t) for r, t in ((1, 256), (2, 256), (1, 128), (2, 128))),
+    # version 2: cheaper encode; rows per warp, cache hints, pipelined persistent grid
+    *(
+        ck.TokVariant(V2, r, threads=t)
+        for r, t in ((1, 256), (2, 256), (2, 128), (4, 128), (4, 256))
+    ),
+    ck.TokVariant(V2, 2, hint="_pf"),
+    ck.TokVariant(V2, 2, hint="_cs"),
+    ck.TokVariant(V2, 1, pipelined=True, ctas_per_sm=4),
+    ck.TokVariant(V2, 1, pipelined=True, ctas_per_sm=8),
+    ck.TokVariant(V2, 1, pipelined=True, threads=128, ctas_per_sm=8),
+    ck.TokVariant(V2, 2, pipelined=True, ctas_per_sm=2),
+    ck.TokVariant(V2, 1, pipelined=True, hint="_cs", ctas_per_sm=4),
+]
 
 
 def torch_quant_int8(x: Any) -> tuple[Any, Any]:
@@ -44,26 +76,13 @@ def quant_variants(
     bf16 = HalfFormat.BF16
     v: dict[str, Callable[[int], object]] = {}
 
-    def cuda_tok(i: int, threads: int = 256, rows_per_warp: int = 1, ctas: int = 1 << 20) -> None:
+    def cuda_tok(i: int, variant: ck.TokVariant) -> None:
         ck.quantize_per_token(
-            x.data_ptr(),
-            codes.data_ptr(),
-            scales.data_ptr(),
-            rows,
-            row_len,
-            bf16,
-            fmt,
-            threads=threads,
-            ctas_per_sm=ctas,
-            rows_per_warp=rows_per_warp,
+            x.data_ptr(), codes.data_ptr(), scales.data_ptr(), rows, row_len, bf16, fmt, variant
         )
 
-    for cps in (4, 16, 64):
-        v[f"cuda_tok_{fmt.value}_t256_ctas{cps}perSM"] = functools.partial(cuda_tok, ctas=cps)
-    for r, t in ((1, 256), (2, 256), (1, 128), (2, 128)):
-        v[f"cuda_tok_{fmt.value}_t{t}_r{r}_one_cta_per_{t // 32 * r}_rows"] = functools.partial(
-            cuda_tok, threads=t, rows_per_warp=r
-        )
+    for variant in TOK_VARIANTS:
+        v[f"cuda_tok_{fmt.value}_{variant.label()}"] = functools.partial(cuda_tok, variant=variant)
 
     def triton_tok(i: int, rpp: int, warps: int) -> None:
         tk.quantize_per_token(x, fmt, codes, scales, rows_per_program=rpp, num_warps=warps)
@@ -101,31 +120,30 @@ def bench_quant(
 
 
 def _agreement(x: Any, fmt: QuantFormat) -> dict[str, Any]:
-    """CUDA vs Triton codes and scales on the whole benchmark tensor (poisoned outputs)."""
+    """Every CUDA variant's codes and scales vs Triton's on the whole benchmark tensor (outputs
+    poisoned before each run)."""
     import torch
 
     rows, row_len = x.shape
-    out = []
-    for _ in range(2):
-        c = torch.full((rows, row_len), 0xA5, dtype=torch.uint8, device="cuda")
-        s = torch.full((rows,), float("nan"), dtype=torch.float32, device="cuda")
-        out.append((c, s))
-    ck.quantize_per_token(
-        x.data_ptr(),
-        out[0][0].data_ptr(),
-        out[0][1].data_ptr(),
-        rows,
-        row_len,
-        HalfFormat.BF16,
-        fmt,
-    )
-    tk.quantize_per_token(x, fmt, out[1][0], out[1][1])
+    tc = torch.full((rows, row_len), 0xA5, dtype=torch.uint8, device="cuda")
+    ts = torch.full((rows,), float("nan"), dtype=torch.float32, device="cuda")
+    tk.quantize_per_token(x, fmt, tc, ts)
+    c = torch.empty_like(tc)
+    s = torch.empty_like(ts)
+    res: dict[str, Any] = {"num_codes": rows * row_len}
+    for variant in [None, *TOK_VARIANTS]:
+        c.fill_(0xA5)
+        s.fill_(float("nan"))
+        ck.quantize_per_token(
+            x.data_ptr(), c.data_ptr(), s.data_ptr(), rows, row_len, HalfFormat.BF16, fmt, variant
+        )
+        key = "default" if variant is None else variant.label()
+        res[key] = {
+            "codes_differing": int((c != tc).sum()),
+            "scales_differing": int((s != ts).sum()),
+        }
     torch.cuda.synchronize()
-    return {
-        "codes_differing": int((out[0][0] != out[1][0]).sum()),
-        "scales_differing": int((out[0][1] != out[1][1]).sum()),
-        "num_codes": rows * row_len,
-    }
+    return res
 
 
 def _dequant_and_channel(

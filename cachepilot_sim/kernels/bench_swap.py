@@ -1,8 +1,11 @@
 """GPU timing of paged-KV swap-out/in and fused swap+quantize against the copy paths serving
 engines use: a plain pinned copy of the same bytes, gather-then-copy (per layer, and one gather
 kernel then one bulk copy), per-chunk cudaMemcpyAsync, cudaMemcpyBatchAsync with one 32 KiB
-descriptor per (layer, K|V, block), and a persistent Triton copy. Block ids are drawn afresh for
-each repetition (several sets rotate) so the source is not served from L2.
+descriptor per (layer, K|V, block), and a persistent Triton copy; for swap-in also the split
+zero-copy kernels, the copy engine into a staging buffer with a pipelined or flag-driven scatter,
+the hybrid (copy engine and zero-copy kernel at once) and the size-based dispatch `cuda.swap_in`.
+Block ids are drawn afresh for each repetition (several sets rotate) so the source is not served
+from L2.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from cachepilot_sim.kernels import cuda as ck
 from cachepilot_sim.kernels import triton_kernels as tk
 from cachepilot_sim.kernels.formats import HalfFormat
 from cachepilot_sim.kernels.layout import LLAMA3_8B, KvGeometry, QuantFormat
-from cachepilot_sim.kernels.timing import Timing, measure
+from cachepilot_sim.kernels.timing import HIDE_LAUNCH_CYCLES, Timing, measure
 
 NUM_ID_SETS = 4
 CUDA_VARIANTS = [(u, t) for u in (2, 4, 8) for t in (128, 256, 512)]
@@ -246,6 +249,8 @@ def swap_variants(
             )
 
     v["cuda_gather_kernel_then_one_copy" if out else "one_copy_then_cuda_scatter"] = staged
+    if not out:
+        v.update(swap_in_variants(s, n, sets))
     v["baseline_plain_pinned_copy"] = (
         (lambda i: pool.copy_(staging, non_blocking=True))
         if out
@@ -266,6 +271,104 @@ def swap_variants(
     return v
 
 
+STAGED_PIECES = (1, 2, 4, 8, 16)  # the staged swap-in in this many pipelined chunks
+HYBRID_COPY_FRACTIONS = (0.25, 0.5, 0.75)  # share of the blocks the copy engine takes
+# Also timed with the host's launch cost included (no sleep kernel ahead of the start event).
+LAUNCH_INCLUDED = ("cuda_zero_copy_u8_t256", "cuda_swap_in_dispatch")
+LONG_HIDE_CYCLES = 4_000_000  # ~2 ms: the staged variants enqueue up to ~80 operations
+
+
+def staged_chunk_blocks(n: int, pieces: int) -> int:
+    return max(1, -(-n // pieces))
+
+
+def swap_in_variants(
+    s: SwapSetup, n: int, sets: list[tuple[Any, Any]]
+) -> dict[str, Callable[[int], object]]:
+    """The 2026-11-29 afternoon swap-in paths: split zero-copy kernels (4 CTAs per chunk, L2
+    prefetch hints) and the copy engine into a staging buffer + scatter, pipelined in chunks."""
+    g, ndb = s.geom, s.num_device_blocks
+    hp, st = s.host_pool.data_ptr(), s.staging.data_ptr()
+    host_lists = [h.tolist() for _, h in sets]
+    v: dict[str, Callable[[int], object]] = {}
+    for name in ("swap_in_p4_u2", "swap_in_p1_u8_pf", "swap_in_p4_u2_pf"):
+
+        def split(i: int, name: str = name) -> None:
+            d, h = sets[i % 4]
+            ck.swap_split(name, s.ptr_table.data_ptr(), d.data_ptr(), h.data_ptr(), n, g, ndb, hp)
+
+        v[f"cuda_zero_copy_{name.removeprefix('swap_in_')}"] = split
+    for pieces in sorted({min(p, n) for p in STAGED_PIECES}):
+        for scatter in ("scatter_p4_u2", "scatter_p8_u1") if pieces == 1 else ("scatter_p4_u2",):
+
+            def staged(i: int, pieces: int = pieces, scatter: str = scatter) -> None:
+                d, h = sets[i % 4]
+                ck.swap_in_staged(
+                    s.ptr_table.data_ptr(),
+                    d.data_ptr(),
+                    h.data_ptr(),  # host ids are 0..n-1: the staging slots too
+                    host_lists[i % 4],
+                    g,
+                    ndb,
+                    hp,
+                    st,
+                    staged_chunk_blocks(n, pieces),
+                    scatter,
+                )
+
+            tag = "" if scatter == "scatter_p4_u2" else "_scatter_p8"
+            v[f"cuda_staged_copy_scatter_{pieces}pieces{tag}"] = staged
+
+    for pieces in sorted({min(p, n) for p in STAGED_PIECES}):
+
+        def flagged(i: int, pieces: int = pieces) -> None:
+            d, h = sets[i % 4]
+            ck.swap_in_staged_flagged(
+                s.ptr_table.data_ptr(),
+                d.data_ptr(),
+                h.data_ptr(),
+                host_lists[i % 4],
+                g,
+                ndb,
+                hp,
+                st,
+                staged_chunk_blocks(n, pieces),
+            )
+
+        v[f"cuda_staged_epoch_flag_scatter_{pieces}pieces"] = flagged
+    for frac in HYBRID_COPY_FRACTIONS:
+        k = round(n * frac)
+        if not 0 < k < n:
+            continue
+
+        def hybrid(i: int, k: int = k) -> None:
+            d, h = sets[i % 4]
+            ck.swap_in_hybrid(
+                s.ptr_table.data_ptr(),
+                d.data_ptr(),
+                h.data_ptr(),
+                h.data_ptr(),
+                host_lists[i % 4],
+                g,
+                ndb,
+                hp,
+                st,
+                k,
+            )
+
+        v[f"cuda_hybrid_copy_engine_{round(100 * frac)}pct_zero_copy_rest"] = hybrid
+
+    def auto(i: int) -> None:
+        d, h = sets[i % 4]
+        ptrs = s.ptr_table.data_ptr()
+        ck.swap_in(
+            ptrs, d.data_ptr(), h.data_ptr(), h.data_ptr(), host_lists[i % 4], g, ndb, hp, st
+        )
+
+    v["cuda_swap_in_dispatch"] = auto
+    return v
+
+
 def bench_swap(s: SwapSetup, sizes: list[int], log: Callable[[str], None]) -> list[Timing]:
     """Swap-out and swap-in of n blocks (all layers, K and V) for each n in sizes."""
     import torch
@@ -278,7 +381,13 @@ def bench_swap(s: SwapSetup, sizes: list[int], log: Callable[[str], None]) -> li
             sets = id_sets(s, n, seed=n)
             nbytes = n * s.geom.block_bytes
             for name, fn in swap_variants(s, n, sets, out).items():
-                results.append(_safe(section, name, n, nbytes, fn, log))
+                multi_op = any(w in name for w in ("staged", "dispatch", "hybrid"))
+                hide = LONG_HIDE_CYCLES if multi_op else HIDE_LAUNCH_CYCLES
+                results.append(_safe(section, name, n, nbytes, fn, log, hide_cycles=hide))
+                if name in LAUNCH_INCLUDED:
+                    results.append(
+                        _safe(section, f"{name}_launch_included", n, nbytes, fn, log, hide=False)
+                    )
             try:
                 fn = batch_memcpy_fn(s, sets, out, side)
                 results.append(
@@ -306,9 +415,22 @@ def _safe(
     log: Callable[[str], None],
     stream: Any = None,
     note: str = "",
+    hide_cycles: int = HIDE_LAUNCH_CYCLES,
+    hide: bool = True,
 ) -> Timing:
     try:
-        t = measure(section, name, _label(n), nbytes, fn, nbytes / 50e3, note, stream=stream)
+        t = measure(
+            section,
+            name,
+            _label(n),
+            nbytes,
+            fn,
+            nbytes / 50e3,
+            note,
+            stream=stream,
+            hide_cycles=hide_cycles,
+            hide_launch=hide,
+        )
         log(f"{section:16s} {name:52s} {_label(n):8s} {t.median_us:10.1f} us {t.gbps:8.2f} GB/s")
         return t
     except Exception as err:

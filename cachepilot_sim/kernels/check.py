@@ -192,6 +192,28 @@ def run_checks(
     return results
 
 
+def run_variant_checks(
+    backend: Any, seed: int, geom: KvGeometry, quant_shape: tuple[int, int]
+) -> list[CheckResult]:
+    """Swap (out and in) and per-token quantize, both halves and formats: for backends that
+    differ from the default only in their swap-in path or per-token kernel."""
+    rng = np.random.default_rng(seed)
+    results = _guard(backend, "swap", check_swap, rng, geom)
+    for half in HalfFormat:
+        for fmt in QuantFormat:
+            results += _guard(
+                backend,
+                f"quant_{fmt.value}_{half.value}",
+                check_quant,
+                rng,
+                half,
+                fmt,
+                True,
+                *quant_shape,
+            )
+    return results
+
+
 def _guard(backend: Any, name: str, fn: Any, *args: Any) -> list[CheckResult]:
     """Run one check group; an exception (a kernel that fails to build or launch) is a failure."""
     try:

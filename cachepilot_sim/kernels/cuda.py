@@ -2,12 +2,17 @@
 
 Launchers take raw device/host addresses (ints), so the caller may own memory through torch, CuPy or
 anything else; the host pools must be pinned (mapped) memory, which the SMs write directly. Kernels
-run on CuPy's current stream (the legacy default stream unless the caller sets one).
+run on CuPy's current stream (the legacy default stream unless the caller sets one). The swap-in
+paths through the copy engine (swap_in_staged, swap_in_staged_flagged, swap_in_hybrid and the
+size-based swap_in) also use private non-blocking side streams and order the current stream
+after their work; they need a device staging buffer of num_pairs blocks.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +126,411 @@ def gather(
     )
 
 
+SPLIT_KERNELS = {  # kv_swap.cu: name -> CTAs per 32 KiB chunk (PARTS)
+    "swap_in_p4_u2": 4,
+    "swap_in_p1_u8_pf": 1,
+    "swap_in_p4_u2_pf": 4,
+    "scatter_p4_u2": 4,
+    "scatter_p8_u1": 8,
+}
+
+
+def swap_split(
+    name: str,
+    layer_ptrs_addr: int,
+    device_ids_addr: int,
+    src_ids_addr: int,
+    num_pairs: int,
+    geom: KvGeometry,
+    num_device_blocks: int,
+    src_addr: int,
+) -> None:
+    """Copy num_pairs blocks from a pool in host-pool layout (mapped host memory for swap_in_*,
+    a device staging buffer for scatter_*) into device blocks, PARTS CTAs per chunk."""
+    parts = SPLIT_KERNELS[name]
+    if geom.chunk_bytes % (16 * parts):
+        raise ValueError(f"chunk_bytes {geom.chunk_bytes} is not a multiple of {16 * parts}")
+    _fn("kv_swap.cu", name)(
+        (max(1, num_pairs * geom.num_layers * 2 * parts),),
+        (256,),
+        (
+            _p(layer_ptrs_addr),
+            _p(device_ids_addr),
+            _p(src_ids_addr),
+            np.int64(num_pairs),
+            np.int32(geom.num_layers),
+            np.int64(num_device_blocks),
+            np.int64(geom.chunk_bytes),
+            _p(src_addr),
+        ),
+    )
+
+
+@functools.cache
+def _copy_stream() -> Any:
+    import cupy
+
+    return cupy.cuda.Stream(non_blocking=True)
+
+
+_EVENTS: list[Any] = []
+
+
+def _events(n: int) -> list[Any]:
+    import cupy
+
+    while len(_EVENTS) < n:
+        _EVENTS.append(cupy.cuda.Event(block=False, disable_timing=True))
+    return _EVENTS[:n]
+
+
+def host_runs(host_ids: Sequence[int], first: int, last: int) -> list[tuple[int, int, int]]:
+    """(first pair, first host block, count) for each run of consecutive host ids in pairs
+    [first, last): one bulk copy per run."""
+    runs: list[tuple[int, int, int]] = []
+    for p in range(first, last):
+        h = int(host_ids[p])
+        if runs and runs[-1][1] + runs[-1][2] == h:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((p, h, 1))
+    return runs
+
+
+def swap_in_staged(
+    layer_ptrs_addr: int,
+    device_ids_addr: int,
+    staging_ids_addr: int,
+    host_ids: Sequence[int],
+    geom: KvGeometry,
+    num_device_blocks: int,
+    host_addr: int,
+    staging_addr: int,
+    chunk_blocks: int,
+    scatter: str = "scatter_p4_u2",
+) -> None:
+    """Swap-in through the copy engine: host blocks -> device staging buffer (one cudaMemcpyAsync
+    per run of consecutive host ids, on a side stream, chunk_blocks pairs at a time), and each
+    chunk scattered into its device blocks on the current stream as soon as its copy has landed
+    (an event per chunk), so the copies of later chunks overlap the scatter of earlier ones and
+    only the last chunk's scatter adds to the copy time.
+
+    staging_ids_addr: device int64 [num_pairs] = 0..num_pairs-1 (slot i of the staging buffer
+    holds pair i); host_ids: the host block ids on the host (for planning the copies); staging:
+    num_pairs blocks in host-pool layout. Returns once everything is enqueued; the current stream
+    is ordered after all of it.
+    """
+    import cupy
+
+    n = len(host_ids)
+    if n == 0:
+        return
+    main = cupy.cuda.get_current_stream()
+    side = _copy_stream()
+    starts = list(range(0, n, max(1, chunk_blocks)))
+    evs = _events(len(starts) + 1)
+    evs[0].record(main)  # the staging buffer is free once earlier work on `main` is done
+    side.wait_event(evs[0])
+    bb = geom.block_bytes
+    for k, b0 in enumerate(starts):
+        b1 = min(n, b0 + max(1, chunk_blocks))
+        for p, h, cnt in host_runs(host_ids, b0, b1):
+            cupy.cuda.runtime.memcpyAsync(
+                staging_addr + p * bb, host_addr + h * bb, cnt * bb, 1, side.ptr
+            )
+        evs[k + 1].record(side)
+        main.wait_event(evs[k + 1])
+        swap_split(
+            scatter,
+            layer_ptrs_addr,
+            device_ids_addr + 8 * b0,
+            staging_ids_addr + 8 * b0,
+            b1 - b0,
+            geom,
+            num_device_blocks,
+            staging_addr,
+        )
+
+
+@functools.cache
+def _scatter_stream() -> Any:
+    import cupy
+
+    return cupy.cuda.Stream(non_blocking=True)
+
+
+def swap_in_hybrid(
+    layer_ptrs_addr: int,
+    device_ids_addr: int,
+    host_ids_addr: int,
+    staging_ids_addr: int,
+    host_ids: Sequence[int],
+    geom: KvGeometry,
+    num_device_blocks: int,
+    host_addr: int,
+    staging_addr: int,
+    copy_blocks: int,
+    scatter: str = "scatter_p4_u2",
+) -> None:
+    """Both PCIe readers at once: the first copy_blocks pairs go through the copy engine (bulk
+    copies into the staging buffer on a side stream, then a scatter on a second side stream), the
+    rest through the zero-copy kernel on the current stream, concurrently. The current stream is
+    ordered after both. Arguments as swap_in_staged, plus host_ids_addr (device int64 host ids)."""
+    import cupy
+
+    n = len(host_ids)
+    k = max(0, min(n, copy_blocks))
+    main = cupy.cuda.get_current_stream()
+    if k > 0:
+        side, side2 = _copy_stream(), _scatter_stream()
+        ev0, ev1, ev2 = _events(3)
+        ev0.record(main)
+        side.wait_event(ev0)
+        bb = geom.block_bytes
+        for p, h, cnt in host_runs(host_ids, 0, k):
+            cupy.cuda.runtime.memcpyAsync(
+                staging_addr + p * bb, host_addr + h * bb, cnt * bb, 1, side.ptr
+            )
+        ev1.record(side)
+        side2.wait_event(ev1)
+        with side2:
+            swap_split(
+                scatter,
+                layer_ptrs_addr,
+                device_ids_addr,
+                staging_ids_addr,
+                k,
+                geom,
+                num_device_blocks,
+                staging_addr,
+            )
+        ev2.record(side2)
+    if n - k > 0:
+        swap(
+            layer_ptrs_addr,
+            device_ids_addr + 8 * k,
+            host_ids_addr + 8 * k,
+            n - k,
+            geom,
+            num_device_blocks,
+            host_addr,
+            False,
+        )
+    if k > 0:
+        main.wait_event(ev2)
+
+
+_FLAGS: list[Any] = []
+EPOCH_RING = 1 << 16
+
+
+class _Epochs:
+    """Per-call flag values: a counter, and a pinned host ring holding each epoch at slot
+    epoch % EPOCH_RING, from which the copy stream copies it into the device flags (a slot is
+    rewritten only EPOCH_RING calls later, long after its copy ran)."""
+
+    def __init__(self) -> None:
+        import cupy
+
+        self.mem = cupy.cuda.alloc_pinned_memory(4 * EPOCH_RING)
+        self.ring = np.frombuffer(self.mem, np.uint32, EPOCH_RING)
+        self.epoch = 0
+
+    def next(self) -> tuple[int, int]:
+        self.epoch = self.epoch % 0xFFFFFFFF + 1  # never 0, the flags' initial value
+        slot = self.epoch % EPOCH_RING
+        self.ring[slot] = self.epoch
+        return self.epoch, int(self.mem.ptr) + 4 * slot
+
+
+@functools.cache
+def _epochs() -> _Epochs:
+    return _Epochs()
+
+
+def _flags(n: int) -> Any:
+    """A device uint32 array of at least n piece flags (zeros when made, kept for reuse)."""
+    import cupy
+
+    if not _FLAGS or _FLAGS[0].size < n:
+        _FLAGS[:] = [cupy.zeros(max(n, 64), dtype=cupy.uint32)]
+    return _FLAGS[0]
+
+
+def swap_in_staged_flagged(
+    layer_ptrs_addr: int,
+    device_ids_addr: int,
+    staging_ids_addr: int,
+    host_ids: Sequence[int],
+    geom: KvGeometry,
+    num_device_blocks: int,
+    host_addr: int,
+    staging_addr: int,
+    chunk_blocks: int,
+) -> None:
+    """As swap_in_staged, but one scatter kernel (`scatter_flag_p4_u2`) is launched up front and
+    each of its CTAs waits for its piece's flag, which the copy stream sets (a 4-byte copy of
+    this call's epoch from pinned memory) after the piece's bulk copies: the copy engine does all
+    the signalling, and no event wait or kernel launch sits between the last copy and its
+    scatter. The current stream is ordered after the kernel, which ends only after every piece
+    has landed."""
+    import cupy
+
+    n = len(host_ids)
+    if n == 0:
+        return
+    cb = max(1, chunk_blocks)
+    starts = list(range(0, n, cb))
+    flags = _flags(len(starts))
+    epoch, epoch_src = _epochs().next()
+    main, side = cupy.cuda.get_current_stream(), _copy_stream()
+    (ev0,) = _events(1)
+    ev0.record(main)  # the staging buffer is free once earlier work on `main` is done
+    side.wait_event(ev0)
+    _fn("kv_swap.cu", "scatter_flag_p4_u2")(
+        (max(1, n * geom.num_layers * 2 * 4),),
+        (256,),
+        (
+            _p(layer_ptrs_addr),
+            _p(device_ids_addr),
+            _p(staging_ids_addr),
+            np.int64(n),
+            np.int32(geom.num_layers),
+            np.int64(num_device_blocks),
+            np.int64(geom.chunk_bytes),
+            _p(staging_addr),
+            _p(flags.data.ptr),
+            np.int32(cb),
+            np.uint32(epoch),
+        ),
+    )
+    bb = geom.block_bytes
+    for k, b0 in enumerate(starts):
+        for p, h, cnt in host_runs(host_ids, b0, min(n, b0 + cb)):
+            cupy.cuda.runtime.memcpyAsync(
+                staging_addr + p * bb, host_addr + h * bb, cnt * bb, 1, side.ptr
+            )
+        cupy.cuda.runtime.memcpyAsync(flags.data.ptr + 4 * k, epoch_src, 4, 1, side.ptr)
+
+
+# Swap-in dispatch, from three H200 sweeps of 2026-11-29 pm (experiments/kernels/
+# 2026-11-29_h200_pm_summary.md; GB/s, device time, third run): up to 8 blocks the copy engine
+# takes 3/4 of the blocks and the zero-copy kernel the rest, at the same time (4 blocks: 50.3,
+# zero-copy alone 49.8; 8: 51.6 vs 50.4); from 16 blocks the copy engine into a staging buffer
+# and a scatter pipelined in about sqrt(n) pieces (16: 53.2, 64: 54.5, 256: 55.0, 1024: 55.3;
+# zero-copy 51.0-51.4). ("zero_copy", 0): the zero-copy kernel alone (one block).
+def swap_in_plan(num_pairs: int) -> tuple[str, int]:
+    if num_pairs <= 1:
+        return ("zero_copy", 0)
+    if num_pairs <= 8:
+        return ("hybrid", min(num_pairs - 1, max(1, round(0.75 * num_pairs))))
+    return ("staged", min(16, max(2, round(num_pairs**0.5))))
+
+
+def swap_in(
+    layer_ptrs_addr: int,
+    device_ids_addr: int,
+    host_ids_addr: int,
+    staging_ids_addr: int,
+    host_ids: Sequence[int],
+    geom: KvGeometry,
+    num_device_blocks: int,
+    host_addr: int,
+    staging_addr: int,
+) -> None:
+    """Swap-in by the faster path for its size (swap_in_plan). host_ids: the same ids as
+    host_ids_addr, on the host; staging_ids_addr: device int64 0..num_pairs-1; staging: a device
+    buffer of num_pairs blocks (unused by the zero-copy path)."""
+    n = len(host_ids)
+    kind, arg = swap_in_plan(n)
+    if kind == "zero_copy":
+        swap(
+            layer_ptrs_addr,
+            device_ids_addr,
+            host_ids_addr,
+            n,
+            geom,
+            num_device_blocks,
+            host_addr,
+            False,
+        )
+        return
+    common = (host_ids, geom, num_device_blocks, host_addr, staging_addr)
+    if kind == "hybrid":
+        swap_in_hybrid(
+            layer_ptrs_addr, device_ids_addr, host_ids_addr, staging_ids_addr, *common, arg
+        )
+        return
+    fn = swap_in_staged_flagged if kind == "flagged" else swap_in_staged
+    fn(layer_ptrs_addr, device_ids_addr, staging_ids_addr, *common, max(1, -(-n // arg)))
+
+
+@dataclass(frozen=True, slots=True)
+class TokVariant:
+    """Which per-token quantize kernel runs, and its launch geometry.
+
+    version 1: `quant_tok_*` (float absmax, F2I rounding, explicit clamps); version 2:
+    `quant_tok2*` (absmax on packed 16-bit |x| bits, INT8 rounding by a float add, no clamps:
+    identical codes, ~26 % fewer instructions); version 3: `quant_tok3*`, version 2's arithmetic
+    with 16 contiguous values per lane and one 16-byte code store (rows of a multiple of 16
+    values; other rows fall back to version 2), hint "_pl" for plain L1-allocating loads.
+    pipelined (v2): a persistent grid of ctas_per_sm CTAs per SM in which each warp issues its
+    next rows' loads before encoding the current ones.
+    hint (v2): "" , "_pf" (L2 256-byte prefetch on loads) or "_cs" (streaming code stores).
+    Version 2 and rows_per_warp > 1 cover rows of up to 1024 values; longer rows (up to 4096) use
+    the version-1 v16 kernel whatever the variant.
+    """
+
+    version: int = 2
+    rows_per_warp: int = 2
+    pipelined: bool = False
+    hint: str = ""
+    threads: int = 256
+    ctas_per_sm: int = 1 << 20
+
+    def label(self) -> str:
+        kind = f"v{self.version}" + ("pipe" if self.pipelined else "")
+        return f"{kind}_r{self.rows_per_warp}{self.hint}_t{self.threads}" + (
+            f"_ctas{self.ctas_per_sm}perSM" if self.ctas_per_sm < 1 << 20 else ""
+        )
+
+
+# Chosen from the H200 sweeps of 2026-11-29 pm: 4,371 (INT8) / 4,370 (FP8) GB/s, against 4,008 /
+# 4,000 for the morning's best (v1, 2 rows per warp) in the same run
+# (experiments/kernels/2026-11-29_h200_pm_summary.md).
+DEFAULT_TOK_VARIANT = TokVariant(version=3, rows_per_warp=2, hint="_pl")
+
+
+def quant_tok_kernel(variant: TokVariant, row_len: int, half: HalfFormat, fmt: QuantFormat) -> str:
+    row_variant = _row_variant(row_len)
+    if row_variant != "v4":
+        return f"quant_tok_{fmt.value}_{half.value}_{row_variant}"
+    if variant.version == 3:
+        if variant.rows_per_warp not in (1, 2, 4) or variant.hint not in ("", "_pl"):
+            raise ValueError(f"no version-3 kernel built for {variant}")
+        if row_len % 16 == 0:
+            return f"quant_tok3_{fmt.value}_{half.value}_v4_r{variant.rows_per_warp}{variant.hint}"
+        variant = TokVariant(2, variant.rows_per_warp, threads=variant.threads)
+    if variant.version == 1:
+        if variant.rows_per_warp not in (1, 2):
+            raise ValueError("version-1 kernels take 1 or 2 rows per warp")
+        suffix = "_r2" if variant.rows_per_warp == 2 else ""
+        return f"quant_tok_{fmt.value}_{half.value}_v4{suffix}"
+    if variant.pipelined:
+        if (variant.rows_per_warp, variant.hint) not in ((1, ""), (2, ""), (1, "_cs")):
+            raise ValueError(f"no pipelined kernel built for {variant}")
+    elif (variant.rows_per_warp, variant.hint) not in (
+        (1, ""),
+        (2, ""),
+        (4, ""),
+        (2, "_pf"),
+        (2, "_cs"),
+    ):
+        raise ValueError(f"no kernel built for {variant}")
+    family = "quant_tok2p" if variant.pipelined else "quant_tok2"
+    return f"{family}_{fmt.value}_{half.value}_v4_r{variant.rows_per_warp}{variant.hint}"
+
+
 def quantize_per_token(
     x_addr: int,
     codes_addr: int,
@@ -129,25 +539,20 @@ def quantize_per_token(
     row_len: int,
     half: HalfFormat,
     fmt: QuantFormat,
-    threads: int = 256,
-    ctas_per_sm: int = 1 << 20,
-    rows_per_warp: int = 1,
+    variant: TokVariant | None = None,
 ) -> None:
     """x [num_rows, row_len] 16-bit -> codes (1 byte each), f32 scales [num_rows].
 
-    One warp quantizes rows_per_warp rows at a time (1, or 2 for rows of up to 1024 values);
-    the grid is one CTA per threads/32*rows_per_warp rows, capped at ctas_per_sm per SM.
+    One warp quantizes variant.rows_per_warp rows at a time; the grid is one CTA per
+    threads/32*rows_per_warp rows capped at ctas_per_sm per SM (pipelined: exactly that many).
     """
-    variant = _row_variant(row_len)
-    if rows_per_warp == 2 and variant != "v4":
-        raise ValueError("rows_per_warp=2 is built for rows of up to 1024 values only")
-    suffix = "_r2" if rows_per_warp == 2 else ""
-    name = f"quant_tok_{fmt.value}_{half.value}_{variant}{suffix}"
-    rows_per_cta = threads // 32 * rows_per_warp
-    grid = max(1, min(-(-num_rows // rows_per_cta), num_sms() * ctas_per_sm))
+    v = DEFAULT_TOK_VARIANT if variant is None else variant
+    name = quant_tok_kernel(v, row_len, half, fmt)
+    rows_per_cta = v.threads // 32 * (1 if name.endswith("_v16") else v.rows_per_warp)
+    grid = max(1, min(-(-num_rows // rows_per_cta), num_sms() * v.ctas_per_sm))
     _fn("kv_quant.cu", name)(
         (grid,),
-        (threads,),
+        (v.threads,),
         (_p(x_addr), _p(codes_addr), _p(scales_addr), np.int64(num_rows), np.int32(row_len // 8)),
     )
 

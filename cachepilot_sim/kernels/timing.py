@@ -54,13 +54,15 @@ def time_us(
     warmup: int = 3,
     stream: Any = None,
     hide_launch: bool = True,
+    hide_cycles: int = HIDE_LAUNCH_CYCLES,
 ) -> tuple[float, float, float]:
     """(median, min, max) microseconds of fn(rep) on `stream` (default: torch's current stream).
 
     fn receives the repetition index, so callers can rotate inputs and keep them out of L2.
     hide_launch: a sleep kernel ahead of the start event keeps the device busy while Python
     enqueues fn, so the events time the device work, not the host's launch overhead (what a C++
-    engine would pay is a few us; Python launchers pay 10-40 us).
+    engine would pay is a few us; Python launchers pay 10-40 us). hide_cycles: the sleep's length;
+    work that enqueues many operations (a pipelined copy + scatter) needs a longer one.
     """
     import torch
 
@@ -73,7 +75,7 @@ def time_us(
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         if hide_launch:
             with torch.cuda.stream(stream):
-                torch.cuda._sleep(HIDE_LAUNCH_CYCLES)
+                torch.cuda._sleep(hide_cycles)
         start.record(stream)
         fn(i)
         end.record(stream)
@@ -91,11 +93,14 @@ def measure(
     expected_us: float,
     note: str = "",
     stream: Any = None,
+    hide_cycles: int = HIDE_LAUNCH_CYCLES,
+    hide_launch: bool = True,
     **extra: Any,
 ) -> Timing:
     reps = reps_for(expected_us)
-    med, lo, hi = time_us(fn, reps, stream=stream)
-    note = f"{note}; device time (launch hidden)" if note else "device time (launch hidden)"
+    med, lo, hi = time_us(fn, reps, stream=stream, hide_launch=hide_launch, hide_cycles=hide_cycles)
+    how = "device time (launch hidden)" if hide_launch else "launch included"
+    note = f"{note}; {how}" if note else how
     return Timing(section, variant, size_label, bytes_counted, med, lo, hi, reps, note, extra)
 
 

@@ -62,3 +62,51 @@ def test_gpu_kernels_match_numpy_reference(backend: str) -> None:
     results = run_checks(make_backend(backend, "cuda"), seed=3)
     failed = [r for r in results if not r.passed]
     assert results and not failed, failed
+
+
+def test_host_runs_merge_consecutive_host_blocks() -> None:
+    from cachepilot_sim.kernels.cuda import host_runs
+
+    ids = [5, 6, 7, 2, 3, 9]
+    assert host_runs(ids, 0, 6) == [(0, 5, 3), (3, 2, 2), (5, 9, 1)]
+    assert host_runs(ids, 1, 4) == [(1, 6, 2), (3, 2, 1)]
+    assert host_runs(ids, 2, 2) == []
+
+
+def test_every_launcher_kernel_name_is_defined_in_the_sources() -> None:
+    from cachepilot_sim.kernels import bench_quant
+    from cachepilot_sim.kernels.cuda import (
+        DEFAULT_TOK_VARIANT,
+        SPLIT_KERNELS,
+        quant_tok_kernel,
+    )
+    from cachepilot_sim.kernels.formats import HalfFormat
+    from cachepilot_sim.kernels.layout import QuantFormat
+
+    quant_src = (KERNEL_DIR / "kv_quant.cu").read_text()
+    swap_src = (KERNEL_DIR / "kv_swap.cu").read_text()
+    for variant in [DEFAULT_TOK_VARIANT, *bench_quant.TOK_VARIANTS]:
+        for half in HalfFormat:
+            for fmt in QuantFormat:
+                for row_len in (96, 1024, 2048):
+                    name = quant_tok_kernel(variant, row_len, half, fmt)
+                    assert name in quant_src or (
+                        # names built by token pasting in QUANT_TOK_V2_SET
+                        name.startswith(("quant_tok2", "quant_tok3"))
+                        and name.replace(f"_{fmt.value}_{half.value}", "_##FMTN##_##DTN##")
+                        in quant_src
+                    ), name
+    for name in SPLIT_KERNELS:
+        assert f"KV_SWAP_IN_SPLIT({name}," in swap_src
+
+
+def test_swap_in_plan_covers_every_size() -> None:
+    from cachepilot_sim.kernels.cuda import swap_in_plan
+
+    assert swap_in_plan(1) == ("zero_copy", 0)
+    assert swap_in_plan(4) == ("hybrid", 3)
+    for n in range(2, 9):
+        kind, k = swap_in_plan(n)
+        assert kind == "hybrid" and 0 < k < n
+    assert swap_in_plan(16) == ("staged", 4)
+    assert swap_in_plan(1024) == ("staged", 16)
