@@ -19,7 +19,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from cachepilot_sim.config import RunConfig
+from cachepilot_sim.config import RunConfig, TraceFormat
 from cachepilot_sim.sim import build
 
 # (metric key, column title, format): the headline table.
@@ -47,7 +47,7 @@ def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
 
 def run_cells(cfg: RunConfig, out_dir: Path | None) -> list[dict[str, Any]]:
     """Every (policy, seed) cell, in a fixed order; per-request results written when out_dir."""
-    policies = list(cfg.compare_policies) or [cfg.policy.name]
+    policies = cfg.policy_names()
     cells: list[dict[str, Any]] = []
     for policy in policies:
         for seed in range(cfg.seed, cfg.seed + cfg.seeds):
@@ -97,23 +97,36 @@ def _cell(stat: dict[str, float], fmt: str) -> str:
     return f"{f(stat['mean'])} ± {f(stat['std'])}\n[{f(stat['min'])}, {f(stat['max'])}]"
 
 
+# Added when the cells have them (trace replay with prefix blocks).
+PREFIX_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("prefix_hit_ratio", "prefix-hit ratio", "{:.3f}"),
+)
+
+
+def _columns(summary: dict[str, dict[str, dict[str, float]]]) -> tuple[tuple[str, str, str], ...]:
+    first = next(iter(summary.values()), {})
+    return COLUMNS + tuple(c for c in PREFIX_COLUMNS if c[0] in first)
+
+
 def table(summary: dict[str, dict[str, dict[str, float]]], title: str) -> Table:
     t = Table(title=title, show_lines=True)
     t.add_column("policy")
-    for _, name, _ in COLUMNS:
+    columns = _columns(summary)
+    for _, name, _ in columns:
         t.add_column(name, justify="right")
     for policy, stats in summary.items():
-        t.add_row(policy, *(_cell(stats[k], fmt) for k, _, fmt in COLUMNS))
+        t.add_row(policy, *(_cell(stats[k], fmt) for k, _, fmt in columns))
     return t
 
 
 def markdown(summary: dict[str, dict[str, dict[str, float]]]) -> str:
     """The same table as GitHub markdown (mean ± σ, then [min, max])."""
-    head = "| policy | " + " | ".join(name for _, name, _ in COLUMNS) + " |"
-    rule = "|---|" + "---:|" * len(COLUMNS)
+    columns = _columns(summary)
+    head = "| policy | " + " | ".join(name for _, name, _ in columns) + " |"
+    rule = "|---|" + "---:|" * len(columns)
     lines = [head, rule]
     for policy, stats in summary.items():
-        cells = [_cell(stats[k], fmt).replace("\n", " ") for k, _, fmt in COLUMNS]
+        cells = [_cell(stats[k], fmt).replace("\n", " ") for k, _, fmt in columns]
         lines.append(f"| {policy} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -123,8 +136,14 @@ def run_experiment(cfg: RunConfig, out_dir: Path, console: Console | None = None
     cells = run_cells(cfg, out_dir)
     summary = summarize(cells)
     seeds = f"seeds {cfg.seed}..{cfg.seed + cfg.seeds - 1}"
-    title = (f"{cfg.workload.name}: {cfg.workload.num_requests} requests, {cfg.vram_gb:g} GB VRAM, "
-             f"{cfg.model.name}, {seeds}; mean ± σ [min, max]")
+    workload = f"{cfg.workload.name}: {cfg.workload.num_requests} requests"
+    if cfg.replay.format != TraceFormat.NONE:
+        rc, first = cfg.replay, cells[0]
+        skipped = first.get("trace_rows_skipped", 0)
+        note = f" ({skipped} bad rows skipped)" if skipped else ""
+        workload = (f"{rc.format!s} trace {Path(rc.path).name}: {first['requests']} requests"
+                    f"{note}, time x{rc.time_scale:g}")
+    title = f"{workload}, {cfg.vram_gb:g} GB VRAM, {cfg.model.name}, {seeds}; mean ± σ [min, max]"
     report = {"title": title, "cells": cells, "summary": summary}
     _write_atomic(out_dir / "metrics.json",
                   lambda p: p.write_text(json.dumps(report, indent=1, allow_nan=True)))

@@ -14,16 +14,19 @@ from cachepilot_sim.components.batcher import Batcher
 from cachepilot_sim.components.clients import Clients
 from cachepilot_sim.components.kv_manager import KvManager
 from cachepilot_sim.components.pcie_link import PcieLink
+from cachepilot_sim.components.prefix_cache import PrefixKvManager
+from cachepilot_sim.components.replay_clients import ReplayClients
 from cachepilot_sim.components.request import Outcome
 from cachepilot_sim.components.scheduler import Scheduler
 from cachepilot_sim.components.signal import Signal
 from cachepilot_sim.components.vram_pool import VramPool
-from cachepilot_sim.config import SimConfig
+from cachepilot_sim.config import SimConfig, TraceFormat
 from cachepilot_sim.cost import compute_fit, transfer_fits
 from cachepilot_sim.metrics import latency_metrics, outcome_metrics, request_frame
 from cachepilot_sim.policies import GapEstimator, make_policy
 from cachepilot_sim.rng import make_streams
 from cachepilot_sim.trace.recorder import NullRecorder, TraceRecorder
+from cachepilot_sim.workloads.replay import ReplayWorkload, load_replay
 
 
 class SimulationError(RuntimeError):
@@ -55,11 +58,19 @@ class Simulation:
         self.estimator = GapEstimator(p.ema_weight, s_to_us(p.prior_gap_s), s_to_us(p.delta_s))
         self.policy = make_policy(p, self.estimator)
         wake = Signal(env)
-        self.kv = KvManager(env, cfg, self.pool, self.link, self.policy, self.estimator, fit,
-                            self.recorder)
         self.scheduler = Scheduler(env, cfg.scheduler, wake, self.recorder)
+        self.replay: ReplayWorkload | None = None
+        self.clients: Clients | ReplayClients
+        if cfg.replay.format == TraceFormat.NONE:
+            self.kv = KvManager(env, cfg, self.pool, self.link, self.policy, self.estimator, fit,
+                                self.recorder)
+            self.clients = Clients(env, cfg, streams, self.scheduler.inbox)
+        else:  # trace replay: requests at trace times, KV shared by prefix hash
+            self.replay = load_replay(cfg, streams.arrivals)
+            self.kv = PrefixKvManager(env, cfg, self.pool, self.link, self.policy,
+                                      self.estimator, fit, self.recorder, self.replay)
+            self.clients = ReplayClients(env, cfg, self.replay, self.scheduler.inbox)
         self.batcher = Batcher(env, cfg, self.scheduler, self.kv, fit, self.recorder, wake)
-        self.clients = Clients(env, cfg, streams, self.scheduler.inbox)
         self.kv.on_ready = self.scheduler.requeue_front
         self.kv.on_memory = wake.notify
         self.scheduler.on_arrival = self.kv.on_arrival
@@ -81,6 +92,12 @@ class Simulation:
         return SimResult(self.metrics(requests), requests, self.recorder.frame())
 
     def requests(self) -> pl.DataFrame:
+        if isinstance(self.clients, ReplayClients):
+            assert self.replay is not None
+            frame = request_frame(self.clients.requests, self.clients.class_names,
+                                  self.clients.ttft_slo_us)
+            # Engine sessions are per request in replay; report the inferred session instead.
+            return frame.with_columns(pl.Series("session", self.replay.sessions.session))
         names = self.clients.factory.class_names
         slo = [ms_to_us(self.cfg.workload.classes[n].ttft_slo_ms) for n in names]
         return request_frame(self.clients.requests, names, slo)
@@ -117,6 +134,9 @@ class Simulation:
             "pcie_h2d_gb": self.link.bytes_moved["h2d"] / 1e9,
             "events": self.recorder.num_rows,
         }
+        if isinstance(self.kv, PrefixKvManager) and self.replay is not None:
+            out |= self.kv.prefix_metrics()
+            out |= {"trace_rows_skipped": self.replay.table.num_skipped}
         return out
 
 
