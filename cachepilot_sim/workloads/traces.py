@@ -4,7 +4,8 @@ Each reader scans its file with polars (lazy, streaming engine), checks every ro
 expressions and returns one `TraceTable` of NumPy columns. A bad row (missing field, NaN, negative
 or fractional length, unparseable time, timestamps going backwards, `hash_ids` not matching the
 input's blocks) raises `TraceError` naming the file, the line and the reason, unless
-`on_error=SKIP`: then every skipped row is counted per reason in `TraceTable.skipped`, never dropped silently.
+`on_error=SKIP`: then every skipped row is counted per reason in `TraceTable.skipped`, never
+dropped silently.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def _validate(frame: pl.DataFrame, path: Path, on_error: OnError,
     good = good.filter(pl.col("reason").is_null())
     if bad.height and on_error == OnError.RAISE:
         row = bad.row(0, named=True)
-        raise TraceError(f"{path}:{row['line']}: {row['reason']} (set replay.on_error=skip to "
+        raise TraceError(f"{path}:{row['line']}: {row['reason']} (set replay.on_error=SKIP to "
                          f"skip bad rows; {bad.height} bad rows in this file)")
     if bad.height:
         # Count by the reason's kind: the text with every number written as N.
@@ -194,6 +195,7 @@ def read_mooncake(path: Path, on_error: OnError, hash_block_tokens: int = 512) -
         raise TraceError(f"{path}:{row['line']}: {row['parse_error']}")
     frame = frame.filter(pl.col("parse_error").is_null()).drop("parse_error")
     good, skipped = _validate(frame, path, on_error, hash_block_tokens)
+    good = _check_prefix_tree(good, path, on_error, skipped)
     if parse_bad.height:
         skipped = {"not a valid JSON request": parse_bad.height, **skipped}
     table = _to_table(good, path, skipped, time_to_us=1_000.0)
@@ -203,6 +205,31 @@ def read_mooncake(path: Path, on_error: OnError, hash_block_tokens: int = 512) -
     if lengths.sum() == 0:
         table.hash_values = np.empty(0, dtype=np.int64)
     return table
+
+
+def _check_prefix_tree(good: pl.DataFrame, path: Path, on_error: OnError,
+                       skipped: dict[str, int]) -> pl.DataFrame:
+    """A prefix hash names its whole prefix: every occurrence of an id must follow the same id.
+
+    Rows breaking this would make one cached block the child of two parents; they are bad rows.
+    """
+    pos = (good.select("line", "hash_ids").explode("hash_ids").drop_nulls("hash_ids")
+           .with_columns(pl.col("hash_ids").shift(1).over("line").fill_null(-1).alias("prev")))
+    first = pos.group_by("hash_ids", maintain_order=True).agg(
+        pl.col("prev").first().alias("first_prev"), pl.col("line").first().alias("first_line"))
+    clash = (pos.join(first, on="hash_ids", how="left", maintain_order="left")
+             .filter(pl.col("prev") != pl.col("first_prev")))
+    if clash.height == 0:
+        return good
+    row = clash.row(0, named=True)
+    if on_error == OnError.RAISE:
+        raise TraceError(
+            f"{path}:{row['line']}: hash id {row['hash_ids']} follows id {row['prev']} here but "
+            f"{row['first_prev']} on line {row['first_line']} (-1: first block); prefix hashes "
+            "must name the whole prefix (set replay.on_error=SKIP to skip such rows)")
+    bad_lines = clash["line"].unique()
+    skipped["hash id follows a different prefix than on an earlier line"] = bad_lines.len()
+    return good.filter(~pl.col("line").is_in(bad_lines.implode()))
 
 
 def _scan_csv_columns(path: Path, columns: dict[str, str]) -> pl.DataFrame:
