@@ -2,8 +2,9 @@
 
 With LRU over prefix blocks, a fixed cache size of C blocks and requests that never overlap (one
 running sequence at a time, admitted in arrival order), the prefix-hit ratio of the Mooncake sample
-equals that of a plain LRU stack of C block ids written here. Blocks of one request are touched last-to-first, so that within a request
-the deepest block is the least recent: that is the suffix-first order of a prefix chain.
+equals that of a plain LRU stack of C block ids written here. Blocks of one request are touched
+last-to-first, so that within a request the deepest block is the least recent: that is the
+suffix-first order of a prefix chain.
 """
 
 from __future__ import annotations
