@@ -370,10 +370,12 @@ class RunConfig(SimConfig):
     seeds: int = 1
     compare_policies: list[str] = field(default_factory=list)
     write_requests: bool = True
+    jobs: int = 0  # worker processes for the (policy, seed) cells; 0: one per CPU core
 
     def validate(self, prefix: str) -> None:
         super().validate(prefix)
         require(self.seeds >= 1, "seeds", self.seeds, "must be >= 1")
+        require(self.jobs >= 0, "jobs", self.jobs, "must be >= 0 (0: one per CPU core)")
         from cachepilot_sim.policies import known_policies
 
         for name in self.compare_policies:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from cachepilot_sim.config import RunConfig, TraceFormat
+from cachepilot_sim.config import RunConfig, SimConfig, TraceFormat
 from cachepilot_sim.sim import build
 
 # (metric key, column title, format): the headline table.
@@ -45,21 +47,32 @@ def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
     os.replace(tmp, path)
 
 
+def run_cell(sim_cfg: SimConfig, out_dir: Path | None, write_requests: bool) -> dict[str, Any]:
+    """One simulation; its trace and per-request results go under out_dir when given."""
+    name = f"{sim_cfg.policy.name}_seed{sim_cfg.seed}"
+    trace_dir = out_dir / "trace" / name if out_dir is not None and sim_cfg.trace.enabled else None
+    result = build(sim_cfg, trace_dir).run()
+    if out_dir is not None and write_requests:
+        _write_atomic(out_dir / "requests" / f"{name}.parquet", result.requests.write_parquet)
+    return result.metrics
+
+
 def run_cells(cfg: RunConfig, out_dir: Path | None) -> list[dict[str, Any]]:
-    """Every (policy, seed) cell, in a fixed order; per-request results written when out_dir."""
+    """Every (policy, seed) cell, in a fixed order, on `cfg.jobs` worker processes.
+
+    Cells are independent simulations, so running them in parallel changes nothing but wall time.
+    """
     policies = cfg.policy_names()
-    cells: list[dict[str, Any]] = []
-    for policy in policies:
-        for seed in range(cfg.seed, cfg.seed + cfg.seeds):
-            sim_cfg = cfg.sim_for(policy, seed)
-            trace_dir = None
-            if out_dir is not None and sim_cfg.trace.enabled:
-                trace_dir = out_dir / "trace" / f"{policy}_seed{seed}"
-            result = build(sim_cfg, trace_dir).run()
-            if out_dir is not None and cfg.write_requests:
-                _write_atomic(out_dir / "requests" / f"{policy}_seed{seed}.parquet",
-                              result.requests.write_parquet)
-            cells.append(result.metrics)
+    sims = [cfg.sim_for(p, seed) for p in policies for seed in range(cfg.seed, cfg.seed + cfg.seeds)]
+    jobs = min(cfg.jobs or os.cpu_count() or 1, len(sims))
+    if jobs <= 1:
+        cells = [run_cell(s, out_dir, cfg.write_requests) for s in sims]
+    else:
+        # spawn, not fork: polars keeps a thread pool, and a forked child can deadlock on it.
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+            futures = [pool.submit(run_cell, s, out_dir, cfg.write_requests) for s in sims]
+            cells = [f.result() for f in futures]
     _add_vs_lru(cells)
     return cells
 

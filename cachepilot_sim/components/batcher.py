@@ -96,6 +96,8 @@ class Batcher:
 
     def admit(self, budget: int, max_seqs: int) -> None:
         """Take queued requests while sequences and token budget remain and their KV fits."""
+        if not len(self.scheduler):
+            return
         n = self.n
         wanted = int(self.prefill_left[:n].sum()) + n
         while self.n < max_seqs and wanted < budget:
@@ -208,7 +210,7 @@ class Batcher:
             if ends[steps - 1] > elapsed:
                 yield self.env.timeout(int(ends[steps - 1]) - elapsed)
         self._account(int(ends[steps - 1]), steps)
-        self._advance_decode(n, steps)
+        self._advance_decode(n, steps, finished=steps == k)
 
     def _decode_cost(self, n: int) -> tuple[float, float]:
         """(duration of the next pure-decode iteration before rounding, growth per step)."""
@@ -342,12 +344,15 @@ class Batcher:
                                    req.model_index, value=now - req.arrival_us)
         self._finish_done()
 
-    def _advance_decode(self, n: int, steps: int) -> None:
+    def _advance_decode(self, n: int, steps: int, finished: bool) -> None:
+        """`steps` decode iterations of all n sequences; only a full run (k = the fewest tokens
+        left, or the run cap) can finish a sequence."""
         self.ctx[:n] += steps
         self.decode_left[:n] -= steps
         self.generated[:n] += steps
         self.stats.tokens_decoded += steps * n
-        self._finish_done()
+        if finished:
+            self._finish_done()
 
     def _finish_done(self) -> None:
         n = self.n

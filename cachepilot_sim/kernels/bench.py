@@ -64,15 +64,14 @@ def nvcc_build(out_dir: Path) -> dict[str, Any]:
 
 
 def gpu_checks() -> list[dict[str, Any]]:
-    from cachepilot_sim.kernels.check import make_backend, run_checks
+    from cachepilot_sim.kernels.check import TINY_GEOMETRY, make_backend, run_checks
 
     llama4 = KvGeometry(num_layers=4, block_size=16, num_kv_heads=8, head_dim=128)
     results = []
     for name in ("cuda", "triton"):
         backend = make_backend(name, "cuda")
-        for seed, geom, shape in ((0, None, (37, 96)), (1, llama4, (300, 2048))):
-            kw = {"geom": geom} if geom else {}
-            for r in run_checks(backend, seed, quant_shape=shape, **kw):
+        for seed, geom, shape in ((0, TINY_GEOMETRY, (37, 96)), (1, llama4, (300, 2048))):
+            for r in run_checks(backend, seed, geom=geom, quant_shape=shape):
                 results.append({**asdict(r), "seed": seed})
     return results
 
@@ -259,10 +258,10 @@ def verify_swap(s: Any, n: int = 16) -> dict[str, Any]:
     back = torch.stack([layer.index_select(1, target).transpose(0, 1) for layer in s.layers], 1)
     res["cuda_swap_in_exact"] = bool(torch.equal(back, want))
     codes = []
-    for fn in (ck.swap_out_quant, tk.swap_out_quant):
+    for backend in ("cuda", "triton"):
         s.host_codes.fill_(0xA5)
-        if fn is ck.swap_out_quant:
-            fn(
+        if backend == "cuda":
+            ck.swap_out_quant(
                 s.ptr_table.data_ptr(),
                 d.data_ptr(),
                 h.data_ptr(),
@@ -275,7 +274,7 @@ def verify_swap(s: Any, n: int = 16) -> dict[str, Any]:
                 QuantFormat.INT8,
             )
         else:
-            fn(
+            tk.swap_out_quant(
                 s.tri_table,
                 g,
                 d,

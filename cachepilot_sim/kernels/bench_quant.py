@@ -5,6 +5,7 @@ Bytes counted: 2 read + 1 written per value + a 4-byte scale per row (the fewest
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -42,8 +43,9 @@ def quant_variants(
     rows, row_len = x.shape
     bf16 = HalfFormat.BF16
     v: dict[str, Callable[[int], object]] = {}
-    for cps in (4, 16, 64):
-        v[f"cuda_tok_{fmt.value}_t256_ctas{cps}perSM"] = lambda i, c=cps: ck.quantize_per_token(
+
+    def cuda_tok(i: int, threads: int = 256, rows_per_warp: int = 1, ctas: int = 1 << 20) -> None:
+        ck.quantize_per_token(
             x.data_ptr(),
             codes.data_ptr(),
             scales.data_ptr(),
@@ -51,25 +53,24 @@ def quant_variants(
             row_len,
             bf16,
             fmt,
-            ctas_per_sm=c,
+            threads=threads,
+            ctas_per_sm=ctas,
+            rows_per_warp=rows_per_warp,
         )
+
+    for cps in (4, 16, 64):
+        v[f"cuda_tok_{fmt.value}_t256_ctas{cps}perSM"] = functools.partial(cuda_tok, ctas=cps)
     for r, t in ((1, 256), (2, 256), (1, 128), (2, 128)):
-        v[f"cuda_tok_{fmt.value}_t{t}_r{r}_one_cta_per_{t // 32 * r}_rows"] = lambda i, r=r, t=t: (
-            ck.quantize_per_token(
-                x.data_ptr(),
-                codes.data_ptr(),
-                scales.data_ptr(),
-                rows,
-                row_len,
-                bf16,
-                fmt,
-                threads=t,
-                rows_per_warp=r,
-            )
+        v[f"cuda_tok_{fmt.value}_t{t}_r{r}_one_cta_per_{t // 32 * r}_rows"] = functools.partial(
+            cuda_tok, threads=t, rows_per_warp=r
         )
+
+    def triton_tok(i: int, rpp: int, warps: int) -> None:
+        tk.quantize_per_token(x, fmt, codes, scales, rows_per_program=rpp, num_warps=warps)
+
     for rpp, warps in ((1, 4), (2, 4), (4, 4), (4, 8), (8, 8)):
-        v[f"triton_tok_{fmt.value}_rows{rpp}_w{warps}"] = lambda i, r=rpp, w=warps: (
-            tk.quantize_per_token(x, fmt, codes, scales, rows_per_program=r, num_warps=w)
+        v[f"triton_tok_{fmt.value}_rows{rpp}_w{warps}"] = functools.partial(
+            triton_tok, rpp=rpp, warps=warps
         )
     eager = torch_quant_int8 if fmt is QuantFormat.INT8 else torch_quant_fp8
     v[f"baseline_torch_eager_{fmt.value}"] = lambda i: eager(x)
@@ -143,6 +144,20 @@ def _dequant_and_channel(
     amax = torch.zeros(row_len, dtype=torch.float32, device="cuda")
     cscales = torch.empty(row_len, dtype=torch.float32, device="cuda")
     nbytes = rows * row_len * 3 + rows * 4
+
+    def cuda_chan(i: int) -> None:
+        amax.zero_()
+        ck.quantize_per_channel(
+            x.data_ptr(),
+            codes.data_ptr(),
+            amax.data_ptr(),
+            cscales.data_ptr(),
+            rows,
+            row_len,
+            bf16,
+            fmt,
+        )
+
     variants: dict[str, tuple[str, Callable[[int], object]]] = {
         f"cuda_dequant_tok_{fmt.value}": (
             "dequantize",
@@ -154,22 +169,7 @@ def _dequant_and_channel(
             "dequantize",
             lambda i: tk.dequantize(codes, scales, fmt, torch.bfloat16, True, y),
         ),
-        f"cuda_chan_{fmt.value}_two_pass": (
-            "quantize_per_channel",
-            lambda i: (
-                amax.zero_(),
-                ck.quantize_per_channel(
-                    x.data_ptr(),
-                    codes.data_ptr(),
-                    amax.data_ptr(),
-                    cscales.data_ptr(),
-                    rows,
-                    row_len,
-                    bf16,
-                    fmt,
-                ),
-            ),
-        ),
+        f"cuda_chan_{fmt.value}_two_pass": ("quantize_per_channel", cuda_chan),
         f"triton_chan_{fmt.value}_two_pass": (
             "quantize_per_channel",
             lambda i: tk.quantize_per_channel(x, fmt),

@@ -200,22 +200,30 @@ def swap_variants(
     v: dict[str, Callable[[int], object]] = {}
     unrolls = (2, 4, 8) if out else (4, 8)
     for u, t in [(u, t) for u, t in CUDA_VARIANTS if u in unrolls]:
-        v[f"cuda_zero_copy_u{u}_t{t}"] = lambda i, u=u, t=t: ck.swap(
-            s.ptr_table.data_ptr(),
-            sets[i % 4][0].data_ptr(),
-            sets[i % 4][1].data_ptr(),
-            n,
-            g,
-            ndb,
-            hp,
-            out,
-            unroll=u,
-            threads=t,
-        )
+
+        def zero_copy(i: int, u: int = u, t: int = t) -> None:
+            d, h = sets[i % 4]
+            ck.swap(
+                s.ptr_table.data_ptr(),
+                d.data_ptr(),
+                h.data_ptr(),
+                n,
+                g,
+                ndb,
+                hp,
+                out,
+                unroll=u,
+                threads=t,
+            )
+
+        v[f"cuda_zero_copy_u{u}_t{t}"] = zero_copy
     for p in TRITON_PROGRAMS:
-        v[f"triton_persistent_p{min(p, n * g.num_layers * 2)}"] = lambda i, p=p: tk.swap(
-            s.tri_table, g, sets[i % 4][0], sets[i % 4][1], hp, out, max_programs=p
-        )
+
+        def triton_copy(i: int, p: int = p) -> None:
+            d, h = sets[i % 4]
+            tk.swap(s.tri_table, g, d, h, hp, out, max_programs=p)
+
+        v[f"triton_persistent_p{min(p, n * g.num_layers * 2)}"] = triton_copy
 
     def staged(i: int) -> None:
         d, h = sets[i % 4]

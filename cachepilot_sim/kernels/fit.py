@@ -104,9 +104,19 @@ def iteration_features(raw: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, lis
 
 
 def fit_iteration(raw: dict[str, Any]) -> tuple[dict[str, float], list[PointError]]:
-    """Fit step overhead, HBM bandwidth, per-token and per-token-pair costs jointly."""
+    """Fit step overhead, HBM bandwidth, per-token and per-token-pair costs jointly.
+
+    If the free fit puts HBM bandwidth above the device copy ceiling measured in the same run
+    (or at infinity: the KV term unresolved), bandwidth is pinned to that ceiling and the other
+    three parameters are refitted: a rate the memory cannot deliver is not a cost model.
+    """
     features, t, labels = iteration_features(raw)
     x = _solve(features, t)
+    ceiling = hbm_ceiling_bytes_per_us(raw)
+    if ceiling is not None and (x[1] <= 0 or 1.0 / x[1] > ceiling):
+        inv = 1.0 / ceiling
+        rest = _solve(features[:, [0, 2, 3]], t - features[:, 1] * inv)
+        x = np.array([rest[0], inv, rest[1], rest[2]])
     params = {
         "step_overhead_us": float(x[0]),
         "hbm_bytes_per_us": float(1.0 / x[1]) if x[1] > 0 else float("inf"),
@@ -116,9 +126,18 @@ def fit_iteration(raw: dict[str, Any]) -> tuple[dict[str, float], list[PointErro
     return params, _errors(labels, t, features @ x)
 
 
+def hbm_ceiling_bytes_per_us(raw: dict[str, Any]) -> float | None:
+    """Device copy rate (bytes read + written per us) measured with the calibration, if any."""
+    copy = raw.get("hbm_copy")
+    if not copy:
+        return None
+    return float(copy["bytes_counted"]) / float(copy["median_us"])
+
+
 def fit_all(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, list[PointError]]]:
     """All hardware parameters (HARDWARE_KEYS) from one raw calibration file, with point errors."""
-    params, it_err = fit_iteration(raw)
+    it_params, it_err = fit_iteration(raw)
+    params: dict[str, Any] = dict(it_params)
     errors = {"iteration": it_err}
     for direction in ("h2d", "d2h"):
         pts = [p for p in raw["pcie"][direction] if p["path"] == PCIE_PATH]

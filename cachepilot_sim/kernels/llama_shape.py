@@ -114,7 +114,9 @@ class LlamaTimingModel:
         return F.rms_norm(h[:, -1], (s.hidden,), self.norm_w) @ self.lm_head.T
 
     def make_kv_cache(self, batch: int, context_tokens: int) -> list[tuple[Any, Any]]:
-        """Random per-layer K and V [batch, kv_heads, context + 1, head_dim] (last slot: new)."""
+        """Random per-layer K and V [batch, kv_heads, context + 1, head_dim] (last slot: new).
+
+        Pick context + 1 as a multiple of SPLIT_TOKENS so decode can split it (2**k - 1)."""
         s, torch = self.s, self.torch
         shape = (batch, s.num_kv_heads, context_tokens + 1, s.head_dim)
         return [
@@ -126,7 +128,7 @@ class LlamaTimingModel:
         ]
 
     def decode(self, token_ids: Any, cache: list[tuple[Any, Any]]) -> Any:
-        """One new token per sequence against the cache; GQA as 4 queries per KV head."""
+        """One new token per sequence against the cache; GQA as 4 query rows per KV head."""
         s, F = self.s, self.torch.nn.functional
         batch = token_ids.numel()
         ctx = cache[0][0].shape[2] - 1
@@ -139,8 +141,51 @@ class LlamaTimingModel:
             q, k, v = self._qkv(h, w_qkv, positions, batch, 1)
             k_cache[:, :, ctx] = k[:, 0]
             v_cache[:, :, ctx] = v[:, 0]
-            q = q.view(batch, s.num_kv_heads, group, s.head_dim)
-            a = F.scaled_dot_product_attention(q, k_cache, v_cache)
+            a = self.decode_attention(
+                q.view(batch, s.num_kv_heads, group, s.head_dim), k_cache, v_cache
+            )
             h = h + a.reshape(batch, 1, -1) @ w_o.T
             h = self._mlp(h, w_gate_up, w_down)
         return F.rms_norm(h[:, 0], (s.hidden,), self.norm_w) @ self.lm_head.T
+
+    def decode_attention(self, q: Any, k_cache: Any, v_cache: Any) -> Any:
+        """Split-KV decode attention (as flash-decoding): q [B, kv_heads, group, d] against caches
+        [B, kv_heads, T, d]. The context is cut into chunks that run as separate programs, so a
+        batch of one still fills the GPU (plain SDPA ran 8 CTAs at batch 1 and read a 32k context
+        at ~0.3 TB/s on the H200); chunk results merge by their log-sum-exp. Needs no copy of the
+        cache: [B, kv_heads, T, d] is viewed as [B * kv_heads * splits, 1, T / splits, d]."""
+        torch = self.torch
+        b, hk, g, d = q.shape
+        t = k_cache.shape[2]
+        splits = num_splits(b * hk, t)
+        n = b * hk * splits
+        k = k_cache.view(n, 1, t // splits, d)
+        v = v_cache.view(n, 1, t // splits, d)
+        qs = q.reshape(b * hk, 1, g, d).expand(b * hk, splits, g, d).reshape(n, 1, g, d)
+        out, lse = self._attend(qs, k, v)
+        w = torch.softmax(lse.float().view(b * hk, splits, g), dim=1)
+        merged = (out.float().view(b * hk, splits, g, d) * w[..., None]).sum(dim=1)
+        return merged.to(q.dtype).view(b, hk, g, d)
+
+    def _attend(self, q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+        """(attention output, log-sum-exp of the scores) per query row."""
+        torch = self.torch
+        if q.is_cuda:
+            r = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False)
+            return r[0], r[1]
+        scores = (q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
+        return (torch.softmax(scores, -1) @ v.float()).to(q.dtype), torch.logsumexp(scores, -1)
+
+
+SPLIT_TOKENS = 256  # smallest context chunk one decode program reads
+TARGET_PROGRAMS = 264  # two waves over the H200's 132 SMs
+
+
+def num_splits(num_rows: int, context_tokens: int) -> int:
+    """Largest split count that divides the context into chunks of >= SPLIT_TOKENS tokens (a
+    multiple of SPLIT_TOKENS) and keeps num_rows * splits <= TARGET_PROGRAMS, at least 1."""
+    if context_tokens % SPLIT_TOKENS:
+        return 1
+    chunks = context_tokens // SPLIT_TOKENS
+    want = max(1, TARGET_PROGRAMS // max(num_rows, 1))
+    return max(s for s in range(1, min(chunks, want) + 1) if chunks % s == 0)
