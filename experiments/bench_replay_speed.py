@@ -38,22 +38,25 @@ def main() -> None:
     for policy in cfg.policy_names():
         one = to_config(compose_one(conf, args.experiment, policy))
         with tempfile.TemporaryDirectory() as out:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             cell = run_cells(one, Path(out))[0]
-            wall = time.perf_counter() - start
-        results[policy] = {"wall_s": round(wall, 3), "requests": cell["requests"],
+            wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+        results[policy] = {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
+                           "requests": cell["requests"],
                            "completed": cell["completed"], "iterations": cell["iterations"],
                            "trace_events": cell["events"], "simulated_s": cell["duration_s"]}
         print(f"{args.experiment} {policy}: {cell['requests']} requests replayed in {wall:.2f} s "
-              f"wall ({cell['duration_s']:.0f} s simulated, {cell['iterations']} iterations)")
+              f"wall, {cpu:.2f} s CPU ({cell['duration_s']:.0f} s simulated, "
+              f"{cell['iterations']} iterations)")
     if args.out:
         meta = {"date": date.today().isoformat(), "experiment": args.experiment,
                 "trace": cfg.replay.path, "machine": platform.machine(),
                 "python": platform.python_version(), "cpus": os.cpu_count(),
                 "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                 "load_average_1_5_15_min": os.getloadavg(),
-                "note": "wall time per policy: trace read + simulation + per-request Parquet; the "
-                        "machine's CPUs are shared, so the load average is recorded"}
+                "note": "per policy: trace read + simulation + per-request Parquet, in this "
+                        "process (one cell, no worker pool); the machine's 2 CPUs are shared "
+                        "with other jobs, so CPU seconds and the load average are recorded too"}
         args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
 
 

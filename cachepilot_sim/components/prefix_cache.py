@@ -92,7 +92,8 @@ class PrefixKvManager(KvManager):
     def _session_entry(self, session: int) -> CacheEntry:
         e = self.session_entries.get(session)
         if e is None:
-            e = CacheEntry(self._next_entry_id, session, 0, 0, 0, 0, 0, self.env.now, self.env.now)
+            now = int(self.env.now)
+            e = CacheEntry(self._next_entry_id, session, 0, 0, 0, 0, 0, now, now)
             self._next_entry_id += 1
             self.session_entries[session] = e
         return e
@@ -103,8 +104,8 @@ class PrefixKvManager(KvManager):
         parent = int(sessions.parent[req.req_id])
         if parent >= 0 and self.finish_us[parent] >= 0:
             e = self._session_entry(int(sessions.session[req.req_id]))
-            self.estimator.observe(e, self.env.now - int(self.finish_us[parent]))
-            self.policy.on_access(e, self.env.now)
+            self.estimator.observe(e, int(self.env.now) - int(self.finish_us[parent]))
+            self.policy.on_access(e, int(self.env.now))
 
     # -- admission ---------------------------------------------------------------------------
     def _block_recompute_us(self, depth: int) -> float:
@@ -154,7 +155,7 @@ class PrefixKvManager(KvManager):
             entry = CacheEntry(
                 entry_id=self._next_entry_id, session_id=session, model_index=0, class_index=0,
                 priority=req.priority, num_tokens=self.hash_tokens, num_bytes=self.hash_bytes,
-                created_us=self.env.now, last_used_us=self.env.now,
+                created_us=int(self.env.now), last_used_us=int(self.env.now),
                 recompute_us=self._block_recompute_us(len(chain)),
             )
             self._next_entry_id += 1
@@ -177,7 +178,7 @@ class PrefixKvManager(KvManager):
         if hits:
             req.kv_source = KvSource.HIT
             st.hits += 1
-            self.recorder.emit(self.env.now, "kv", "hit", req.session_id, req.req_id, 0, hits)
+            self.recorder.emit(int(self.env.now), "kv", "hit", req.session_id, req.req_id, 0, hits)
         if restored:
             cost = sum(self._block_recompute_us(j) for j in restored)
             req.recompute_us_paid = cost
@@ -185,7 +186,7 @@ class PrefixKvManager(KvManager):
             st.realized_recompute_us += cost
             if not hits:
                 req.kv_source = KvSource.RECOMPUTE
-            self.recorder.emit(self.env.now, "kv", "recompute", req.session_id, req.req_id, 0,
+            self.recorder.emit(int(self.env.now), "kv", "recompute", req.session_id, req.req_id, 0,
                                len(restored), value=int(cost))
 
     # -- eviction: idle chain tails, smallest policy key first ---------------------------------
@@ -207,7 +208,7 @@ class PrefixKvManager(KvManager):
         """
         if num_blocks <= 0 or not self.evictable:
             return 0
-        now = self.env.now
+        now = int(self.env.now)
         heap = [(self._key(b, now), b.hash_id) for b in self.evictable.values()]
         heapq.heapify(heap)
         done = 0
@@ -279,7 +280,7 @@ class PrefixKvManager(KvManager):
         r = self.running.pop(req.session_id)
         self.pool.release(r.private_pages * self.block_bytes[0])
         session = int(self.workload.sessions.session[req.req_id])
-        now = self.env.now
+        now = int(self.env.now)
         for b in r.chain:
             b.computed = True
             b.entry.last_used_us = now
@@ -306,7 +307,7 @@ class PrefixKvManager(KvManager):
         cost = recompute_us(self.fit, num_tokens) - recompute_us(self.fit, min(kept, num_tokens))
         self.stats.preemptions += 1
         self.stats.preempt_recompute_us += cost
-        self.recorder.emit(self.env.now, "kv", "preempt", req.session_id, req.req_id, 0,
+        self.recorder.emit(int(self.env.now), "kv", "preempt", req.session_id, req.req_id, 0,
                            r.pages, 0, "none", value=int(cost))
         req.num_preemptions += 1
 

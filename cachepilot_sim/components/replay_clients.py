@@ -40,12 +40,12 @@ class ReplayClients:
         inputs, outputs = wl.table.input_tokens.tolist(), wl.table.output_tokens.tolist()
         turns = wl.sessions.turn.tolist()
         for i, t in enumerate(arrival):
-            if t > self.env.now:
-                yield self.env.timeout(t - self.env.now)
+            if t > int(self.env.now):
+                yield self.env.timeout(t - int(self.env.now))
             req = Request(
                 self.env, req_id=i, session_id=i, turn=turns[i], class_index=0, model_index=0,
-                priority=self.priority, arrival_us=self.env.now,
-                deadline_us=self.env.now + self.ttft_slo_us[0], tpot_slo_us=self.tpot_slo_us,
+                priority=self.priority, arrival_us=int(self.env.now),
+                deadline_us=int(self.env.now) + self.ttft_slo_us[0], tpot_slo_us=self.tpot_slo_us,
                 context_tokens=0, prompt_tokens=inputs[i], output_tokens=outputs[i],
             )
             self.requests.append(req)

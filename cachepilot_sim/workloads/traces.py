@@ -166,8 +166,9 @@ def _decode_slow(lines: pl.DataFrame) -> pl.DataFrame:
         for key, value in zip(("timestamp", *_LENGTHS, "hash_ids", "parse_error"),
                               (*values, ids, error), strict=True):
             rows[key].append(value)
-    schema = {"timestamp": pl.Float64, "input_length": pl.Float64, "output_length": pl.Float64,
-              "hash_ids": _HASH_TYPE, "parse_error": pl.Utf8}
+    schema = pl.Schema([("timestamp", pl.Float64), ("input_length", pl.Float64),
+                        ("output_length", pl.Float64), ("hash_ids", _HASH_TYPE),
+                        ("parse_error", pl.Utf8)])
     return pl.DataFrame(rows, schema=schema).with_columns(lines["line"])
 
 
