@@ -310,6 +310,7 @@ class PrefixKvManager(KvManager):
         self.recorder.emit(int(self.env.now), "kv", "preempt", req.session_id, req.req_id, 0,
                            r.pages, 0, "none", value=int(cost))
         req.num_preemptions += 1
+        self._enforce_cap()  # its blocks may be idle now: the cap applies to them again
 
     def prefix_metrics(self) -> dict[str, float | int]:
         st = self.stats
