@@ -9,6 +9,7 @@ what came after the previous answer) and its response is the message itself.
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from pathlib import Path
 
@@ -41,8 +42,23 @@ def _read_records(path: Path) -> pl.DataFrame:
         if suffix == ".parquet":
             return pl.read_parquet(path)
     except pl.exceptions.PolarsError as err:
+        if suffix == ".jsonl":
+            _raise_bad_json_line(path)
         raise DatasetError(f"{path}: cannot be read as {suffix[1:]}: {err}") from None
     raise DatasetError(f"{path}: unknown extension {suffix!r} (.json, .jsonl, .csv, .parquet)")
+
+
+def _raise_bad_json_line(path: Path) -> None:
+    """Error path only (polars refused the file): name the first line that is not a JSON object."""
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                if not isinstance(json.loads(line), dict):
+                    raise ValueError("not a JSON object")
+            except ValueError as err:
+                raise DatasetError(f"{path}:{number}: not a valid JSON record: {err}") from None
 
 
 def detect_format(frame: pl.DataFrame, path: Path) -> DatasetFormat:

@@ -91,6 +91,10 @@ def test_bad_input_exits_2_naming_the_file(tmp_path: Path, capsys: pytest.Captur
     assert "odd.csv: columns ['a', 'b'] match no known layout" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
     assert main(["pth=x"]) == 2
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"instruction": "a", "output": "b"}\n{"instruction": "c", "output": \n')
+    assert main([f"path={broken}", f"out={tmp_path / 'o'}"]) == 2
+    assert "broken.jsonl:2: not a valid JSON record" in capsys.readouterr().err
 
 
 def _paragraphs(paths: list[Path]) -> list[str]:
