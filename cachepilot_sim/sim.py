@@ -15,6 +15,7 @@ from cachepilot_sim.components.clients import Clients
 from cachepilot_sim.components.kv_manager import KvManager
 from cachepilot_sim.components.pcie_link import PcieLink
 from cachepilot_sim.components.prefix_cache import PrefixKvManager
+from cachepilot_sim.components.prefix_offload import OffloadingPrefixKvManager
 from cachepilot_sim.components.replay_clients import ReplayClients
 from cachepilot_sim.components.request import Outcome
 from cachepilot_sim.components.scheduler import Scheduler
@@ -67,8 +68,9 @@ class Simulation:
             self.clients = Clients(env, cfg, streams, self.scheduler.inbox)
         else:  # trace replay: requests at trace times, KV shared by prefix hash
             self.replay = load_replay(cfg, streams.arrivals)
-            self.kv = PrefixKvManager(env, cfg, self.pool, self.link, self.policy,
-                                      self.estimator, fit, self.recorder, self.replay)
+            manager = OffloadingPrefixKvManager if cfg.kv.offload_enabled else PrefixKvManager
+            self.kv = manager(env, cfg, self.pool, self.link, self.policy, self.estimator, fit,
+                              self.recorder, self.replay)
             self.clients = ReplayClients(env, cfg, self.replay, self.scheduler.inbox)
         self.batcher = Batcher(env, cfg, self.scheduler, self.kv, fit, self.recorder, wake)
         self.kv.on_ready = self.scheduler.requeue_front

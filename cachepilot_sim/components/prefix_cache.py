@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from cachepilot_sim.components.kv_manager import Admit, KvManager, KvStats, SessionKV
+from cachepilot_sim.components.kv_manager import Admit, KvManager, KvStats, SessionKV, Tier
 from cachepilot_sim.components.pcie_link import PcieLink
 from cachepilot_sim.components.request import KvSource, Request
 from cachepilot_sim.components.vram_pool import VramPool
@@ -33,15 +33,18 @@ from cachepilot_sim.workloads.replay import ReplayWorkload
 class HashBlock:
     """One cached prefix block: a node of the prefix tree."""
 
-    __slots__ = ("hash_id", "parent", "num_children", "refcount", "entry", "computed")
+    __slots__ = ("hash_id", "parent", "children", "num_children", "refcount", "entry",
+                 "computed", "tier")
 
     def __init__(self, hash_id: int, parent: HashBlock | None, entry: CacheEntry) -> None:
         self.hash_id = hash_id
         self.parent = parent
-        self.num_children = 0  # cached blocks that extend this one
-        self.refcount = 0  # running requests using it
+        self.children: dict[int, HashBlock] = {}  # cached blocks that extend this one
+        self.num_children = 0  # of those, the ones on the GPU or coming back to it
+        self.refcount = 0  # running (or reloading) requests using it
         self.entry = entry
         self.computed = False  # some request finished computing it
+        self.tier = Tier.GPU  # CPU tiers only with offload (components/prefix_offload.py)
 
 
 @dataclass
@@ -53,6 +56,7 @@ class PrefixStats(KvStats):
     input_tokens: int = 0
     hit_tokens: int = 0
     cap_evictions: int = 0  # blocks evicted to respect replay.prefix_cache_max_blocks
+    reload_blocks: int = 0  # blocks brought back from the CPU store (offload only)
 
 
 class _Running:
@@ -81,7 +85,8 @@ class PrefixKvManager(KvManager):
         self.max_blocks = cfg.replay.prefix_cache_max_blocks
         self.max_context = cfg.model.max_context_tokens
         self.stats: PrefixStats = PrefixStats()
-        self.blocks: dict[int, HashBlock] = {}
+        self.blocks: dict[int, HashBlock] = {}  # every cached block, on any tier
+        self.num_gpu_blocks = 0  # blocks on the GPU or in flight to it
         self.evictable: dict[int, HashBlock] = {}  # idle tails: refcount 0, no cached child
         self.running: dict[int, _Running] = {}
         self.seen: set[int] = set()  # hash ids ever cached: a miss on one is a paid restore
@@ -127,8 +132,11 @@ class PrefixKvManager(KvManager):
         if total_bytes > self.pool.capacity_bytes or final_tokens > self.max_context:
             return Admit.REJECT
         hits = 0
-        while hits < len(ids) and ids[hits] in self.blocks:
+        while hits < len(ids) and self._on_gpu(ids[hits]):
             hits += 1
+        early = self._admit_from_cpu(req, ids, hits)
+        if early is not None:
+            return early
         chain = [self.blocks[h] for h in ids[:hits]]
         for b in chain:  # pinned first, so making room cannot evict the prefix being reused
             self._pin(b)
@@ -142,11 +150,23 @@ class PrefixKvManager(KvManager):
         self._insert(chain, ids[hits:], req)
         self.running[req.session_id] = _Running(chain, self.blocks_for(tokens), private,
                                                 hash_tokens)
+        self._release_held(req)
         req.prefill_tokens = max(1, tokens - min(hits * self.hash_tokens, tokens))
         if req.num_preemptions == 0:
             self._count_lookup(req, ids, hits)
         self._enforce_cap()
         return Admit.READY
+
+    def _on_gpu(self, hash_id: int) -> bool:
+        b = self.blocks.get(hash_id)
+        return b is not None and b.tier == Tier.GPU
+
+    def _admit_from_cpu(self, req: Request, ids: list[int], hits: int) -> Admit | None:
+        """Hook: the offloading manager reloads a CPU-resident continuation of the hits here."""
+        return None
+
+    def _release_held(self, req: Request) -> None:
+        """Hook: pins a reload held for `req` until its admission are let go."""
 
     def _insert(self, chain: list[HashBlock], new_ids: list[int], req: Request) -> None:
         session = int(self.workload.sessions.session[req.req_id])
@@ -163,7 +183,9 @@ class PrefixKvManager(KvManager):
             b.refcount = 1
             if parent is not None:
                 parent.num_children += 1
+                parent.children[h] = b
             self.blocks[h] = b
+            self.num_gpu_blocks += 1
             chain.append(b)
             parent = b
 
@@ -175,7 +197,7 @@ class PrefixKvManager(KvManager):
         st.hit_tokens += min(hits * self.hash_tokens, req.prompt_tokens)
         restored = [j for j in range(hits, len(ids)) if ids[j] in self.seen]
         self.seen.update(ids[hits:])
-        if hits:
+        if hits and req.kv_source != KvSource.RELOAD:
             req.kv_source = KvSource.HIT
             st.hits += 1
             self.recorder.emit(int(self.env.now), "kv", "hit", req.session_id, req.req_id, 0, hits)
@@ -198,9 +220,9 @@ class PrefixKvManager(KvManager):
     def evict(self, bytes_needed: int, exclude: SessionKV | None, allow_offload: bool) -> int:
         """Drop idle tails, smallest `policy.key` first, until `bytes_needed` are free."""
         num_blocks = -(-bytes_needed // self.hash_bytes) if bytes_needed > 0 else 0
-        return self._evict_blocks(num_blocks) * self.hash_bytes
+        return self._evict_blocks(num_blocks, allow_offload) * self.hash_bytes
 
-    def _evict_blocks(self, num_blocks: int) -> int:
+    def _evict_blocks(self, num_blocks: int, allow_offload: bool = True) -> int:
         """Evict up to num_blocks blocks; a parent whose last child goes becomes a candidate.
 
         Keys are taken once per decision (time-dependent keys are evaluated at `now`); the heap
@@ -215,7 +237,7 @@ class PrefixKvManager(KvManager):
         while heap and done < num_blocks:
             _, h = heapq.heappop(heap)
             b = self.evictable.pop(h)
-            self._drop_block(b, now)
+            self._dispose(b, now, allow_offload)
             done += 1
             p = b.parent
             if p is not None and p.refcount == 0 and p.num_children == 0:
@@ -230,30 +252,39 @@ class PrefixKvManager(KvManager):
         e.gap_ema_us = s.gap_ema_us if s is not None else -1.0
         return self.policy.key(e, now)
 
+    def _dispose(self, b: HashBlock, now: int, allow_offload: bool) -> None:
+        """An evicted tail: counted, then dropped (the offloading manager may copy it out)."""
+        e = b.entry
+        self.stats.expected_evict_cost_us += (self.estimator.resume_probability(e, now)
+                                              * e.restore_us)
+        self._drop_block(b, now)
+
     def _drop_block(self, b: HashBlock, now: int) -> None:
         e = b.entry
-        st = self.stats
-        st.expected_evict_cost_us += self.estimator.resume_probability(e, now) * e.restore_us
-        st.evictions_drop += 1
-        st.evicted_bytes_drop += self.hash_bytes
+        self.stats.evictions_drop += 1
+        self.stats.evicted_bytes_drop += self.hash_bytes
         self.recorder.emit(now, "kv", "evict_drop", e.session_id, -1, 0, 1, self.hash_bytes,
                            "none", float(self.policy.key(e, now)[0]))
         self._remove(b)
 
     def _remove(self, b: HashBlock) -> None:
+        """Forget a GPU block with no cached children and free its bytes."""
+        assert b.tier == Tier.GPU and not b.children
         del self.blocks[b.hash_id]
         if b.parent is not None:
             b.parent.num_children -= 1
+            del b.parent.children[b.hash_id]
         self.pool.release(self.hash_bytes)
+        self.num_gpu_blocks -= 1
 
     def _enforce_cap(self) -> None:
-        if self.max_blocks and len(self.blocks) > self.max_blocks:
-            self.stats.cap_evictions += self._evict_blocks(len(self.blocks) - self.max_blocks)
+        if self.max_blocks and self.num_gpu_blocks > self.max_blocks:
+            self.stats.cap_evictions += self._evict_blocks(self.num_gpu_blocks - self.max_blocks)
 
     def maintain_watermark(self) -> None:
-        short = self.watermark_bytes - self.pool.free_bytes
+        short = self.watermark_bytes - self.pool.free_bytes - self.pending_free_bytes
         if short > 0 and self.evictable:
-            self.evict(short, exclude=None, allow_offload=False)
+            self.evict(short, exclude=None, allow_offload=True)
 
     # -- running requests ----------------------------------------------------------------------
     def grow(self, session_ids: list[int], num_blocks: list[int]) -> bool:
@@ -318,5 +349,7 @@ class PrefixKvManager(KvManager):
             "prefix_hit_ratio": st.hit_blocks / st.lookup_blocks if st.lookup_blocks else 0.0,
             "prefix_hit_token_ratio": st.hit_tokens / st.input_tokens if st.input_tokens else 0.0,
             "prefix_lookup_blocks": st.lookup_blocks, "prefix_hit_blocks": st.hit_blocks,
-            "prefix_cached_blocks": len(self.blocks), "prefix_cap_evictions": st.cap_evictions,
+            "prefix_cached_blocks": self.num_gpu_blocks, "prefix_cap_evictions": st.cap_evictions,
+            "prefix_cpu_blocks": len(self.blocks) - self.num_gpu_blocks,
+            "prefix_reload_blocks": st.reload_blocks,
         }

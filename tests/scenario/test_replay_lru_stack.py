@@ -16,6 +16,7 @@ import pytest
 
 from cachepilot_sim.config import (
     BatcherConfig,
+    KVConfig,
     ModelConfig,
     OnError,
     PolicyConfig,
@@ -54,6 +55,7 @@ def replay_sequential(capacity: int, policy: str = "lru") -> tuple[dict, pl.Data
         vram_gb=141.0, model=ModelConfig(max_context_tokens=262_144),
         policy=PolicyConfig(name=policy), trace=TraceConfig(enabled=False),
         batcher=BatcherConfig(throughput_max_seqs=1, latency_max_seqs=1),
+        kv=KVConfig(offload_enabled=False),  # one tier, as the LRU stack
         replay=ReplayConfig(format=TraceFormat.MOONCAKE, path=SAMPLE,
                             prefix_cache_max_blocks=capacity),
     )
