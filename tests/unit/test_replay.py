@@ -79,6 +79,15 @@ def test_inferred_session_gaps_feed_the_perc_estimate() -> None:
     assert frame["session"].to_list() == s.session.tolist()
 
 
+def test_same_config_and_seed_replay_identically() -> None:
+    cfg = make_sim_config(policy=PolicyConfig(name="perc"), **replay_config(
+        format=TraceFormat.MOONCAKE, path=MOONCAKE, limit=120, time_scale=0.5))
+    runs = [build(cfg).run() for _ in range(2)]
+    assert runs[0].requests.equals(runs[1].requests)
+    assert runs[0].metrics == runs[1].metrics
+    assert runs[0].metrics["evictions"] > 0  # the CPU tier and eviction paths ran
+
+
 def test_skipped_rows_are_reported_in_metrics_and_the_title(tmp_path: Path) -> None:
     lines = (Path(__file__).parents[2] / "cachepilot_sim/workloads/samples/azure_llm_2023/"
              "AzureLLMInferenceTrace_conv.csv").read_text().splitlines()[:40]
