@@ -1,4 +1,4 @@
-"""Hydra entry point: `python -m cachepilot_sim +experiment=mixed_spike` (the only DictConfig user)."""
+"""Hydra entry point: `python -m cachepilot_sim +experiment=...`. The only DictConfig user."""
 
 from __future__ import annotations
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+import simpy
+
 US_PER_MS = 1_000
 US_PER_S = 1_000_000
 
@@ -29,3 +31,14 @@ def ceil_us(duration_us: float) -> int:
 
 def us_to_s(duration_us: float) -> float:
     return duration_us / US_PER_S
+
+
+class SimEnvironment(simpy.Environment):
+    """A `simpy.Environment` whose clock is typed as what it holds here: integer microseconds."""
+
+    def __init__(self) -> None:
+        super().__init__(initial_time=0)
+
+    @property
+    def now(self) -> int:  # type: ignore[override]
+        return self._now  # type: ignore[return-value]

@@ -1,9 +1,9 @@
 """Typed, validated experiment configuration, registered with Hydra's ConfigStore in one place.
 
 Configs are dataclasses that OmegaConf uses as schemas (so YAML and command-line overrides are type
-checked), then instantiated with `OmegaConf.to_object`, which runs `validate()` and seals the object:
-any later assignment raises. `frozen=True` is avoided on purpose: it makes OmegaConf mark nodes read-only
-and breaks overrides and sweeps.
+checked), then instantiated with `OmegaConf.to_object`, which runs `validate()` and seals the
+object: any later assignment raises. `frozen=True` is avoided on purpose: it makes OmegaConf mark
+nodes read-only and breaks overrides and sweeps.
 """
 
 from __future__ import annotations
@@ -55,7 +55,9 @@ def _nonneg(obj: object, prefix: str, *names: str) -> None:
         value = getattr(obj, name)
         require(
             isinstance(value, int | float) and math.isfinite(value) and value >= 0,
-            f"{prefix}.{name}", value, "must be a finite number >= 0",
+            f"{prefix}.{name}",
+            value,
+            "must be a finite number >= 0",
         )
 
 
@@ -64,7 +66,9 @@ def _positive(obj: object, prefix: str, *names: str) -> None:
         value = getattr(obj, name)
         require(
             isinstance(value, int | float) and math.isfinite(value) and value > 0,
-            f"{prefix}.{name}", value, "must be a finite number > 0",
+            f"{prefix}.{name}",
+            value,
+            "must be a finite number > 0",
         )
 
 
@@ -74,22 +78,36 @@ class HardwareConfig(Sealed):
 
     section: ClassVar[str] = "hardware"
     name: str = "h200"
-    hbm_bytes_per_us: float = 4.196e6
-    prefill_token_us: float = 25.97
-    attention_token2_us: float = 9.47e-4
-    step_overhead_us: float = 0.0
-    pcie_h2d_latency_us: float = 9.0
-    pcie_h2d_bytes_per_us: float = 55.2e3
-    pcie_d2h_latency_us: float = 9.0
-    pcie_d2h_bytes_per_us: float = 55.0e3
-    quantize_bytes_per_us: float = 4.1e6
-    source: str = "defaults"
+    # Defaults: the H200 calibration of 2026-11-29 (conf/hardware/h200.yaml; a test checks it).
+    hbm_bytes_per_us: float = 2644125.349444123
+    prefill_token_us: float = 18.774784899961098
+    attention_token2_us: float = 0.0014449815343814405
+    step_overhead_us: float = 778.5392007599909
+    pcie_h2d_latency_us: float = 5.087833751592979
+    pcie_h2d_bytes_per_us: float = 51279.48774063125
+    pcie_d2h_latency_us: float = 3.713765748178057
+    pcie_d2h_bytes_per_us: float = 52702.402988170135
+    quantize_bytes_per_us: float = 3857292.166640563
+    source: str = "experiments/calibration/2026-11-29_h200.json, NVIDIA H200, 2026-11-29"
 
     def validate(self, prefix: str) -> None:
-        _positive(self, prefix, "hbm_bytes_per_us", "prefill_token_us", "pcie_h2d_bytes_per_us",
-                  "pcie_d2h_bytes_per_us", "quantize_bytes_per_us")
-        _nonneg(self, prefix, "attention_token2_us", "step_overhead_us", "pcie_h2d_latency_us",
-                "pcie_d2h_latency_us")
+        _positive(
+            self,
+            prefix,
+            "hbm_bytes_per_us",
+            "prefill_token_us",
+            "pcie_h2d_bytes_per_us",
+            "pcie_d2h_bytes_per_us",
+            "quantize_bytes_per_us",
+        )
+        _nonneg(
+            self,
+            prefix,
+            "attention_token2_us",
+            "step_overhead_us",
+            "pcie_h2d_latency_us",
+            "pcie_d2h_latency_us",
+        )
 
 
 @dataclass
@@ -111,15 +129,24 @@ class ModelConfig(Sealed):
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
 
     def validate(self, prefix: str) -> None:
-        _positive(self, prefix, "num_layers", "num_kv_heads", "head_dim", "kv_dtype_bytes",
-                  "max_context_tokens")
+        _positive(
+            self,
+            prefix,
+            "num_layers",
+            "num_kv_heads",
+            "head_dim",
+            "kv_dtype_bytes",
+            "max_context_tokens",
+        )
         _nonneg(self, prefix, "weight_bytes")
         require(bool(self.name), f"{prefix}.name", self.name, "must not be empty")
 
 
 @dataclass
 class WorkloadClass(Sealed):
-    """One traffic class of returning sessions; lengths and think times are log-normal, turns geometric."""
+    """One traffic class of returning sessions; lengths and think times are log-normal, turns
+    geometric.
+    """
 
     share: float = 1.0
     prompt_tokens_mean: float = 256.0
@@ -135,10 +162,18 @@ class WorkloadClass(Sealed):
     model: str = ""  # empty: the run's primary model
 
     def validate(self, prefix: str) -> None:
-        _nonneg(self, prefix, "share", "prompt_tokens_sigma", "output_tokens_sigma",
-                "think_time_mean_s", "think_time_sigma")
-        _positive(self, prefix, "prompt_tokens_mean", "output_tokens_mean", "ttft_slo_ms",
-                  "tpot_slo_ms")
+        _nonneg(
+            self,
+            prefix,
+            "share",
+            "prompt_tokens_sigma",
+            "output_tokens_sigma",
+            "think_time_mean_s",
+            "think_time_sigma",
+        )
+        _positive(
+            self, prefix, "prompt_tokens_mean", "output_tokens_mean", "ttft_slo_ms", "tpot_slo_ms"
+        )
         require(self.turns_mean >= 1.0, f"{prefix}.turns_mean", self.turns_mean, "must be >= 1")
 
 
@@ -160,15 +195,27 @@ class WorkloadConfig(Sealed):
     max_active_sessions: int = 48
 
     def validate(self, prefix: str) -> None:
-        _positive(self, prefix, "num_requests", "session_rate_per_s", "spike_multiplier",
-                  "max_active_sessions")
+        _positive(
+            self,
+            prefix,
+            "num_requests",
+            "session_rate_per_s",
+            "spike_multiplier",
+            "max_active_sessions",
+        )
         _nonneg(self, prefix, "spike_at_request")
-        require(len(self.classes) > 0, f"{prefix}.classes", self.classes, "needs at least one class")
+        require(
+            len(self.classes) > 0, f"{prefix}.classes", self.classes, "needs at least one class"
+        )
         for name, cls in self.classes.items():
             cls.validate(f"{prefix}.classes.{name}")
         total = sum(c.share for c in self.classes.values())
-        require(abs(total - 1.0) <= 1e-6, f"{prefix}.classes.*.share", round(total, 9),
-                "class shares must sum to 1")
+        require(
+            abs(total - 1.0) <= 1e-6,
+            f"{prefix}.classes.*.share",
+            round(total, 9),
+            "class shares must sum to 1",
+        )
 
 
 class BatchMode(StrEnum):
@@ -194,8 +241,16 @@ class BatcherConfig(Sealed):
     max_decode_run: int = 256
 
     def validate(self, prefix: str) -> None:
-        _positive(self, prefix, "max_decode_run", "throughput_token_budget", "throughput_max_seqs",
-                  "latency_token_budget", "latency_max_seqs", "adaptive_queue_depth")
+        _positive(
+            self,
+            prefix,
+            "max_decode_run",
+            "throughput_token_budget",
+            "throughput_max_seqs",
+            "latency_token_budget",
+            "latency_max_seqs",
+            "adaptive_queue_depth",
+        )
         _nonneg(self, prefix, "adaptive_slack_ms")
 
 
@@ -228,13 +283,19 @@ class KVConfig(Sealed):
     def validate(self, prefix: str) -> None:
         _positive(self, prefix, "block_tokens")
         _nonneg(self, prefix, "activation_reserve_bytes", "cpu_store_bytes", "watermark_fraction")
-        require(self.watermark_fraction < 0.5, f"{prefix}.watermark_fraction",
-                self.watermark_fraction, "must be < 0.5")
+        require(
+            self.watermark_fraction < 0.5,
+            f"{prefix}.watermark_fraction",
+            self.watermark_fraction,
+            "must be < 0.5",
+        )
 
 
 @dataclass
 class PolicyConfig(Sealed):
-    """Which eviction policy runs, and PERC's parameters (ignored by policies that do not use them)."""
+    """Which eviction policy runs, and PERC's parameters (ignored by policies that do not use
+    them).
+    """
 
     section: ClassVar[str] = "policy"
     name: str = "perc"
@@ -248,8 +309,12 @@ class PolicyConfig(Sealed):
         known = known_policies()
         require(self.name in known, f"{prefix}.name", self.name, f"unknown policy; known: {known}")
         _positive(self, prefix, "delta_s", "prior_gap_s")
-        require(0.0 < self.ema_weight <= 1.0, f"{prefix}.ema_weight", self.ema_weight,
-                "must be in (0, 1]")
+        require(
+            0.0 < self.ema_weight <= 1.0,
+            f"{prefix}.ema_weight",
+            self.ema_weight,
+            "must be in (0, 1]",
+        )
 
 
 @dataclass
@@ -350,12 +415,18 @@ class SimConfig(Sealed):
                     "replay.hash_block_tokens", self.replay.hash_block_tokens,
                     f"must be a multiple of kv.block_tokens = {self.kv.block_tokens}")
         for cls_name, cls in self.workload.classes.items():
-            require(cls.model in ("", *names), f"workload.classes.{cls_name}.model", cls.model,
-                    f"no such model; configured: {names}")
+            require(
+                cls.model in ("", *names),
+                f"workload.classes.{cls_name}.model",
+                cls.model,
+                f"no such model; configured: {names}",
+            )
         weights = sum(m.weight_bytes for m in self.models)
         largest_block = max(m.kv_bytes_per_token for m in self.models) * self.kv.block_tokens
         require(
-            self.kv_pool_bytes >= 64 * largest_block, "vram_gb", self.vram_gb,
+            self.kv_pool_bytes >= 64 * largest_block,
+            "vram_gb",
+            self.vram_gb,
             f"cannot hold the model: {weights / GB:.2f} GB of pinned weights plus "
             f"{self.kv.activation_reserve_bytes / GB:.2f} GB activation reserve leave "
             f"{self.kv_pool_bytes / GB:.3f} GB, under 64 KV blocks",
@@ -367,7 +438,7 @@ class RunConfig(SimConfig):
     """Top-level Hydra config: a SimConfig plus what to compare (policies x seeds)."""
 
     section: ClassVar[str] = "run"
-    seeds: int = 1
+    seeds: int = 5  # single-seed comparisons of eviction policies mislead
     compare_policies: list[str] = field(default_factory=list)
     write_requests: bool = True
     jobs: int = 0  # worker processes for the (policy, seed) cells; 0: one per CPU core
@@ -404,7 +475,6 @@ class RunConfig(SimConfig):
 def register_configs() -> None:
     """Register the schema with Hydra's ConfigStore (called once by the entry point)."""
     from hydra.core.config_store import ConfigStore
-
     from omegaconf import OmegaConf
 
     cs = ConfigStore.instance()
@@ -413,9 +483,13 @@ def register_configs() -> None:
     # exactly its own classes instead of adding to the dataclass default.
     node.workload.classes = {}
     cs.store(name="run_schema", node=node)
-    for group, node in (("hardware", HardwareConfig), ("model", ModelConfig),
-                        ("workload", WorkloadConfig), ("batcher", BatcherConfig),
-                        ("policy", PolicyConfig)):
+    for group, node in (
+        ("hardware", HardwareConfig),
+        ("model", ModelConfig),
+        ("workload", WorkloadConfig),
+        ("batcher", BatcherConfig),
+        ("policy", PolicyConfig),
+    ):
         cs.store(group=group, name=f"{group}_schema", node=node)
 
 

@@ -1,8 +1,9 @@
 """Per-request results and run metrics: realized costs (time actually paid), latency and goodput.
 
 TTFT runs from the moment a turn was sent to its first token (a new session's wait for a front-end
-slot is reported apart, as session_wait); TPOT is (finish - first token) / (tokens - 1); a request meets its SLA when both are within
-its class's targets. Goodput counts only completed requests that met their SLA.
+slot is reported apart, as session_wait); TPOT is (finish - first token) / (tokens - 1); a request
+meets its SLA when both are within its class's targets. Goodput counts only completed requests that
+met their SLA.
 """
 
 from __future__ import annotations
@@ -17,36 +18,76 @@ from cachepilot_sim.components.request import KvSource, Outcome, Request
 
 REQUEST_SCHEMA = pl.Schema(
     {
-        "request": pl.Int64, "session": pl.Int64, "turn": pl.Int64, "workload_class": pl.Utf8,
-        "model": pl.Int32, "priority": pl.Int64, "arrival_us": pl.Int64, "admitted_us": pl.Int64,
-        "first_token_us": pl.Int64, "finish_us": pl.Int64, "context_tokens": pl.Int64,
-        "prompt_tokens": pl.Int64, "output_tokens": pl.Int64, "generated": pl.Int64,
-        "outcome": pl.Utf8, "reject_reason": pl.Utf8, "kv_source": pl.Utf8,
-        "reload_us": pl.Int64, "recompute_us": pl.Float64, "preemptions": pl.Int64,
-        "ttft_us": pl.Int64, "tpot_us": pl.Float64, "e2e_us": pl.Int64, "sla_met": pl.Boolean,
+        "request": pl.Int64,
+        "session": pl.Int64,
+        "turn": pl.Int64,
+        "workload_class": pl.Utf8,
+        "model": pl.Int32,
+        "priority": pl.Int64,
+        "arrival_us": pl.Int64,
+        "admitted_us": pl.Int64,
+        "first_token_us": pl.Int64,
+        "finish_us": pl.Int64,
+        "context_tokens": pl.Int64,
+        "prompt_tokens": pl.Int64,
+        "output_tokens": pl.Int64,
+        "generated": pl.Int64,
+        "outcome": pl.Utf8,
+        "reject_reason": pl.Utf8,
+        "kv_source": pl.Utf8,
+        "reload_us": pl.Int64,
+        "recompute_us": pl.Float64,
+        "preemptions": pl.Int64,
+        "ttft_us": pl.Int64,
+        "tpot_us": pl.Float64,
+        "e2e_us": pl.Int64,
+        "sla_met": pl.Boolean,
         "session_wait_us": pl.Int64,
     }
 )
 
 
-def request_frame(requests: Sequence[Request], class_names: Sequence[str],
-                  ttft_slo_us: Sequence[int]) -> pl.DataFrame:
+def request_frame(
+    requests: Sequence[Request], class_names: Sequence[str], ttft_slo_us: Sequence[int]
+) -> pl.DataFrame:
     """One row per request, in issue order."""
     rows: dict[str, list[Any]] = {name: [] for name in REQUEST_SCHEMA.names()}
     for r in requests:
         done = r.outcome == Outcome.COMPLETED
         ttft = r.first_token_us - r.arrival_us if r.first_token_us >= 0 else -1
-        tpot = (r.finish_us - r.first_token_us) / (r.generated - 1) if done and r.generated > 1 else 0.0
+        tpot = (
+            (r.finish_us - r.first_token_us) / (r.generated - 1)
+            if done and r.generated > 1
+            else 0.0
+        )
         values = (
-            r.req_id, r.session_id, r.turn, class_names[r.class_index], r.model_index, r.priority,
-            r.arrival_us, r.admitted_us, r.first_token_us, r.finish_us, r.context_tokens,
-            r.prompt_tokens, r.output_tokens, r.generated, r.outcome.name.lower(), r.reject_reason,
-            KvSource(r.kv_source).name.lower(), r.reload_us_paid, r.recompute_us_paid,
-            r.num_preemptions, ttft, tpot, r.finish_us - r.arrival_us if done else -1,
+            r.req_id,
+            r.session_id,
+            r.turn,
+            class_names[r.class_index],
+            r.model_index,
+            r.priority,
+            r.arrival_us,
+            r.admitted_us,
+            r.first_token_us,
+            r.finish_us,
+            r.context_tokens,
+            r.prompt_tokens,
+            r.output_tokens,
+            r.generated,
+            r.outcome.name.lower(),
+            r.reject_reason,
+            KvSource(r.kv_source).name.lower(),
+            r.reload_us_paid,
+            r.recompute_us_paid,
+            r.num_preemptions,
+            ttft,
+            tpot,
+            r.finish_us - r.arrival_us if done else -1,
             done and ttft <= ttft_slo_us[r.class_index] and tpot <= r.tpot_slo_us,
             r.session_wait_us,
         )
-        for name, value in zip(REQUEST_SCHEMA.names(), values):
+        for name, value in zip(REQUEST_SCHEMA.names(), values, strict=False):
             rows[name].append(value)
     return pl.DataFrame(rows, schema=REQUEST_SCHEMA)
 
@@ -63,10 +104,15 @@ def latency_metrics(frame: pl.DataFrame) -> dict[str, float]:
     e2e = done["e2e_us"].to_numpy() / 1e6
     wait = frame.filter(pl.col("turn") == 0)["session_wait_us"].to_numpy() / 1e6
     return {
-        "ttft_p50_s": _pct(ttft, 50), "ttft_p95_s": _pct(ttft, 95), "ttft_p99_s": _pct(ttft, 99),
-        "tpot_p50_ms": _pct(tpot, 50), "tpot_p95_ms": _pct(tpot, 95),
-        "e2e_p50_s": _pct(e2e, 50), "e2e_p99_s": _pct(e2e, 99),
-        "session_wait_p50_s": _pct(wait, 50), "session_wait_p95_s": _pct(wait, 95),
+        "ttft_p50_s": _pct(ttft, 50),
+        "ttft_p95_s": _pct(ttft, 95),
+        "ttft_p99_s": _pct(ttft, 99),
+        "tpot_p50_ms": _pct(tpot, 50),
+        "tpot_p95_ms": _pct(tpot, 95),
+        "e2e_p50_s": _pct(e2e, 50),
+        "e2e_p99_s": _pct(e2e, 99),
+        "session_wait_p50_s": _pct(wait, 50),
+        "session_wait_p95_s": _pct(wait, 95),
     }
 
 
@@ -75,7 +121,7 @@ def outcome_metrics(frame: pl.DataFrame, duration_us: int) -> dict[str, float | 
     seconds = max(duration_us, 1) / 1e6
     met = done.filter(pl.col("sla_met"))
     sources = done["kv_source"].value_counts()
-    by_source = dict(zip(sources["kv_source"].to_list(), sources["count"].to_list()))
+    by_source = dict(zip(sources["kv_source"].to_list(), sources["count"].to_list(), strict=False))
     return {
         "requests": frame.height,
         "completed": done.height,

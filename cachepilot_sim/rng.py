@@ -26,5 +26,8 @@ class RngStreams:
 def make_streams(seed: int) -> RngStreams:
     """Split `seed` into one Generator per component with `SeedSequence.spawn`."""
     children = np.random.SeedSequence(seed).spawn(len(STREAM_NAMES))
-    gens = {name: np.random.Generator(np.random.PCG64(c)) for name, c in zip(STREAM_NAMES, children)}
+    gens = {
+        name: np.random.Generator(np.random.PCG64(c))
+        for name, c in zip(STREAM_NAMES, children, strict=False)
+    }
     return RngStreams(**gens)

@@ -40,7 +40,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+def _write_atomic(path: Path, write: Callable[[Path], object]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     write(tmp)
@@ -63,7 +63,9 @@ def run_cells(cfg: RunConfig, out_dir: Path | None) -> list[dict[str, Any]]:
     Cells are independent simulations, so running them in parallel changes nothing but wall time.
     """
     policies = cfg.policy_names()
-    sims = [cfg.sim_for(p, seed) for p in policies for seed in range(cfg.seed, cfg.seed + cfg.seeds)]
+    sims = [
+        cfg.sim_for(p, seed) for p in policies for seed in range(cfg.seed, cfg.seed + cfg.seeds)
+    ]
     jobs = min(cfg.jobs or os.cpu_count() or 1, len(sims))
     if jobs <= 1:
         cells = [run_cell(s, out_dir, cfg.write_requests) for s in sims]
@@ -96,8 +98,11 @@ def summarize(cells: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, 
                 continue
             v = np.array([r[key] for r in rows], dtype=np.float64)
             stats[key] = {
-                "mean": float(np.mean(v)), "std": float(np.std(v, ddof=1)) if v.size > 1 else 0.0,
-                "min": float(np.min(v)), "max": float(np.max(v)), "n": int(v.size),
+                "mean": float(np.mean(v)),
+                "std": float(np.std(v, ddof=1)) if v.size > 1 else 0.0,
+                "min": float(np.min(v)),
+                "max": float(np.max(v)),
+                "n": int(v.size),
             }
         out[policy] = stats
     return out
@@ -158,8 +163,10 @@ def run_experiment(cfg: RunConfig, out_dir: Path, console: Console | None = None
                     f"{note}, time x{rc.time_scale:g}")
     title = f"{workload}, {cfg.vram_gb:g} GB VRAM, {cfg.model.name}, {seeds}; mean ± σ [min, max]"
     report = {"title": title, "cells": cells, "summary": summary}
-    _write_atomic(out_dir / "metrics.json",
-                  lambda p: p.write_text(json.dumps(report, indent=1, allow_nan=True)))
+    _write_atomic(
+        out_dir / "metrics.json",
+        lambda p: p.write_text(json.dumps(report, indent=1, allow_nan=True)),
+    )
     _write_atomic(out_dir / "summary.md", lambda p: p.write_text(f"{title}\n\n{markdown(summary)}"))
     (console or Console(width=250)).print(table(summary, title))
     return report

@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import simpy
 
-from cachepilot_sim.clock import ms_to_us, s_to_us
+from cachepilot_sim.clock import SimEnvironment, ms_to_us, s_to_us
 from cachepilot_sim.components.batcher import Batcher
 from cachepilot_sim.components.clients import Clients
 from cachepilot_sim.components.kv_manager import KvManager
@@ -46,11 +45,12 @@ class Simulation:
 
     def __init__(self, cfg: SimConfig, trace_dir: Path | None = None) -> None:
         self.cfg = cfg
-        self.env = simpy.Environment()
+        self.env = SimEnvironment()
         env = self.env
         streams = make_streams(cfg.seed)
-        self.recorder = (TraceRecorder(trace_dir, cfg.trace.chunk_rows) if cfg.trace.enabled
-                         else NullRecorder())
+        self.recorder = (
+            TraceRecorder(trace_dir, cfg.trace.chunk_rows) if cfg.trace.enabled else NullRecorder()
+        )
         fit = compute_fit(cfg.hardware)
         h2d, d2h = transfer_fits(cfg.hardware)
         self.pool = VramPool(cfg)
@@ -107,7 +107,9 @@ class Simulation:
     def metrics(self, frame: pl.DataFrame | None = None) -> dict[str, Any]:
         """Run metrics; `frame` is the per-request table when the caller already built it."""
         frame = self.requests() if frame is None else frame
-        duration = max(self.env.now, 1)
+        # The served span ends with the last answer; clients that were still thinking when the
+        # request budget ran out keep the clock going afterwards without load.
+        duration = max(int(frame["finish_us"].to_numpy().max(initial=0)), 1)
         kv = self.kv.stats
         eng = self.batcher.stats
         out: dict[str, Any] = {"policy": self.cfg.policy.name, "seed": self.cfg.seed}
@@ -124,8 +126,11 @@ class Simulation:
         }
         out |= {k: v for k, v in asdict(kv).items() if k.startswith(("evictions_", "evicted_"))}
         out |= {
-            "hits": kv.hits, "reloads": kv.reloads, "recomputes": kv.recomputes,
-            "preemptions": kv.preemptions, "promoted": self.scheduler.num_promoted,
+            "hits": kv.hits,
+            "reloads": kv.reloads,
+            "recomputes": kv.recomputes,
+            "preemptions": kv.preemptions,
+            "promoted": self.scheduler.num_promoted,
             "sessions": self.clients.num_sessions,
             "vram_kv_util_mean": eng.kv_byte_us / duration / self.pool.capacity_bytes,
             "vram_kv_util_peak": eng.kv_peak_bytes / self.pool.capacity_bytes,

@@ -23,7 +23,9 @@ import simpy
 CASES = {
     "mixed_spike (1000 req x 5 seeds x 3 policies, files written)": [],
     "100k requests (mixed_spike config, perc, 1 seed, files written)": [
-        "workload.num_requests=100000", "seeds=1", "compare_policies=[perc]",
+        "workload.num_requests=100000",
+        "seeds=1",
+        "compare_policies=[perc]",
     ],
 }
 
@@ -54,8 +56,11 @@ def run_case(overrides: list[str]) -> dict[str, float]:
         wall = time.perf_counter() - start
     num_requests = sum(c["requests"] for c in cells)
     return {
-        "runs": len(cells), "simulated_requests": num_requests, "wall_s": wall,
-        "requests_per_wall_s": num_requests / wall, "simpy_events": num_events,
+        "runs": len(cells),
+        "simulated_requests": num_requests,
+        "wall_s": wall,
+        "requests_per_wall_s": num_requests / wall,
+        "simpy_events": num_events,
         "events_per_wall_s": num_events / wall,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
@@ -71,16 +76,26 @@ def main() -> None:
         return
     results = {}
     for name, overrides in CASES.items():
-        proc = subprocess.run([sys.executable, __file__, "--child", *overrides],
-                              capture_output=True, text=True, check=True)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--child", *overrides],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
         r = results[name]
-        print(f"{name}: {r['simulated_requests']} requests in {r['wall_s']:.2f} s = "
-              f"{r['requests_per_wall_s']:,.0f} req/s, {r['events_per_wall_s']:,.0f} SimPy events/s, "
-              f"peak RSS {r['peak_rss_mib']:.0f} MiB")
+        print(
+            f"{name}: {r['simulated_requests']} requests in {r['wall_s']:.2f} s = "
+            f"{r['requests_per_wall_s']:,.0f} req/s, {r['events_per_wall_s']:,.0f} SimPy events/s, "
+            f"peak RSS {r['peak_rss_mib']:.0f} MiB"
+        )
     if args.out:
-        meta = {"date": date.today().isoformat(), "machine": platform.machine(),
-                "python": platform.python_version(), "cpus": __import__("os").cpu_count()}
+        meta = {
+            "date": date.today().isoformat(),
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+            "cpus": __import__("os").cpu_count(),
+        }
         args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
 
 

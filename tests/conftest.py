@@ -23,21 +23,55 @@ SAMPLES_DIR = Path(__file__).resolve().parents[1] / "cachepilot_sim" / "workload
 os.environ["CACHEPILOT_TRACES_DIR"] = str(SAMPLES_DIR)
 
 MIXED = {
-    "chat": dict(share=0.4, prompt_tokens_mean=256, output_tokens_mean=192, tpot_slo_ms=28,
-                 priority=3, turns_mean=5, think_time_mean_s=20),
-    "code": dict(share=0.3, prompt_tokens_mean=512, output_tokens_mean=256, tpot_slo_ms=36,
-                 priority=2, turns_mean=4, think_time_mean_s=30),
-    "summarize": dict(share=0.2, prompt_tokens_mean=1024, output_tokens_mean=128, tpot_slo_ms=25,
-                      ttft_slo_ms=4000, priority=1, turns_mean=2, think_time_mean_s=45),
-    "longctx": dict(share=0.1, prompt_tokens_mean=8192, output_tokens_mean=512, tpot_slo_ms=55,
-                    ttft_slo_ms=10000, priority=0, turns_mean=3, think_time_mean_s=60),
+    "chat": dict(
+        share=0.4,
+        prompt_tokens_mean=256,
+        output_tokens_mean=192,
+        tpot_slo_ms=28,
+        priority=3,
+        turns_mean=5,
+        think_time_mean_s=20,
+    ),
+    "code": dict(
+        share=0.3,
+        prompt_tokens_mean=512,
+        output_tokens_mean=256,
+        tpot_slo_ms=36,
+        priority=2,
+        turns_mean=4,
+        think_time_mean_s=30,
+    ),
+    "summarize": dict(
+        share=0.2,
+        prompt_tokens_mean=1024,
+        output_tokens_mean=128,
+        tpot_slo_ms=25,
+        ttft_slo_ms=4000,
+        priority=1,
+        turns_mean=2,
+        think_time_mean_s=45,
+    ),
+    "longctx": dict(
+        share=0.1,
+        prompt_tokens_mean=8192,
+        output_tokens_mean=512,
+        tpot_slo_ms=55,
+        ttft_slo_ms=10000,
+        priority=0,
+        turns_mean=3,
+        think_time_mean_s=60,
+    ),
 }
 
 
 def make_workload(**overrides: Any) -> WorkloadConfig:
     values: dict[str, Any] = dict(
-        name="mixed", classes={k: WorkloadClass(**v) for k, v in MIXED.items()},
-        num_requests=120, session_rate_per_s=0.5, spike_multiplier=4.0, spike_at_request=40,
+        name="mixed",
+        classes={k: WorkloadClass(**v) for k, v in MIXED.items()},
+        num_requests=120,
+        session_rate_per_s=0.5,
+        spike_multiplier=4.0,
+        spike_at_request=40,
         max_active_sessions=16,
     )
     values.update(overrides)
@@ -47,8 +81,12 @@ def make_workload(**overrides: Any) -> WorkloadConfig:
 def make_sim_config(**overrides: Any) -> SimConfig:
     """A small mixed-spike simulation; keyword overrides replace whole sections or fields."""
     values: dict[str, Any] = dict(
-        seed=0, vram_gb=16.0, workload=make_workload(),
-        model=ModelConfig(max_context_tokens=32768), kv=KVConfig(), policy=PolicyConfig(),
+        seed=0,
+        vram_gb=16.0,
+        workload=make_workload(),
+        model=ModelConfig(max_context_tokens=32768),
+        kv=KVConfig(),
+        policy=PolicyConfig(),
     )
     values.update(overrides)
     return SimConfig(**values)

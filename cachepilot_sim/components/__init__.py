@@ -1,1 +1,1 @@
-"""Serving components, each a SimPy process (or the owner of SimPy resources) on one shared clock."""
+"""Serving components: each a SimPy process, or the owner of SimPy resources, on one clock."""

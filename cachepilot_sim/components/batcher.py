@@ -1,10 +1,10 @@
 """Dynamic batcher: iteration-level continuous batching with chunked prefill (the engine loop).
 
 Each iteration is one SimPy timeout: every decoding sequence produces one token, and prefilling
-sequences take chunks of what is left of the token budget, in admission order. A stretch of pure-decode
-iterations is one timeout too (see `_decode_run`). Per-sequence state lives in one packed NumPy array
-(running sequences in columns 0..n-1, swap-removed when they leave), so an iteration costs a few
-vector operations on views, not a Python loop over sequences or tokens.
+sequences take chunks of what is left of the token budget, in admission order. A stretch of
+pure-decode iterations is one timeout too (see `_decode_run`). Per-sequence state lives in one
+packed NumPy array (running sequences in columns 0..n-1, swap-removed when they leave), so an
+iteration costs a few vector operations on views, not a Python loop over sequences or tokens.
 
 Modes: MAX_THROUGHPUT (large budget), LOW_LATENCY (small budget: short iterations, low TPOT),
 ADAPTIVE (throughput limits while the queue is deep or a queued request's TTFT deadline is within
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from cachepilot_sim.clock import ceil_us, ms_to_us
+from cachepilot_sim.clock import SimEnvironment, ceil_us, ms_to_us
 from cachepilot_sim.components.kv_manager import Admit, KvManager
 from cachepilot_sim.components.request import Outcome, Request
 from cachepilot_sim.components.scheduler import Scheduler
@@ -30,7 +30,8 @@ from cachepilot_sim.trace.recorder import TraceRecorder
 
 # Rows of the packed per-sequence state array.
 CTX, PREFILL_LEFT, DECODE_LEFT, BLOCKS, BLOCK_BYTES, TOKEN_BYTES, MODEL, ORDER, PRIO, GENERATED = (
-    range(10))
+    range(10)
+)
 
 
 @dataclass
@@ -45,8 +46,14 @@ class EngineStats:
 
 class Batcher:
     def __init__(
-        self, env: simpy.Environment, cfg: SimConfig, scheduler: Scheduler, kv: KvManager,
-        fit: ComputeFit, recorder: TraceRecorder, wake: Signal,
+        self,
+        env: SimEnvironment,
+        cfg: SimConfig,
+        scheduler: Scheduler,
+        kv: KvManager,
+        fit: ComputeFit,
+        recorder: TraceRecorder,
+        wake: Signal,
     ) -> None:
         self.env, self.cfg, self.scheduler, self.kv = env, cfg.batcher, scheduler, kv
         self.fit, self.recorder, self.wake = fit, recorder, wake
@@ -118,18 +125,35 @@ class Batcher:
         i = self.n
         self.n += 1
         self.slot_req[i] = req
-        done = req.context_tokens + req.prompt_tokens + (req.generated if req.num_preemptions else 0)
+        done = (
+            req.context_tokens + req.prompt_tokens + (req.generated if req.num_preemptions else 0)
+        )
         m = req.model_index
         self.state[:, i] = (
-            done - req.prefill_tokens, req.prefill_tokens, req.output_tokens - req.generated,
-            self.kv.blocks_for(done), self.kv.block_bytes[m], self.token_bytes[m], m,
-            self._admit_seq, req.priority, req.generated,
+            done - req.prefill_tokens,
+            req.prefill_tokens,
+            req.output_tokens - req.generated,
+            self.kv.blocks_for(done),
+            self.kv.block_bytes[m],
+            self.token_bytes[m],
+            m,
+            self._admit_seq,
+            req.priority,
+            req.generated,
         )
         self._admit_seq += 1
         if req.admitted_us < 0:
             req.admitted_us = self.env.now
-        self.recorder.emit(self.env.now, "batcher", "admit", req.session_id, req.req_id, m,
-                           int(self.blocks[i]), value=req.prefill_tokens)
+        self.recorder.emit(
+            self.env.now,
+            "batcher",
+            "admit",
+            req.session_id,
+            req.req_id,
+            m,
+            int(self.blocks[i]),
+            value=req.prefill_tokens,
+        )
 
     def _remove(self, i: int) -> Request:
         """Swap-remove column i; callers removing several go in descending column order."""
@@ -147,8 +171,15 @@ class Batcher:
     def reject(self, req: Request, reason: str) -> None:
         req.outcome, req.reject_reason = Outcome.REJECTED, reason
         req.finish_us = self.env.now
-        self.recorder.emit(self.env.now, "batcher", "reject", req.session_id, req.req_id,
-                           req.model_index, value=0 if reason == "exceeds_kv_capacity" else 1)
+        self.recorder.emit(
+            self.env.now,
+            "batcher",
+            "reject",
+            req.session_id,
+            req.req_id,
+            req.model_index,
+            value=0 if reason == "exceeds_kv_capacity" else 1,
+        )
         req.done.succeed()
 
     # -- the engine loop ---------------------------------------------------------------------
@@ -201,7 +232,7 @@ class Batcher:
         self._run_id += 1
         run_id = self._run_id
         timer = self.env.timeout(int(ends[-1]))
-        timer.callbacks.append(lambda _: self._run_id == run_id and self.wake.notify())
+        timer.callbacks.append(lambda _: self._end_run(run_id))
         yield self.wake.wait()
         steps = k
         if self.env.now - start < ends[-1]:
@@ -212,6 +243,11 @@ class Batcher:
         self._account(int(ends[steps - 1]), steps)
         self._advance_decode(n, steps, finished=steps == k)
 
+    def _end_run(self, run_id: int) -> None:
+        """Timer callback of a decode run: wake the engine unless that run was already cut short."""
+        if run_id == self._run_id:
+            self.wake.notify()
+
     def _decode_cost(self, n: int) -> tuple[float, float]:
         """(duration of the next pure-decode iteration before rounding, growth per step)."""
         ctx = self.ctx[:n]
@@ -221,8 +257,9 @@ class Batcher:
             first = self._raw_duration_us(idx, idx[:0], idx[:0])
         else:
             f = self.fit
-            first = iteration_us(f, self.weight_bytes[0], n, float(np.dot(ctx, tok)),
-                                 float(ctx.sum()) + 0.5 * n)
+            first = iteration_us(
+                f, self.weight_bytes[0], n, float(np.dot(ctx, tok)), float(ctx.sum()) + 0.5 * n
+            )
         return first, decode_step_slope_us(self.fit, float(tok.sum()), n)
 
     def _reserve_decode_blocks(self, k: int) -> int:
@@ -249,7 +286,9 @@ class Batcher:
         sequences while memory is short; False when nothing is left running."""
         while self.n:
             n = self.n
-            need = (self.prefill_left[:n] == 0) & (self.ctx[:n] >= self.blocks[:n] * self.block_tokens)
+            need = (self.prefill_left[:n] == 0) & (
+                self.ctx[:n] >= self.blocks[:n] * self.block_tokens
+            )
             idx = np.flatnonzero(need)
             if idx.size == 0 or self._grow(idx, np.ones(idx.size, dtype=np.int64)):
                 return True
@@ -257,7 +296,9 @@ class Batcher:
         return False
 
     def _grow(self, idx: np.ndarray, num_blocks: np.ndarray) -> bool:
-        """Ask the KV manager for `num_blocks[j]` more blocks for column `idx[j]`; all or nothing."""
+        """Ask the KV manager for `num_blocks[j]` more blocks for column `idx[j]`; all or
+        nothing.
+        """
         sessions = [self.slot_req[i].session_id for i in idx.tolist()]  # type: ignore[union-attr]
         if not self.kv.grow(sessions, num_blocks.tolist()):
             return False
@@ -295,8 +336,13 @@ class Batcher:
         kv_read = ctx * self.tok_bytes[idx]
         pairs = new * (ctx + new / 2.0)
         if self.num_models == 1:
-            return iteration_us(self.fit, self.weight_bytes[0], float(new.sum()),
-                                float(kv_read.sum()), float(pairs.sum()))
+            return iteration_us(
+                self.fit,
+                self.weight_bytes[0],
+                float(new.sum()),
+                float(kv_read.sum()),
+                float(pairs.sum()),
+            )
         model = self.model[idx]
         m = self.num_models
         tokens = np.bincount(model, weights=new, minlength=m)
@@ -317,8 +363,9 @@ class Batcher:
         st.kv_byte_us += held * duration
         st.kv_peak_bytes = max(st.kv_peak_bytes, held)
         if st.iterations // self.trace_every > before // self.trace_every:
-            self.recorder.emit(self.env.now, "batcher", "iteration", -1, -1, 0, self.n, held,
-                               "gpu", value=duration)
+            self.recorder.emit(
+                self.env.now, "batcher", "iteration", -1, -1, 0, self.n, held, "gpu", value=duration
+            )
 
     def _advance(self, decode: np.ndarray, chunk_idx: np.ndarray, chunks: np.ndarray) -> None:
         now = self.env.now
@@ -340,8 +387,15 @@ class Batcher:
             assert req is not None
             if req.first_token_us < 0:
                 req.first_token_us = now
-                self.recorder.emit(now, "batcher", "first_token", req.session_id, req.req_id,
-                                   req.model_index, value=now - req.arrival_us)
+                self.recorder.emit(
+                    now,
+                    "batcher",
+                    "first_token",
+                    req.session_id,
+                    req.req_id,
+                    req.model_index,
+                    value=now - req.arrival_us,
+                )
         self._finish_done()
 
     def _advance_decode(self, n: int, steps: int, finished: bool) -> None:
@@ -362,6 +416,14 @@ class Batcher:
             req = self._remove(i)
             req.outcome, req.finish_us = Outcome.COMPLETED, self.env.now
             self.kv.finish(req, tokens)
-            self.recorder.emit(self.env.now, "batcher", "finish", req.session_id, req.req_id,
-                               req.model_index, blocks, value=req.generated)
+            self.recorder.emit(
+                self.env.now,
+                "batcher",
+                "finish",
+                req.session_id,
+                req.req_id,
+                req.model_index,
+                blocks,
+                value=req.generated,
+            )
             req.done.succeed()

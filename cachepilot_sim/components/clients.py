@@ -1,10 +1,10 @@
 """Clients: sessions that arrive as a Poisson process and come back for more turns.
 
-A session takes one of `max_active_sessions` slots (the front end's concurrency limit), sends a turn,
-waits for the full answer, thinks, and sends the next turn, whose prompt extends its whole earlier
-context. The arrival rate is multiplied by `spike_multiplier` once `spike_at_request` requests have
-been issued. TTFT counts from the moment a turn is sent; the time a new session waited for a slot
-is recorded separately on its first turn (`session_wait_us`).
+A session takes one of `max_active_sessions` slots (the front end's concurrency limit), sends a
+turn, waits for the full answer, thinks, and sends the next turn, whose prompt extends its whole
+earlier context. The arrival rate is multiplied by `spike_multiplier` once `spike_at_request`
+requests have been issued. TTFT counts from the moment a turn is sent; the time a new session waited
+for a slot is recorded separately on its first turn (`session_wait_us`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Generator
 
 import simpy
 
-from cachepilot_sim.clock import ms_to_us, s_to_us
+from cachepilot_sim.clock import SimEnvironment, ms_to_us, s_to_us
 from cachepilot_sim.components.request import Outcome, Request
 from cachepilot_sim.config import SimConfig
 from cachepilot_sim.rng import RngStreams
@@ -22,7 +22,7 @@ from cachepilot_sim.workloads.synthetic import SessionFactory, SessionSpec
 
 class Clients:
     def __init__(
-        self, env: simpy.Environment, cfg: SimConfig, streams: RngStreams, inbox: simpy.Store
+        self, env: SimEnvironment, cfg: SimConfig, streams: RngStreams, inbox: simpy.Store
     ) -> None:
         self.env = env
         self.wl = cfg.workload
@@ -83,10 +83,17 @@ class Clients:
     def _make_request(self, spec: SessionSpec, turn: int, context: int, sent_us: int) -> Request:
         ci = spec.class_index
         return Request(
-            self.env, req_id=self.num_issued, session_id=spec.session_id, turn=turn,
-            class_index=ci, model_index=spec.model_index,
-            priority=self.factory.classes[ci].priority, arrival_us=sent_us,
-            deadline_us=sent_us + self.ttft_slo_us[ci], tpot_slo_us=self.tpot_slo_us[ci],
-            context_tokens=context, prompt_tokens=int(spec.prompt_tokens[turn]),
+            self.env,
+            req_id=self.num_issued,
+            session_id=spec.session_id,
+            turn=turn,
+            class_index=ci,
+            model_index=spec.model_index,
+            priority=self.factory.classes[ci].priority,
+            arrival_us=sent_us,
+            deadline_us=sent_us + self.ttft_slo_us[ci],
+            tpot_slo_us=self.tpot_slo_us[ci],
+            context_tokens=context,
+            prompt_tokens=int(spec.prompt_tokens[turn]),
             output_tokens=int(spec.output_tokens[turn]),
         )

@@ -2,8 +2,9 @@
 
 A session's KV outlives its turn: when a turn ends the KV stays on the GPU, idle, until the eviction
 policy picks it. A victim goes to the CPU store over PCIe when offload is on and the store has room,
-otherwise it is dropped. A returning session hits (GPU), reloads (CPU) or prefills its context again.
-The KV of a session is on exactly one tier at a time: GPU, CPU, none, or in flight between them.
+otherwise it is dropped. A returning session hits (GPU), reloads (CPU) or prefills its context
+again. The KV of a session is on exactly one tier at a time: GPU, CPU, none, or in flight between
+them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from enum import IntEnum
 
 import simpy
 
+from cachepilot_sim.clock import SimEnvironment
 from cachepilot_sim.components.pcie_link import PcieLink
 from cachepilot_sim.components.request import KvSource, Request
 from cachepilot_sim.components.vram_pool import VramPool
@@ -38,8 +40,13 @@ class Admit(IntEnum):
     REJECT = 3  # can never fit
 
 
-_TIER_NAME = {Tier.GPU: "gpu", Tier.CPU: "cpu", Tier.NONE: "none", Tier.FLIGHT_OUT: "flight",
-              Tier.FLIGHT_IN: "flight"}
+_TIER_NAME = {
+    Tier.GPU: "gpu",
+    Tier.CPU: "cpu",
+    Tier.NONE: "none",
+    Tier.FLIGHT_OUT: "flight",
+    Tier.FLIGHT_IN: "flight",
+}
 
 
 class SessionKV:
@@ -82,8 +89,15 @@ class KvStats:
 
 class KvManager:
     def __init__(
-        self, env: simpy.Environment, cfg: SimConfig, pool: VramPool, link: PcieLink,
-        policy: EvictionPolicy, estimator: GapEstimator, fit: ComputeFit, recorder: TraceRecorder,
+        self,
+        env: SimEnvironment,
+        cfg: SimConfig,
+        pool: VramPool,
+        link: PcieLink,
+        policy: EvictionPolicy,
+        estimator: GapEstimator,
+        fit: ComputeFit,
+        recorder: TraceRecorder,
     ) -> None:
         self.env = env
         self.pool = pool
@@ -118,9 +132,15 @@ class KvManager:
 
     def _new_session(self, req: Request) -> SessionKV:
         entry = CacheEntry(
-            entry_id=self._next_entry_id, session_id=req.session_id, model_index=req.model_index,
-            class_index=req.class_index, priority=req.priority, num_tokens=0, num_bytes=0,
-            created_us=self.env.now, last_used_us=self.env.now,
+            entry_id=self._next_entry_id,
+            session_id=req.session_id,
+            model_index=req.model_index,
+            class_index=req.class_index,
+            priority=req.priority,
+            num_tokens=0,
+            num_bytes=0,
+            created_us=self.env.now,
+            last_used_us=self.env.now,
         )
         self._next_entry_id += 1
         s = SessionKV(entry, self.block_bytes[req.model_index])
@@ -175,8 +195,15 @@ class KvManager:
             req.recompute_us_paid = recompute_us(self.fit, req.context_tokens)
             self.stats.recomputes += 1
             self.stats.realized_recompute_us += req.recompute_us_paid
-            self.recorder.emit(now, "kv", "recompute", req.session_id, req.req_id,
-                               req.model_index, value=int(req.recompute_us_paid))
+            self.recorder.emit(
+                now,
+                "kv",
+                "recompute",
+                req.session_id,
+                req.req_id,
+                req.model_index,
+                value=int(req.recompute_us_paid),
+            )
 
     def _make_room(self, need_bytes: int, exclude: SessionKV | None) -> bool:
         """True when `need_bytes` (plus the watermark, if it can ever fit) are free now."""
@@ -204,8 +231,17 @@ class KvManager:
             old = self.cpu_lru.pop(next(iter(self.cpu_lru)))
             self.cpu_used_bytes -= old.num_bytes
             self.stats.cpu_drops += 1
-            self.recorder.emit(self.env.now, "kv", "evict_drop", old.entry.session_id, -1,
-                               old.entry.model_index, old.num_blocks, old.num_bytes, "cpu")
+            self.recorder.emit(
+                self.env.now,
+                "kv",
+                "evict_drop",
+                old.entry.session_id,
+                -1,
+                old.entry.model_index,
+                old.num_blocks,
+                old.num_bytes,
+                "cpu",
+            )
             old.tier, old.num_blocks = Tier.NONE, 0
         return self.cpu_used_bytes + num_bytes <= self.cpu_capacity_bytes
 
@@ -240,8 +276,18 @@ class KvManager:
     def _drop(self, s: SessionKV, score: float) -> None:
         self.stats.evictions_drop += 1
         self.stats.evicted_bytes_drop += s.num_bytes
-        self.recorder.emit(self.env.now, "kv", "evict_drop", s.entry.session_id, -1,
-                           s.entry.model_index, s.num_blocks, s.num_bytes, "none", score)
+        self.recorder.emit(
+            self.env.now,
+            "kv",
+            "evict_drop",
+            s.entry.session_id,
+            -1,
+            s.entry.model_index,
+            s.num_blocks,
+            s.num_bytes,
+            "none",
+            score,
+        )
         self.pool.release(s.num_bytes)
         s.tier, s.num_blocks = Tier.NONE, 0
 
@@ -249,8 +295,18 @@ class KvManager:
         num_bytes = s.num_bytes
         self.stats.evictions_offload += 1
         self.stats.evicted_bytes_offload += num_bytes
-        self.recorder.emit(self.env.now, "kv", "evict_offload", s.entry.session_id, -1,
-                           s.entry.model_index, s.num_blocks, num_bytes, "flight", score)
+        self.recorder.emit(
+            self.env.now,
+            "kv",
+            "evict_offload",
+            s.entry.session_id,
+            -1,
+            s.entry.model_index,
+            s.num_blocks,
+            num_bytes,
+            "flight",
+            score,
+        )
         self.pool.start_offload(num_bytes)
         self.cpu_used_bytes += num_bytes
         self.stats.cpu_peak_bytes = max(self.stats.cpu_peak_bytes, self.cpu_used_bytes)
@@ -265,8 +321,18 @@ class KvManager:
         self.pending_free_bytes -= num_bytes
         s.tier = Tier.CPU
         self.cpu_lru[s.entry.entry_id] = s
-        self.recorder.emit(self.env.now, "pcie", "offload_done", s.entry.session_id, -1,
-                           s.entry.model_index, s.num_blocks, num_bytes, "cpu", value=duration)
+        self.recorder.emit(
+            self.env.now,
+            "pcie",
+            "offload_done",
+            s.entry.session_id,
+            -1,
+            s.entry.model_index,
+            s.num_blocks,
+            num_bytes,
+            "cpu",
+            value=duration,
+        )
         self._hand_back(s)
         self.on_memory()
 
@@ -278,8 +344,17 @@ class KvManager:
         del self.cpu_lru[s.entry.entry_id]
         s.tier = Tier.FLIGHT_IN
         s.waiting = req
-        self.recorder.emit(self.env.now, "pcie", "reload_start", req.session_id, req.req_id,
-                           req.model_index, s.num_blocks, num_bytes, "flight")
+        self.recorder.emit(
+            self.env.now,
+            "pcie",
+            "reload_start",
+            req.session_id,
+            req.req_id,
+            req.model_index,
+            s.num_blocks,
+            num_bytes,
+            "flight",
+        )
         self.env.process(self._reload(s, req, num_bytes))
         return Admit.WAIT
 
@@ -295,8 +370,18 @@ class KvManager:
         req.reload_us_paid += duration
         self.stats.reloads += 1
         self.stats.realized_reload_us += duration
-        self.recorder.emit(self.env.now, "pcie", "reload_done", req.session_id, req.req_id,
-                           req.model_index, s.num_blocks, num_bytes, "gpu", value=duration)
+        self.recorder.emit(
+            self.env.now,
+            "pcie",
+            "reload_done",
+            req.session_id,
+            req.req_id,
+            req.model_index,
+            s.num_blocks,
+            num_bytes,
+            "gpu",
+            value=duration,
+        )
         self._hand_back(s)
 
     def _hand_back(self, s: SessionKV) -> None:
@@ -312,13 +397,13 @@ class KvManager:
         that does not free enough, and then nothing changes.
         """
         sessions = [self.sessions[sid] for sid in session_ids]
-        num_bytes = sum(s.block_bytes * n for s, n in zip(sessions, num_blocks))
+        num_bytes = sum(s.block_bytes * n for s, n in zip(sessions, num_blocks, strict=False))
         if self.pool.free_bytes < num_bytes:
             self.evict(num_bytes - self.pool.free_bytes, exclude=None, allow_offload=False)
         if self.pool.free_bytes < num_bytes:
             return False
         self.pool.allocate(num_bytes)
-        for s, n in zip(sessions, num_blocks):
+        for s, n in zip(sessions, num_blocks, strict=False):
             s.num_blocks += n
         return True
 
@@ -346,8 +431,18 @@ class KvManager:
         cost = recompute_us(self.fit, num_tokens)
         self.stats.preemptions += 1
         self.stats.preempt_recompute_us += cost
-        self.recorder.emit(self.env.now, "kv", "preempt", req.session_id, req.req_id,
-                           req.model_index, s.num_blocks, s.num_bytes, "none", value=int(cost))
+        self.recorder.emit(
+            self.env.now,
+            "kv",
+            "preempt",
+            req.session_id,
+            req.req_id,
+            req.model_index,
+            s.num_blocks,
+            s.num_bytes,
+            "none",
+            value=int(cost),
+        )
         self.pool.release(s.num_bytes)
         s.tier, s.active, s.num_blocks = Tier.NONE, False, 0
         req.num_preemptions += 1

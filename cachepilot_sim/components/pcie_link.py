@@ -1,7 +1,7 @@
 """The PCIe link to the CPU store: one SimPy resource per direction.
 
-Transfers in one direction queue behind each other (one DMA stream each way); the two directions and the
-GPU's compute run concurrently, as with separate copy engines.
+Transfers in one direction queue behind each other (one DMA stream each way); the two directions and
+the GPU's compute run concurrently, as with separate copy engines.
 """
 
 from __future__ import annotations
@@ -10,14 +10,18 @@ from collections.abc import Generator
 
 import simpy
 
+from cachepilot_sim.clock import SimEnvironment
 from cachepilot_sim.cost import TransferFit, transfer_us
 
 
 class PcieLink:
-    def __init__(self, env: simpy.Environment, h2d: TransferFit, d2h: TransferFit) -> None:
+    def __init__(self, env: SimEnvironment, h2d: TransferFit, d2h: TransferFit) -> None:
         self.env = env
         self.fits = {"h2d": h2d, "d2h": d2h}
-        self.lanes = {"h2d": simpy.Resource(env, capacity=1), "d2h": simpy.Resource(env, capacity=1)}
+        self.lanes = {
+            "h2d": simpy.Resource(env, capacity=1),
+            "d2h": simpy.Resource(env, capacity=1),
+        }
         self.busy_us = {"h2d": 0, "d2h": 0}
         self.bytes_moved = {"h2d": 0, "d2h": 0}
 

@@ -17,8 +17,8 @@ import heapq
 from dataclasses import dataclass
 
 import numpy as np
-import simpy
 
+from cachepilot_sim.clock import SimEnvironment
 from cachepilot_sim.components.kv_manager import Admit, KvManager, KvStats, SessionKV, Tier
 from cachepilot_sim.components.pcie_link import PcieLink
 from cachepilot_sim.components.request import KvSource, Request
@@ -74,7 +74,7 @@ class PrefixKvManager(KvManager):
     """KvManager's interface for the batcher; KV is shared by prefix hash instead of session."""
 
     def __init__(
-        self, env: simpy.Environment, cfg: SimConfig, pool: VramPool, link: PcieLink,
+        self, env: SimEnvironment, cfg: SimConfig, pool: VramPool, link: PcieLink,
         policy: EvictionPolicy, estimator: GapEstimator, fit: ComputeFit, recorder: TraceRecorder,
         workload: ReplayWorkload,
     ) -> None:

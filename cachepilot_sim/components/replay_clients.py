@@ -12,7 +12,7 @@ from collections.abc import Generator
 
 import simpy
 
-from cachepilot_sim.clock import ms_to_us
+from cachepilot_sim.clock import SimEnvironment, ms_to_us
 from cachepilot_sim.components.request import Request
 from cachepilot_sim.config import SimConfig
 from cachepilot_sim.workloads.replay import ReplayWorkload
@@ -20,7 +20,7 @@ from cachepilot_sim.workloads.replay import ReplayWorkload
 
 class ReplayClients:
     def __init__(
-        self, env: simpy.Environment, cfg: SimConfig, workload: ReplayWorkload, inbox: simpy.Store
+        self, env: SimEnvironment, cfg: SimConfig, workload: ReplayWorkload, inbox: simpy.Store
     ) -> None:
         self.env = env
         self.workload = workload

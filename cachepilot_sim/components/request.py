@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-import simpy
+from cachepilot_sim.clock import SimEnvironment
 
 
 class Outcome(IntEnum):
@@ -23,20 +23,53 @@ class KvSource(IntEnum):
 
 
 class Request:
-    """A turn: `context_tokens` of earlier turns (cacheable) + `prompt_tokens` new + `output_tokens`."""
+    """A turn: `context_tokens` of earlier turns (cacheable) + `prompt_tokens` new +
+    `output_tokens`.
+    """
 
     __slots__ = (
-        "req_id", "session_id", "turn", "class_index", "model_index", "priority", "arrival_us",
-        "deadline_us", "tpot_slo_us", "context_tokens", "prompt_tokens", "output_tokens",
-        "admitted_us", "first_token_us", "finish_us", "generated", "outcome", "reject_reason",
-        "kv_source", "reload_us_paid", "recompute_us_paid", "num_preemptions", "done",
-        "prefill_tokens", "session_wait_us",
+        "req_id",
+        "session_id",
+        "turn",
+        "class_index",
+        "model_index",
+        "priority",
+        "arrival_us",
+        "deadline_us",
+        "tpot_slo_us",
+        "context_tokens",
+        "prompt_tokens",
+        "output_tokens",
+        "admitted_us",
+        "first_token_us",
+        "finish_us",
+        "generated",
+        "outcome",
+        "reject_reason",
+        "kv_source",
+        "reload_us_paid",
+        "recompute_us_paid",
+        "num_preemptions",
+        "done",
+        "prefill_tokens",
+        "session_wait_us",
     )
 
     def __init__(
-        self, env: simpy.Environment, req_id: int, session_id: int, turn: int, class_index: int,
-        model_index: int, priority: int, arrival_us: int, deadline_us: int, tpot_slo_us: int,
-        context_tokens: int, prompt_tokens: int, output_tokens: int,
+        self,
+        env: SimEnvironment,
+        req_id: int,
+        session_id: int,
+        turn: int,
+        class_index: int,
+        model_index: int,
+        priority: int,
+        arrival_us: int,
+        deadline_us: int,
+        tpot_slo_us: int,
+        context_tokens: int,
+        prompt_tokens: int,
+        output_tokens: int,
     ) -> None:
         self.req_id = req_id
         self.session_id = session_id

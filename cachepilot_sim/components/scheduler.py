@@ -13,7 +13,7 @@ from collections.abc import Callable, Generator
 
 import simpy
 
-from cachepilot_sim.clock import ms_to_us, s_to_us
+from cachepilot_sim.clock import SimEnvironment, ms_to_us, s_to_us
 from cachepilot_sim.components.request import Request
 from cachepilot_sim.components.signal import Signal
 from cachepilot_sim.config import SchedulerConfig
@@ -22,7 +22,10 @@ from cachepilot_sim.trace.recorder import TraceRecorder
 
 class Scheduler:
     def __init__(
-        self, env: simpy.Environment, cfg: SchedulerConfig, wake_batcher: Signal,
+        self,
+        env: SimEnvironment,
+        cfg: SchedulerConfig,
+        wake_batcher: Signal,
         recorder: TraceRecorder,
     ) -> None:
         self.env = env
@@ -43,8 +46,15 @@ class Scheduler:
         """Process: take arrivals from the inbox Store, queue them, wake the batcher."""
         while True:
             req = yield self.inbox.get()
-            self.recorder.emit(self.env.now, "scheduler", "arrive", req.session_id, req.req_id,
-                               req.model_index, value=req.context_tokens + req.prompt_tokens)
+            self.recorder.emit(
+                self.env.now,
+                "scheduler",
+                "arrive",
+                req.session_id,
+                req.req_id,
+                req.model_index,
+                value=req.context_tokens + req.prompt_tokens,
+            )
             self.on_arrival(req)
             self.push(req)
             self.wake_batcher.notify()
@@ -83,8 +93,11 @@ class Scheduler:
             self.on_timeout(req)
 
     def _expired(self, req: Request) -> bool:
-        return (self.queue_timeout_us > 0 and req.first_token_us < 0
-                and self.env.now - req.arrival_us > self.queue_timeout_us)
+        return (
+            self.queue_timeout_us > 0
+            and req.first_token_us < 0
+            and self.env.now - req.arrival_us > self.queue_timeout_us
+        )
 
     def _peek_once(self) -> Request | None:
         if self._front:
@@ -102,8 +115,10 @@ class Scheduler:
         if self._front and self._front[0] is req:
             self._front.popleft()
             return
-        if self._by_deadline and self._by_deadline[0][1] == req.req_id and (
-            not self._by_priority or self._by_priority[0][2] != req.req_id
+        if (
+            self._by_deadline
+            and self._by_deadline[0][1] == req.req_id
+            and (not self._by_priority or self._by_priority[0][2] != req.req_id)
         ):
             self.num_promoted += 1
         del self._queued[req.req_id]

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import simpy
 
+from cachepilot_sim.clock import SimEnvironment
+
 
 class Signal:
-    def __init__(self, env: simpy.Environment) -> None:
+    def __init__(self, env: SimEnvironment) -> None:
         self.env = env
         self._event = env.event()
 

@@ -10,7 +10,9 @@ from cachepilot_sim.config import SimConfig
 
 
 class VramPool:
-    """Byte accounting of the KV pool; callers convert blocks to bytes with their model's block size."""
+    """Byte accounting of the KV pool; callers convert blocks to bytes with their model's block
+    size.
+    """
 
     def __init__(self, cfg: SimConfig) -> None:
         self.pinned_weight_bytes = sum(m.weight_bytes for m in cfg.models)
@@ -63,5 +65,7 @@ class VramPool:
         self.used_bytes += num_bytes
 
     def conserved(self) -> bool:
-        return (self.free_bytes + self.used_bytes + self.in_flight_bytes == self.capacity_bytes
-                and min(self.free_bytes, self.used_bytes, self.in_flight_bytes) >= 0)
+        return (
+            self.free_bytes + self.used_bytes + self.in_flight_bytes == self.capacity_bytes
+            and min(self.free_bytes, self.used_bytes, self.in_flight_bytes) >= 0
+        )

@@ -1,4 +1,4 @@
-"""Pure cost functions of the serving model; parameters come from a hardware config. No simpy here."""
+"""Pure cost functions of the serving model, parameters from a hardware config. No simpy here."""
 
 from cachepilot_sim.cost.model import (
     ComputeFit,
@@ -8,8 +8,8 @@ from cachepilot_sim.cost.model import (
     iteration_us,
     prefill_us,
     recompute_us,
-    transfer_us,
     transfer_fits,
+    transfer_us,
 )
 
 __all__ = [

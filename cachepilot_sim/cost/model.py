@@ -1,9 +1,10 @@
-"""Time of an engine iteration, a recompute and a PCIe transfer, as pure functions of fitted parameters.
+"""Time of an engine iteration, a recompute and a PCIe transfer, as pure functions of fitted
+parameters.
 
-An iteration reads every served model's weights and the KV of every sequence in the batch from HBM, and
-does dense compute per token plus attention compute per (new token x context token) pair. The additive
-form reproduces the H200 prefill measurements of a Llama-3-8B-shaped model within 1 % from 2k to 32k
-tokens (tests/unit/test_cost_model.py); a transfer is latency + bytes / bandwidth.
+An iteration reads every served model's weights and the KV of every sequence in the batch from HBM,
+and does dense compute per token plus attention compute per (new token x context token) pair. The
+additive form reproduces the H200 prefill measurements of a Llama-3-8B-shaped model within 1 % from
+2k to 32k tokens (tests/unit/test_cost_model.py); a transfer is latency + bytes / bandwidth.
 """
 
 from __future__ import annotations
@@ -33,14 +34,17 @@ class ComputeFit:
 
 
 def compute_fit(hw: HardwareConfig) -> ComputeFit:
-    return ComputeFit(hw.hbm_bytes_per_us, hw.prefill_token_us, hw.attention_token2_us,
-                      hw.step_overhead_us)
+    return ComputeFit(
+        hw.hbm_bytes_per_us, hw.prefill_token_us, hw.attention_token2_us, hw.step_overhead_us
+    )
 
 
 def transfer_fits(hw: HardwareConfig) -> tuple[TransferFit, TransferFit]:
     """(host-to-device, device-to-host) fits."""
-    return (TransferFit(hw.pcie_h2d_latency_us, hw.pcie_h2d_bytes_per_us),
-            TransferFit(hw.pcie_d2h_latency_us, hw.pcie_d2h_bytes_per_us))
+    return (
+        TransferFit(hw.pcie_h2d_latency_us, hw.pcie_h2d_bytes_per_us),
+        TransferFit(hw.pcie_d2h_latency_us, hw.pcie_d2h_bytes_per_us),
+    )
 
 
 def transfer_us(fit: TransferFit, num_bytes: int) -> int:
@@ -51,8 +55,9 @@ def transfer_us(fit: TransferFit, num_bytes: int) -> int:
 def recompute_us(fit: ComputeFit, num_tokens: int) -> float:
     """Marginal compute to rebuild the KV of `num_tokens` context tokens inside a batch.
 
-    Dense work is linear; attention over the growing prefix adds n^2/2 token pairs, so recompute is
-    superlinear in context length. Weight reads are shared with the rest of the batch and not charged.
+    Dense work is linear; attention over the growing prefix adds n^2/2 token pairs, so recompute
+    is superlinear in context length. Weight reads are shared with the rest of the batch and not
+    charged.
     """
     if num_tokens <= 0:
         return 0.0
@@ -60,8 +65,10 @@ def recompute_us(fit: ComputeFit, num_tokens: int) -> float:
     return fit.prefill_token_us * n + fit.attention_token2_us * n * n / 2.0
 
 
-def prefill_us(fit: ComputeFit, weight_bytes: int, new_tokens: int, context_tokens: int = 0) -> float:
-    """Standalone prefill of `new_tokens` on top of `context_tokens` already cached (one sequence)."""
+def prefill_us(
+    fit: ComputeFit, weight_bytes: int, new_tokens: int, context_tokens: int = 0
+) -> float:
+    """Standalone prefill of `new_tokens` on top of `context_tokens` cached (one sequence)."""
     n, c = float(new_tokens), float(context_tokens)
     return iteration_us(fit, weight_bytes, n, c * 0.0, n * (c + n / 2.0))
 

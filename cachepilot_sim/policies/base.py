@@ -18,8 +18,8 @@ from cachepilot_sim.policies.reuse import GapEstimator
 class CacheEntry:
     """A session's cached KV on the GPU, as a policy sees it.
 
-    restore_us is the cheaper way back if this entry is evicted now: reload over PCIe when a CPU copy
-    will exist, else recompute; the KV manager fills it in just before a decision.
+    restore_us is the cheaper way back if this entry is evicted now: reload over PCIe when a CPU
+    copy will exist, else recompute; the KV manager fills it in just before a decision.
     """
 
     entry_id: int

@@ -1,8 +1,8 @@
 """PERC: evict the KV whose expected restore cost per byte over the next delta is lowest.
 
-score = P(resume within delta) x restore_cost / bytes, P = 1 - exp(-lambda delta), lambda learned per
-session (policies/reuse.py). Greedy by this ratio is optimal only for the fractional relaxation of the
-choose-victims knapsack, not for whole-session (0/1) eviction; see docs/architecture.md.
+score = P(resume within delta) x restore_cost / bytes, P = 1 - exp(-lambda delta), lambda learned
+per session (policies/reuse.py). Greedy by this ratio is optimal only for the fractional relaxation
+of the choose-victims knapsack, not for whole-session (0/1) eviction; see docs/architecture.md.
 """
 
 from __future__ import annotations

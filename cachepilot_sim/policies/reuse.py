@@ -1,9 +1,10 @@
-"""Online estimate of when an idle session comes back: per-session EMA of idle gaps, population prior.
+"""Online estimate of when an idle session comes back: per-session EMA of idle gaps, population
+prior.
 
 The gap of a session is the time its KV sat idle between the end of one turn and the arrival of the
 next (the user's think time plus client delays). A session with no history uses the population EMA.
-The current idle time is a lower bound on the gap now in progress, so the rate used for a decision is
-1 / max(estimated gap, idle so far): a session idle far past its usual gap is treated as dormant.
+The current idle time is a lower bound on the gap now in progress, so the rate used for a decision
+is 1 / max(estimated gap, idle so far): a session idle far past its usual gap is treated as dormant.
 """
 
 from __future__ import annotations
@@ -40,9 +41,7 @@ class GapEstimator:
         """P(resume within delta) = 1 - exp(-lambda * delta), lambda = 1 / gap."""
         return -math.expm1(-self.delta_us / self.gap_us(entry, now_us))
 
-    def resume_probabilities(
-        self, gap_ema_us: np.ndarray, idle_us: np.ndarray
-    ) -> np.ndarray:
+    def resume_probabilities(self, gap_ema_us: np.ndarray, idle_us: np.ndarray) -> np.ndarray:
         """Vectorised `resume_probability` over many candidates."""
         base = np.where(gap_ema_us >= 0, gap_ema_us, self.population_gap_us)
         gap = np.maximum(np.maximum(base, idle_us), 1.0)

@@ -1,7 +1,7 @@
 """Collects trace rows in column lists and hands them to polars in chunks.
 
-With an output directory the chunks become numbered Parquet part files, so a long run never holds its
-whole trace in memory; without one they stay in memory (tests, notebooks on tiny runs).
+With an output directory the chunks become numbered Parquet part files, so a long run never holds
+its whole trace in memory; without one they stay in memory (tests, notebooks on tiny runs).
 """
 
 from __future__ import annotations
@@ -25,9 +25,18 @@ class TraceRecorder:
         self.num_rows = 0
 
     def emit(
-        self, t_us: int, component: str, kind: str, session: int = -1, request: int = -1,
-        model: int = 0, blocks: int = 0, num_bytes: int = 0, tier: str = "none",
-        score: float = float("nan"), value: int = 0,
+        self,
+        t_us: int,
+        component: str,
+        kind: str,
+        session: int = -1,
+        request: int = -1,
+        model: int = 0,
+        blocks: int = 0,
+        num_bytes: int = 0,
+        tier: str = "none",
+        score: float = float("nan"),
+        value: int = 0,
     ) -> None:
         c = self._cols
         c[0].append(t_us)
@@ -49,7 +58,9 @@ class TraceRecorder:
     def flush(self) -> None:
         if not self._cols[0]:
             return
-        frame = pl.DataFrame(dict(zip(TRACE_SCHEMA.names(), self._cols)), schema=TRACE_SCHEMA)
+        frame = pl.DataFrame(
+            dict(zip(TRACE_SCHEMA.names(), self._cols, strict=False)), schema=TRACE_SCHEMA
+        )
         self._cols = [[] for _ in TRACE_SCHEMA]
         if self.out_dir is None:
             self._chunks.append(frame)

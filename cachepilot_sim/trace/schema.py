@@ -1,6 +1,7 @@
 """The one definition of the event trace: one row per simulator event, ordered by (t_us, seq).
 
-Writers pass `schema=TRACE_SCHEMA`; Parquet export, notebooks and docs read column meaning from here.
+Writers pass `schema=TRACE_SCHEMA`; Parquet export, notebooks and docs read column meaning from
+here.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ TIERS = ("gpu", "cpu", "none", "flight")
 REJECT_REASONS = ("exceeds_kv_capacity", "queue_timeout")
 
 TRACE_SCHEMA = pl.Schema(
-    {
+    {  # type: ignore[arg-type]
         "t_us": pl.Int64,  # simulated time, integer microseconds
         "seq": pl.Int64,  # global event counter: orders rows that share t_us
         "component": pl.Enum(COMPONENTS),
@@ -36,7 +37,7 @@ TRACE_SCHEMA = pl.Schema(
         "session": pl.Int64,  # -1 when not about one session
         "request": pl.Int64,  # -1 when not about one request
         "model": pl.Int32,
-        "blocks": pl.Int64,  # KV blocks concerned (iteration: tokens in the batch)
+        "blocks": pl.Int64,  # KV blocks concerned (iteration: sequences in the batch)
         "bytes": pl.Int64,  # bytes concerned (iteration: KV pool bytes used + in flight)
         "tier": pl.Enum(TIERS),
         "score": pl.Float64,  # the policy's eviction key head where one was taken; NaN otherwise

@@ -1,4 +1,5 @@
-"""Synthetic returning sessions: a class mix, log-normal lengths and think times, geometric turn counts.
+"""Synthetic returning sessions: a class mix, log-normal lengths and think times, geometric turn
+counts.
 
 Every random quantity of session i is drawn when session i is created, and sessions are created in
 arrival order, so two policies run on one seed face identical sessions (common random numbers).
@@ -18,7 +19,7 @@ from cachepilot_sim.rng import RngStreams
 
 @dataclass(frozen=True, slots=True)
 class SessionSpec:
-    """All turns of one session, drawn up front. Turn k's prompt extends the whole earlier context."""
+    """All turns of one session, drawn up front; turn k's prompt extends the earlier context."""
 
     session_id: int
     class_index: int
@@ -61,10 +62,14 @@ class SessionFactory:
         ci = min(ci, len(self.classes) - 1)
         cls = self.classes[ci]
         turns = int(s.sessions.geometric(1.0 / cls.turns_mean))
-        prompt = np.maximum(1, np.rint(
-            _lognormal(s.lengths, cls.prompt_tokens_mean, cls.prompt_tokens_sigma, turns)))
-        output = np.maximum(1, np.rint(
-            _lognormal(s.lengths, cls.output_tokens_mean, cls.output_tokens_sigma, turns)))
+        prompt = np.maximum(
+            1,
+            np.rint(_lognormal(s.lengths, cls.prompt_tokens_mean, cls.prompt_tokens_sigma, turns)),
+        )
+        output = np.maximum(
+            1,
+            np.rint(_lognormal(s.lengths, cls.output_tokens_mean, cls.output_tokens_sigma, turns)),
+        )
         think = _lognormal(s.think_times, cls.think_time_mean_s, cls.think_time_sigma, turns)
         prompt_i = prompt.astype(np.int64)
         output_i = output.astype(np.int64)
@@ -74,5 +79,6 @@ class SessionFactory:
         if total[0] > self.max_context[ci]:
             prompt_i[0] = max(1, self.max_context[ci] - output_i[0])
         think_us = np.fromiter((s_to_us(t) for t in think[:keep]), dtype=np.int64, count=keep)
-        return SessionSpec(sid, ci, self.model_of_class[ci], prompt_i[:keep], output_i[:keep],
-                           think_us)
+        return SessionSpec(
+            sid, ci, self.model_of_class[ci], prompt_i[:keep], output_i[:keep], think_us
+        )

@@ -6,11 +6,11 @@ the tier indexes agree with it; pinned weights never change; CPU bytes match CPU
 
 from __future__ import annotations
 
-import simpy
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from cachepilot_sim.clock import SimEnvironment
 from cachepilot_sim.components.kv_manager import Admit, KvManager, Tier
 from cachepilot_sim.components.pcie_link import PcieLink
 from cachepilot_sim.components.request import Request
@@ -29,17 +29,25 @@ class KvMachine(RuleBasedStateMachine):
         super().__init__()
         model = ModelConfig(weight_bytes=1_000_000_000, num_layers=4, max_context_tokens=4096)
         block = model.kv_bytes_per_token * 16
-        kv = KVConfig(activation_reserve_bytes=0, cpu_store_bytes=40 * block,
-                      watermark_fraction=0.05)
+        kv = KVConfig(
+            activation_reserve_bytes=0, cpu_store_bytes=40 * block, watermark_fraction=0.05
+        )
         cfg = make_sim_config(model=model, kv=kv, vram_gb=(1e9 + 100 * block) / 1e9)
-        self.env = simpy.Environment()
+        self.env = SimEnvironment()
         self.pool = VramPool(cfg)
         self.weights = self.pool.pinned_weight_bytes
         h2d, d2h = transfer_fits(cfg.hardware)
         est = GapEstimator(0.3, 20e6, 30e6)
-        self.kv = KvManager(self.env, cfg, self.pool, PcieLink(self.env, h2d, d2h),
-                            make_policy(PolicyConfig(name="perc"), est), est,
-                            compute_fit(cfg.hardware), TraceRecorder())
+        self.kv = KvManager(
+            self.env,
+            cfg,
+            self.pool,
+            PcieLink(self.env, h2d, d2h),
+            make_policy(PolicyConfig(name="perc"), est),
+            est,
+            compute_fit(cfg.hardware),
+            TraceRecorder(),
+        )
         self.handed_back: list[Request] = []
         self.kv.on_ready = self.handed_back.append
         self.running: dict[int, tuple[Request, int, int]] = {}  # session -> (req, tokens, blocks)
@@ -50,8 +58,21 @@ class KvMachine(RuleBasedStateMachine):
 
     def _request(self, sid: int, prompt: int) -> Request:
         self.next_req += 1
-        return Request(self.env, self.next_req, sid, self.turns[sid], 0, 0, 1, self.env.now,
-                       self.env.now + 1, 1, self.context[sid], prompt, 8)
+        return Request(
+            self.env,
+            self.next_req,
+            sid,
+            self.turns[sid],
+            0,
+            0,
+            1,
+            self.env.now,
+            self.env.now + 1,
+            1,
+            self.context[sid],
+            prompt,
+            8,
+        )
 
     def _admit(self, req: Request) -> None:
         result = self.kv.admit(req)

@@ -25,24 +25,36 @@ def perc(delta_s: float = 30.0) -> PercPolicy:
     return policy
 
 
-def entry(entry_id: int, gap: float, idle: int, tokens: int = 1024,
-          restore: float | None = None) -> CacheEntry:
+def entry(
+    entry_id: int, gap: float, idle: int, tokens: int = 1024, restore: float | None = None
+) -> CacheEntry:
     return CacheEntry(
-        entry_id=entry_id, session_id=entry_id, model_index=0, class_index=0, priority=0,
-        num_tokens=tokens, num_bytes=tokens * BYTES_PER_TOKEN, created_us=0,
-        last_used_us=NOW - idle, gap_ema_us=gap,
+        entry_id=entry_id,
+        session_id=entry_id,
+        model_index=0,
+        class_index=0,
+        priority=0,
+        num_tokens=tokens,
+        num_bytes=tokens * BYTES_PER_TOKEN,
+        created_us=0,
+        last_used_us=NOW - idle,
+        gap_ema_us=gap,
         restore_us=recompute_us(FIT, tokens) if restore is None else restore,
     )
 
 
 @given(gaps, gaps, idles, st.floats(min_value=1, max_value=600))
-def test_higher_reuse_rate_never_ranks_earlier(gap_a: float, gap_b: float, idle: int,
-                                               delta_s: float) -> None:
+def test_higher_reuse_rate_never_ranks_earlier(
+    gap_a: float, gap_b: float, idle: int, delta_s: float
+) -> None:
     """Equal bytes, restore cost and idle time: the session that returns more often (shorter gap,
     higher lambda) is never evicted before the other."""
     p = perc(delta_s)
-    frequent, rare = (entry(0, gap_a, idle), entry(1, gap_b, idle)) if gap_a <= gap_b else (
-        entry(0, gap_b, idle), entry(1, gap_a, idle))
+    frequent, rare = (
+        (entry(0, gap_a, idle), entry(1, gap_b, idle))
+        if gap_a <= gap_b
+        else (entry(0, gap_b, idle), entry(1, gap_a, idle))
+    )
     assert p.score(frequent, NOW) >= p.score(rare, NOW)
 
 
@@ -54,7 +66,8 @@ def test_longer_context_is_never_cheaper_per_byte_under_recompute(
     p = perc()
     short, long_ = sorted((n1, n2))
     assert p.score(entry(0, gap, idle, short), NOW) <= p.score(entry(1, gap, idle, long_), NOW) * (
-        1 + 1e-12)
+        1 + 1e-12
+    )
 
 
 @given(gaps, idles, idles)
@@ -65,8 +78,10 @@ def test_dormant_session_is_evicted_no_later_than_active_one(gap: float, i1: int
     assert p.score(entry(1, gap, dormant_idle), NOW) <= p.score(entry(0, gap, active_idle), NOW)
 
 
-@given(st.lists(st.tuples(gaps, idles, st.integers(1, 65536)), min_size=1, max_size=80),
-       st.randoms(use_true_random=False))
+@given(
+    st.lists(st.tuples(gaps, idles, st.integers(1, 65536)), min_size=1, max_size=80),
+    st.randoms(use_true_random=False),
+)
 def test_order_is_total_stable_and_independent_of_input_order(rows, rnd) -> None:  # noqa: ANN001
     p = perc()
     entries = [entry(i, g, idle, n) for i, (g, idle, n) in enumerate(rows)]

@@ -13,10 +13,10 @@ import json
 import tempfile
 from pathlib import Path
 
-import simpy
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from cachepilot_sim.clock import SimEnvironment
 from cachepilot_sim.components.kv_manager import Admit, Tier
 from cachepilot_sim.components.pcie_link import PcieLink
 from cachepilot_sim.components.prefix_cache import PrefixKvManager
@@ -76,7 +76,7 @@ def make_kv(chains: list[list[int]], policy: str, cap: int, folder: Path,
     )
     sim = build(cfg)
     assert sim.replay is not None
-    env = simpy.Environment()
+    env = SimEnvironment()
     manager = OffloadingPrefixKvManager if cpu_blocks >= 0 else PrefixKvManager
     return manager(env, cfg, VramPool(cfg), PcieLink(env, *transfer_fits(cfg.hardware)),
                    sim.policy, sim.estimator, compute_fit(cfg.hardware), NullRecorder(),

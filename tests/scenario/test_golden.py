@@ -15,8 +15,18 @@ from cachepilot_sim.sim import build
 from tests.conftest import make_sim_config, make_workload
 
 GOLDEN = Path(__file__).parents[1] / "data" / "golden_tiny_requests.csv"
-COLUMNS = ["request", "session", "turn", "workload_class", "arrival_us", "first_token_us",
-           "finish_us", "kv_source", "reload_us", "preemptions"]
+COLUMNS = [
+    "request",
+    "session",
+    "turn",
+    "workload_class",
+    "arrival_us",
+    "first_token_us",
+    "finish_us",
+    "kv_source",
+    "reload_us",
+    "preemptions",
+]
 
 
 def tiny_run(policy: str) -> pl.DataFrame:

@@ -14,8 +14,12 @@ from cachepilot_sim.kernels import fit
 
 REPO = Path(__file__).resolve().parents[2]
 CALIBRATION = REPO / "experiments" / "calibration"
-TRUE = {"step_overhead_us": 900.0, "hbm_bytes_per_us": 3.9e6, "prefill_token_us": 27.0,
-        "attention_token2_us": 1.0e-3}
+TRUE = {
+    "step_overhead_us": 900.0,
+    "hbm_bytes_per_us": 3.9e6,
+    "prefill_token_us": 27.0,
+    "attention_token2_us": 1.0e-3,
+}
 
 
 def make_raw(**overrides: Any) -> dict[str, Any]:
@@ -24,21 +28,39 @@ def make_raw(**overrides: Any) -> dict[str, Any]:
     p = {**TRUE, **overrides}
 
     def it(n_tok: float, kv_read: float, pairs: float) -> float:
-        return (p["step_overhead_us"] + (w + kv_read) / p["hbm_bytes_per_us"]
-                + p["prefill_token_us"] * n_tok + p["attention_token2_us"] * pairs)
+        return (
+            p["step_overhead_us"]
+            + (w + kv_read) / p["hbm_bytes_per_us"]
+            + p["prefill_token_us"] * n_tok
+            + p["attention_token2_us"] * pairs
+        )
 
-    prefill = [{"num_tokens": n, "median_us": it(n, 0.0, n * n / 2)}
-               for n in (128, 1024, 8192, 32768)]
-    decode = [{"batch_size": b, "context_tokens": c,
-               "median_us": it(b, b * (c + 1) * kv, b * (c + 0.5))}
-              for b, c in ((1, 512), (8, 8192), (64, 2048), (128, 512))]
-    pcie = {d: [{"path": fit.PCIE_PATH, "bytes": n, "median_us": 12.0 + n / 52e3}
-                for n in (2 << 20, 8 << 20, 128 << 20, 2 << 30)] for d in ("h2d", "d2h")}
-    quant = [{"variant": fit.QUANT_VARIANT, "bytes": n, "median_us": n / 4.0e6}
-             for n in (50e6, 3.2e9)]
-    return {"date": "2026-11-29", "environment": {"device": "NVIDIA H200"},
-            "model": {"weight_bytes": w, "kv_bytes_per_token": kv}, "prefill": prefill,
-            "decode": decode, "pcie": pcie, "quantize": quant}
+    prefill = [
+        {"num_tokens": n, "median_us": it(n, 0.0, n * n / 2)} for n in (128, 1024, 8192, 32768)
+    ]
+    decode = [
+        {"batch_size": b, "context_tokens": c, "median_us": it(b, b * (c + 1) * kv, b * (c + 0.5))}
+        for b, c in ((1, 512), (8, 8192), (64, 2048), (128, 512))
+    ]
+    pcie = {
+        d: [
+            {"path": fit.PCIE_PATH, "bytes": n, "median_us": 12.0 + n / 52e3}
+            for n in (2 << 20, 8 << 20, 128 << 20, 2 << 30)
+        ]
+        for d in ("h2d", "d2h")
+    }
+    quant = [
+        {"variant": fit.QUANT_VARIANT, "bytes": n, "median_us": n / 4.0e6} for n in (50e6, 3.2e9)
+    ]
+    return {
+        "date": "2026-11-29",
+        "environment": {"device": "NVIDIA H200"},
+        "model": {"weight_bytes": w, "kv_bytes_per_token": kv},
+        "prefill": prefill,
+        "decode": decode,
+        "pcie": pcie,
+        "quantize": quant,
+    }
 
 
 def test_fit_recovers_parameters_of_exact_synthetic_measurements() -> None:

@@ -14,8 +14,9 @@ from cachepilot_sim.kernels.llama_shape import (  # noqa: E402
     num_splits,
 )
 
-TINY = LlamaShape(num_layers=2, hidden=64, num_heads=8, num_kv_heads=2, head_dim=8,
-                  intermediate=128, vocab=100)
+TINY = LlamaShape(
+    num_layers=2, hidden=64, num_heads=8, num_kv_heads=2, head_dim=8, intermediate=128, vocab=100
+)
 
 
 @pytest.mark.parametrize(("rows", "context"), [(1, 8192), (16, 2048), (300, 512), (2, 1000)])

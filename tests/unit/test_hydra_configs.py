@@ -38,10 +38,17 @@ def test_mixed_spike_matches_the_seed_scenario() -> None:
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_runs_at_tiny_size(experiment: str, tmp_path: Path) -> None:
-    cfg = to_config(compose_run([
-        f"+experiment={experiment}", "workload.num_requests=25", "seeds=1",
-        "workload.max_active_sessions=6", "replay.limit=25",
-    ]))
+    cfg = to_config(
+        compose_run(
+            [
+                f"+experiment={experiment}",
+                "workload.num_requests=25",
+                "seeds=1",
+                "workload.max_active_sessions=6",
+                "replay.limit=25",
+            ]
+        )
+    )
     report = run_experiment(cfg, tmp_path)
     assert {c["policy"] for c in report["cells"]} == set(cfg.policy_names())
     for cell in report["cells"]:
@@ -49,12 +56,19 @@ def test_every_experiment_runs_at_tiny_size(experiment: str, tmp_path: Path) -> 
     assert (tmp_path / "metrics.json").exists() and (tmp_path / "summary.md").exists()
 
 
+def run_cli(*overrides: str) -> subprocess.CompletedProcess[str]:
+    """`python -m cachepilot_sim <overrides>` as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "cachepilot_sim", *overrides],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 def test_cli_writes_metrics_and_requests(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "cachepilot_sim", "+experiment=smoke", f"hydra.run.dir={out}"],
-        capture_output=True, text=True, timeout=300,
-    )
+    proc = run_cli("+experiment=smoke", f"hydra.run.dir={out}")
     assert proc.returncode == 0, proc.stderr
     report = json.loads((out / "metrics.json").read_text())
     assert set(report["summary"]) == {"perc", "lru", "priority"}
@@ -63,21 +77,13 @@ def test_cli_writes_metrics_and_requests(tmp_path: Path) -> None:
 
 
 def test_cli_rejects_negative_capacity_naming_the_key(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "cachepilot_sim", "+experiment=smoke", "kv.cpu_store_bytes=-5",
-         f"hydra.run.dir={tmp_path}"],
-        capture_output=True, text=True, timeout=300,
-    )
+    proc = run_cli("+experiment=smoke", "kv.cpu_store_bytes=-5", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 2
     assert "kv.cpu_store_bytes" in proc.stderr and "-5" in proc.stderr
     assert not (tmp_path / "metrics.json").exists()
 
 
 def test_cli_rejects_unknown_policy(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "cachepilot_sim", "policy.name=belady2",
-         f"hydra.run.dir={tmp_path}"],
-        capture_output=True, text=True, timeout=300,
-    )
+    proc = run_cli("policy.name=belady2", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 2
     assert "belady2" in proc.stderr and "known" in proc.stderr

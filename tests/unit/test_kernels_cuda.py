@@ -23,8 +23,16 @@ def test_every_cu_file_is_listed_for_loading() -> None:
 @pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH: cannot compile the CUDA sources")
 @pytest.mark.parametrize("source", CUDA_SOURCES)
 def test_cu_file_compiles_for_sm90_without_spills(source: str, tmp_path: Path) -> None:
-    cmd = [str(NVCC), "-arch=sm_90", "-Xptxas", "-v", "-cubin", "-o",
-           str(tmp_path / "k.cubin"), str(KERNEL_DIR / source)]
+    cmd = [
+        str(NVCC),
+        "-arch=sm_90",
+        "-Xptxas",
+        "-v",
+        "-cubin",
+        "-o",
+        str(tmp_path / "k.cubin"),
+        str(KERNEL_DIR / source),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = proc.stderr

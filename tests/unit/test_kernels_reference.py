@@ -47,10 +47,12 @@ def test_bf16_rounding_matches_torch() -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), fmt=st.sampled_from(list(QuantFormat)),
-       per_token=st.booleans())
-def test_dequantized_values_stay_within_documented_bound(seed: int, fmt: QuantFormat,
-                                                         per_token: bool) -> None:
+@given(
+    seed=st.integers(0, 2**32 - 1), fmt=st.sampled_from(list(QuantFormat)), per_token=st.booleans()
+)
+def test_dequantized_values_stay_within_documented_bound(
+    seed: int, fmt: QuantFormat, per_token: bool
+) -> None:
     bits = random_halves(np.random.default_rng(seed), (24, 64), HalfFormat.BF16)
     x = half_to_f32(bits, HalfFormat.BF16)
     codes, scales = ref.quantize_halves(bits, HalfFormat.BF16, fmt, per_token)
@@ -94,8 +96,9 @@ def test_fused_swap_out_equals_swap_then_quantize() -> None:
     ref.swap_out(case.layers, case.device_ids, case.host_ids, pool)
     codes = np.zeros(TINY.host_pool_shape(case.num_host_blocks), np.uint8)
     scales = np.zeros(TINY.host_scales_shape(case.num_host_blocks), np.float32)
-    ref.swap_out_quant(case.layers, case.device_ids, case.host_ids, HalfFormat.FP16,
-                       QuantFormat.FP8, codes, scales)
+    ref.swap_out_quant(
+        case.layers, case.device_ids, case.host_ids, HalfFormat.FP16, QuantFormat.FP8, codes, scales
+    )
     rows = pool[case.host_ids].reshape(-1, TINY.row_len)
     want_codes, want_scales = ref.quantize_halves(rows, HalfFormat.FP16, QuantFormat.FP8)
     assert np.array_equal(codes[case.host_ids].reshape(-1, TINY.row_len), want_codes)

@@ -9,9 +9,18 @@ from cachepilot_sim.policies.base import RankingPolicy
 
 def make_entry(entry_id: int, **overrides: object) -> CacheEntry:
     values: dict[str, object] = dict(
-        entry_id=entry_id, session_id=entry_id, model_index=0, class_index=0, priority=1,
-        num_tokens=1024, num_bytes=1024 * 131072, created_us=0, last_used_us=0,
-        recompute_us=30_000.0, reload_us=2_500.0, restore_us=2_500.0,
+        entry_id=entry_id,
+        session_id=entry_id,
+        model_index=0,
+        class_index=0,
+        priority=1,
+        num_tokens=1024,
+        num_bytes=1024 * 131072,
+        created_us=0,
+        last_used_us=0,
+        recompute_us=30_000.0,
+        reload_us=2_500.0,
+        restore_us=2_500.0,
     )
     values.update(overrides)
     return CacheEntry(**values)  # type: ignore[arg-type]
@@ -39,8 +48,11 @@ def test_duplicate_registration_is_an_error() -> None:
 
 def test_lru_evicts_least_recently_used_first() -> None:
     lru = make("lru")
-    entries = [make_entry(0, last_used_us=50), make_entry(1, last_used_us=10),
-               make_entry(2, last_used_us=30)]
+    entries = [
+        make_entry(0, last_used_us=50),
+        make_entry(1, last_used_us=10),
+        make_entry(2, last_used_us=30),
+    ]
     victims = lru.select_victims(entries, bytes_needed=1, now_us=100)
     assert [v.entry_id for v in victims] == [1]
     assert [e.entry_id for e in lru.order(entries, 100)] == [1, 2, 0]
@@ -48,8 +60,11 @@ def test_lru_evicts_least_recently_used_first() -> None:
 
 def test_priority_evicts_lowest_priority_then_lru() -> None:
     prio = make("priority")
-    entries = [make_entry(0, priority=2, last_used_us=1), make_entry(1, priority=0, last_used_us=9),
-               make_entry(2, priority=0, last_used_us=5)]
+    entries = [
+        make_entry(0, priority=2, last_used_us=1),
+        make_entry(1, priority=0, last_used_us=9),
+        make_entry(2, priority=0, last_used_us=5),
+    ]
     assert [e.entry_id for e in prio.order(entries, 100)] == [2, 1, 0]
 
 
@@ -77,9 +92,16 @@ def test_perc_prefers_evicting_cheap_to_restore_bytes() -> None:
 
 def test_perc_vectorised_order_equals_scalar_keys() -> None:
     perc = make("perc")
-    entries = [make_entry(i, gap_ema_us=float((i * 7919) % 97) * 1e6 - 1e6,
-                          last_used_us=(i * 104729) % 1000, restore_us=float(1 + (i * 31) % 17),
-                          num_bytes=1 + (i * 13) % 5) for i in range(100)]
+    entries = [
+        make_entry(
+            i,
+            gap_ema_us=float((i * 7919) % 97) * 1e6 - 1e6,
+            last_used_us=(i * 104729) % 1000,
+            restore_us=float(1 + (i * 31) % 17),
+            num_bytes=1 + (i * 13) % 5,
+        )
+        for i in range(100)
+    ]
     scalar = sorted(entries, key=lambda e: perc.key(e, 5_000))
     assert [e.entry_id for e in perc.order(entries, 5_000)] == [e.entry_id for e in scalar]
 

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-import simpy
 
+from cachepilot_sim.clock import SimEnvironment
 from cachepilot_sim.components.kv_manager import Admit
 from cachepilot_sim.components.prefix_cache import PrefixKvManager
 from cachepilot_sim.components.request import KvSource, Request
@@ -41,7 +41,7 @@ def make_kv(tmp_path: Path, policy: str = "lru") -> PrefixKvManager:
     """A manager on its own clock with no processes, driven call by call."""
     sim = make_sim(tmp_path, policy)
     assert sim.replay is not None
-    return PrefixKvManager(simpy.Environment(), sim.cfg, VramPool(sim.cfg), sim.link, sim.policy,
+    return PrefixKvManager(SimEnvironment(), sim.cfg, VramPool(sim.cfg), sim.link, sim.policy,
                            sim.estimator, compute_fit(sim.cfg.hardware), NullRecorder(),
                            sim.replay)
 

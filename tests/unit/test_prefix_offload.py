@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-import simpy
 
+from cachepilot_sim.clock import SimEnvironment
 from cachepilot_sim.components.kv_manager import Admit, Tier
 from cachepilot_sim.components.pcie_link import PcieLink
 from cachepilot_sim.components.prefix_offload import OffloadingPrefixKvManager
@@ -45,7 +45,7 @@ def make_kv(tmp_path: Path, cpu_blocks: int = 100, lru_store: bool = True
     )
     sim = build(cfg)
     assert isinstance(sim.kv, OffloadingPrefixKvManager) and sim.replay is not None
-    env = simpy.Environment()
+    env = SimEnvironment()
     return OffloadingPrefixKvManager(
         env, cfg, VramPool(cfg), PcieLink(env, *transfer_fits(cfg.hardware)), sim.policy,
         sim.estimator, compute_fit(cfg.hardware), NullRecorder(), sim.replay)

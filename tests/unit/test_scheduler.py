@@ -1,7 +1,6 @@
 from __future__ import annotations
 
-import simpy
-
+from cachepilot_sim.clock import SimEnvironment
 from cachepilot_sim.components.request import Request
 from cachepilot_sim.components.scheduler import Scheduler
 from cachepilot_sim.components.signal import Signal
@@ -9,12 +8,13 @@ from cachepilot_sim.config import SchedulerConfig
 from cachepilot_sim.trace.recorder import NullRecorder
 
 
-def make_scheduler(env: simpy.Environment, **kw: float) -> Scheduler:
+def make_scheduler(env: SimEnvironment, **kw: float) -> Scheduler:
     return Scheduler(env, SchedulerConfig(**kw), Signal(env), NullRecorder())
 
 
-def make_request(env: simpy.Environment, rid: int, priority: int, arrival: int,
-                 deadline: int) -> Request:
+def make_request(
+    env: SimEnvironment, rid: int, priority: int, arrival: int, deadline: int
+) -> Request:
     return Request(env, rid, rid, 0, 0, 0, priority, arrival, deadline, 1, 0, 10, 10)
 
 
@@ -27,7 +27,7 @@ def drain(s: Scheduler) -> list[int]:
 
 
 def test_higher_priority_first_then_arrival_order() -> None:
-    env = simpy.Environment()
+    env = SimEnvironment()
     s = make_scheduler(env, promote_slack_ms=0)
     for rid, prio, arrival in ((0, 1, 0), (1, 3, 5), (2, 1, 1), (3, 3, 2)):
         s.push(make_request(env, rid, prio, arrival, 10**9))
@@ -35,7 +35,7 @@ def test_higher_priority_first_then_arrival_order() -> None:
 
 
 def test_request_near_its_ttft_deadline_is_promoted_over_higher_priority() -> None:
-    env = simpy.Environment()
+    env = SimEnvironment()
     s = make_scheduler(env, promote_slack_ms=100)
     s.push(make_request(env, 0, 5, 0, 10**9))
     s.push(make_request(env, 1, 0, 0, 50_000))  # deadline in 50 ms: within the 100 ms slack
@@ -44,7 +44,7 @@ def test_request_near_its_ttft_deadline_is_promoted_over_higher_priority() -> No
 
 
 def test_requeued_requests_go_first() -> None:
-    env = simpy.Environment()
+    env = SimEnvironment()
     s = make_scheduler(env)
     s.push(make_request(env, 0, 5, 0, 10**9))
     back = make_request(env, 1, 0, 0, 10**9)
@@ -53,7 +53,7 @@ def test_requeued_requests_go_first() -> None:
 
 
 def test_expired_requests_are_handed_to_the_timeout_callback() -> None:
-    env = simpy.Environment()
+    env = SimEnvironment()
     s = make_scheduler(env, queue_timeout_s=1.0)
     timed_out: list[int] = []
     s.on_timeout = lambda req: timed_out.append(req.req_id)
