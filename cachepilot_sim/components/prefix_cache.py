@@ -3,12 +3,12 @@
 A request's input is a chain of prefix blocks named by hash (Mooncake `hash_ids`, 512 tokens
 each); equal hashes are one cached object. A request reuses the leading blocks of its chain that are
 cached and computes the rest; when it ends, its blocks stay cached (idle, reference count 0).
-Evicting block j makes every later block of the chain useless, so only a chain's tail is evictable:
-a block is a candidate when nothing references it and no cached block extends it. Evicting it
-exposes its parent.
-The restore cost of a block is the recompute of its tokens at its position in the chain. Tokens not
-covered by hash blocks (output, traces without hashes) sit in private pages freed at the end.
-Prefix blocks are dropped, not offloaded (the CPU tier is not modelled for them).
+Evicting block j makes every later block of the chain useless, so only a chain's tail is
+evictable: a block is a candidate when nothing references it and no block on the GPU extends it.
+Evicting it exposes its parent. The restore cost of a block is the recompute of its tokens at its
+position in the chain. Tokens not covered by hash blocks (output, traces without hashes) sit in
+private pages freed at the end. This manager drops evicted blocks; `prefix_offload.py` adds the
+CPU tier (used when kv.offload_enabled).
 """
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ class PrefixKvManager(KvManager):
             self.evictable[b.hash_id] = b
 
     def evict(self, bytes_needed: int, exclude: SessionKV | None, allow_offload: bool) -> int:
-        """Drop idle tails, smallest `policy.key` first, until `bytes_needed` are free."""
+        """Evict idle tails, smallest `policy.key` first, until `bytes_needed` are (being) freed."""
         num_blocks = -(-bytes_needed // self.hash_bytes) if bytes_needed > 0 else 0
         return self._evict_blocks(num_blocks, allow_offload) * self.hash_bytes
 
