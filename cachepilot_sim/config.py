@@ -302,18 +302,39 @@ class PolicyConfig(Sealed):
     delta_s: float = 30.0
     ema_weight: float = 0.3
     prior_gap_s: float = 20.0
+    # Policy lab (issue 5). Exact oracle: HiGHS time limit per decision (the proven gap is reported
+    # when it is hit); shadow: score every decision of the running policy against the oracle.
+    oracle_time_limit_s: float = 1.0
+    shadow_oracle: bool = False
+    # SLRU: share of the idle KV bytes the protected (reused) segment may hold.
+    slru_protected_fraction: float = 0.8
+    # Marconi-style utility = recency + flop_weight x FLOP efficiency (both min-max normalised).
+    flop_weight: float = 1.0
+    # PERC-hazard: idle gaps kept per workload class for the survival estimate (oldest dropped).
+    hazard_max_gaps: int = 512
+    # T-LRU: restore time (ms) under which losing a session's KV cannot breach the TTFT tail target.
+    tlru_threshold_ms: float = 200.0
 
     def validate(self, prefix: str) -> None:
         from cachepilot_sim.policies import known_policies
 
         known = known_policies()
         require(self.name in known, f"{prefix}.name", self.name, f"unknown policy; known: {known}")
-        _positive(self, prefix, "delta_s", "prior_gap_s")
+        _positive(
+            self, prefix, "delta_s", "prior_gap_s", "oracle_time_limit_s", "hazard_max_gaps"
+        )
+        _nonneg(self, prefix, "flop_weight", "tlru_threshold_ms")
         require(
             0.0 < self.ema_weight <= 1.0,
             f"{prefix}.ema_weight",
             self.ema_weight,
             "must be in (0, 1]",
+        )
+        require(
+            0.0 <= self.slru_protected_fraction <= 1.0,
+            f"{prefix}.slru_protected_fraction",
+            self.slru_protected_fraction,
+            "must be in [0, 1]",
         )
 
 
@@ -442,6 +463,9 @@ class RunConfig(SimConfig):
     compare_policies: list[str] = field(default_factory=list)
     write_requests: bool = True
     jobs: int = 0  # worker processes for the (policy, seed) cells; 0: one per CPU core
+    # Policy lab: after each cell, the offline LP lower bound on restore cost over its recorded
+    # access sequence (cachepilot_sim/offline.py).
+    offline_bound: bool = False
 
     def validate(self, prefix: str) -> None:
         super().validate(prefix)

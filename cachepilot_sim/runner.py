@@ -38,6 +38,13 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("goodput_req_s", "goodput req/s", "{:.3f}"),
     ("session_wait_p95_s", "session wait p95 s", "{:.1f}"),
 )
+# Policy-lab columns, shown only when some cell has them (shadow oracle, offline bound).
+LAB_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("oracle_gap_mean", "vs oracle: gap mean", "{:.3f}"),
+    ("oracle_gap_worst", "vs oracle: gap worst", "{:.2f}"),
+    ("offline_lp_restore_s", "offline LP bound s", "{:.2f}"),
+    ("restore_vs_offline_lp", "realized / LP bound", "{:.2f}"),
+)
 
 
 def _write_atomic(path: Path, write: Callable[[Path], object]) -> None:
@@ -47,13 +54,17 @@ def _write_atomic(path: Path, write: Callable[[Path], object]) -> None:
     os.replace(tmp, path)
 
 
-def run_cell(sim_cfg: SimConfig, out_dir: Path | None, write_requests: bool) -> dict[str, Any]:
-    """One simulation; its trace and per-request results go under out_dir when given."""
+def run_cell(sim_cfg: SimConfig, out_dir: Path | None, write_requests: bool,
+             offline_bound: bool = False) -> dict[str, Any]:
+    """One simulation; its trace and per-request results go under out_dir when given; with
+    offline_bound, the offline LP lower bound over its access sequence joins its metrics."""
     name = f"{sim_cfg.policy.name}_seed{sim_cfg.seed}"
     trace_dir = out_dir / "trace" / name if out_dir is not None and sim_cfg.trace.enabled else None
     result = build(sim_cfg, trace_dir).run()
     if out_dir is not None and write_requests:
         _write_atomic(out_dir / "requests" / f"{name}.parquet", result.requests.write_parquet)
+    if offline_bound:
+        _add_offline_bound(result.metrics, sim_cfg, result.requests)
     return result.metrics
 
 
@@ -68,15 +79,24 @@ def run_cells(cfg: RunConfig, out_dir: Path | None) -> list[dict[str, Any]]:
     ]
     jobs = min(cfg.jobs or os.cpu_count() or 1, len(sims))
     if jobs <= 1:
-        cells = [run_cell(s, out_dir, cfg.write_requests) for s in sims]
+        cells = [run_cell(s, out_dir, cfg.write_requests, cfg.offline_bound) for s in sims]
     else:
         # spawn, not fork: polars keeps a thread pool, and a forked child can deadlock on it.
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-            futures = [pool.submit(run_cell, s, out_dir, cfg.write_requests) for s in sims]
+            futures = [pool.submit(run_cell, s, out_dir, cfg.write_requests, cfg.offline_bound)
+                       for s in sims]
             cells = [f.result() for f in futures]
     _add_vs_lru(cells)
     return cells
+
+
+def _add_offline_bound(cell: dict[str, Any], sim_cfg: SimConfig, requests: Any) -> None:
+    from cachepilot_sim.offline import offline_metrics
+
+    cell |= offline_metrics(sim_cfg, requests)
+    bound = cell["offline_lp_restore_s"]
+    cell["restore_vs_offline_lp"] = cell["realized_restore_s"] / bound if bound else float("nan")
 
 
 def _add_vs_lru(cells: list[dict[str, Any]]) -> None:
@@ -108,13 +128,6 @@ def summarize(cells: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, 
     return out
 
 
-def _cell(stat: dict[str, float], fmt: str) -> str:
-    if math.isnan(stat["mean"]):
-        return "-"
-    f = fmt.format
-    return f"{f(stat['mean'])} ± {f(stat['std'])}\n[{f(stat['min'])}, {f(stat['max'])}]"
-
-
 # Added when the cells have them (trace replay with prefix blocks).
 PREFIX_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("prefix_hit_ratio", "prefix-hit ratio", "{:.3f}"),
@@ -122,8 +135,15 @@ PREFIX_COLUMNS: tuple[tuple[str, str, str], ...] = (
 
 
 def _columns(summary: dict[str, dict[str, dict[str, float]]]) -> tuple[tuple[str, str, str], ...]:
-    first = next(iter(summary.values()), {})
-    return COLUMNS + tuple(c for c in PREFIX_COLUMNS if c[0] in first)
+    present = {k for stats in summary.values() for k in stats}
+    return COLUMNS + tuple(c for c in LAB_COLUMNS + PREFIX_COLUMNS if c[0] in present)
+
+
+def _cell(stat: dict[str, float] | None, fmt: str) -> str:
+    if stat is None or math.isnan(stat["mean"]):
+        return "-"
+    f = fmt.format
+    return f"{f(stat['mean'])} ± {f(stat['std'])}\n[{f(stat['min'])}, {f(stat['max'])}]"
 
 
 def table(summary: dict[str, dict[str, dict[str, float]]], title: str) -> Table:
@@ -133,7 +153,7 @@ def table(summary: dict[str, dict[str, dict[str, float]]], title: str) -> Table:
     for _, name, _ in columns:
         t.add_column(name, justify="right")
     for policy, stats in summary.items():
-        t.add_row(policy, *(_cell(stats[k], fmt) for k, _, fmt in columns))
+        t.add_row(policy, *(_cell(stats.get(k), fmt) for k, _, fmt in columns))
     return t
 
 
@@ -144,7 +164,7 @@ def markdown(summary: dict[str, dict[str, dict[str, float]]]) -> str:
     rule = "|---|" + "---:|" * len(columns)
     lines = [head, rule]
     for policy, stats in summary.items():
-        cells = [_cell(stats[k], fmt).replace("\n", " ") for k, _, fmt in columns]
+        cells = [_cell(stats.get(k), fmt).replace("\n", " ") for k, _, fmt in columns]
         lines.append(f"| {policy} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

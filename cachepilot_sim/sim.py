@@ -24,6 +24,7 @@ from cachepilot_sim.config import SimConfig, TraceFormat
 from cachepilot_sim.cost import compute_fit, transfer_fits
 from cachepilot_sim.metrics import latency_metrics, outcome_metrics, request_frame
 from cachepilot_sim.policies import GapEstimator, make_policy
+from cachepilot_sim.policies.oracle import ShadowOracle
 from cachepilot_sim.rng import make_streams
 from cachepilot_sim.trace.recorder import NullRecorder, TraceRecorder
 from cachepilot_sim.workloads.replay import ReplayWorkload, load_replay
@@ -58,6 +59,8 @@ class Simulation:
         p = cfg.policy
         self.estimator = GapEstimator(p.ema_weight, s_to_us(p.prior_gap_s), s_to_us(p.delta_s))
         self.policy = make_policy(p, self.estimator)
+        if p.shadow_oracle:
+            self.policy = ShadowOracle(self.policy, self.estimator, p)
         wake = Signal(env)
         self.scheduler = Scheduler(env, cfg.scheduler, wake, self.recorder)
         self.replay: ReplayWorkload | None = None
@@ -141,6 +144,7 @@ class Simulation:
             "pcie_h2d_gb": self.link.bytes_moved["h2d"] / 1e9,
             "events": self.recorder.num_rows,
         }
+        out |= self.policy.metrics()
         if isinstance(self.kv, PrefixKvManager) and self.replay is not None:
             out |= self.kv.prefix_metrics()
             out |= {"trace_rows_skipped": self.replay.table.num_skipped}

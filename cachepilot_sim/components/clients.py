@@ -69,6 +69,8 @@ class Clients:
                 if self.num_issued >= self.wl.num_requests:
                     return
                 req = self._make_request(spec, turn, context, self.env.now)
+                if turn + 1 < spec.num_turns:
+                    req.next_gap_us = int(spec.think_us[turn])
                 if turn == 0:
                     req.session_wait_us = self.env.now - arrived_us
                 self.requests.append(req)

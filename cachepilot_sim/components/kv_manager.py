@@ -423,7 +423,9 @@ class KvManager:
         e.num_uses += 1
         e.recompute_us = recompute_us(self.fit, num_tokens)
         e.reload_us = float(self.link.duration_us("h2d", e.num_bytes))
+        e.next_arrival_us = self.env.now + req.next_gap_us if req.next_gap_us >= 0 else -1
         self.idle[e.entry_id] = s
+        self.policy.on_release(e, self.env.now)
 
     def preempt(self, req: Request, num_tokens: int) -> None:
         """Recompute preemption: the running request loses all its KV and re-queues."""

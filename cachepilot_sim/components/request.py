@@ -53,6 +53,7 @@ class Request:
         "done",
         "prefill_tokens",
         "session_wait_us",
+        "next_gap_us",
     )
 
     def __init__(
@@ -95,6 +96,9 @@ class Request:
         self.num_preemptions = 0
         self.prefill_tokens = 0  # tokens this admission must prefill (set by the KV manager)
         self.session_wait_us = 0  # first turn only: time the session waited for a front-end slot
+        # The think time after this turn, known to the client only (-1: last turn). The KV manager
+        # passes it on solely for clairvoyant policies (an upper bound on what prediction can buy).
+        self.next_gap_us = -1
         self.done = env.event()
 
     @property

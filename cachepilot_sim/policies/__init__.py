@@ -1,6 +1,14 @@
 """Eviction policies: the protocol and registry (base.py) and one module per registered policy."""
 
-from cachepilot_sim.policies import lru, perc, priority  # noqa: F401  (registers the policies)
+from cachepilot_sim.policies import (  # noqa: F401  (registers the policies)
+    classic,
+    lru,
+    oracle,
+    perc,
+    perc_variants,
+    priority,
+    utility,
+)
 from cachepilot_sim.policies.base import (
     CacheEntry,
     EvictionPolicy,

@@ -36,6 +36,9 @@ class CacheEntry:
     recompute_us: float = 0.0
     reload_us: float = 0.0
     restore_us: float = 0.0
+    # The session's true next arrival (µs), filled only for clairvoyant studies: -1 when it will
+    # not come back (or the simulation does not know).
+    next_arrival_us: int = -1
 
 
 @runtime_checkable
@@ -51,6 +54,10 @@ class EvictionPolicy(Protocol):
     ) -> list[CacheEntry]: ...
 
     def on_access(self, entry: CacheEntry, now_us: int) -> None: ...
+
+    def on_release(self, entry: CacheEntry, now_us: int) -> None: ...
+
+    def metrics(self) -> dict[str, float]: ...
 
 
 class RankingPolicy:
@@ -85,6 +92,13 @@ class RankingPolicy:
 
     def on_access(self, entry: CacheEntry, now_us: int) -> None:
         """Called when a session's next turn arrives; most policies need nothing here."""
+
+    def on_release(self, entry: CacheEntry, now_us: int) -> None:
+        """Called when a turn ends and its KV becomes idle (a gap starts); most need nothing."""
+
+    def metrics(self) -> dict[str, float]:
+        """Run metrics the policy keeps (an oracle's gaps, say); merged into the run's metrics."""
+        return {}
 
 
 PolicyFactory = Callable[[PolicyConfig, GapEstimator], EvictionPolicy]

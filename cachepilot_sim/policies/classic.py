@@ -1,0 +1,200 @@
+"""Classic cache baselines, written from their papers' rules for whole-session KV entries.
+
+FIFO (order of entering the GPU cache), LFU (fewest uses, then LRU), SLRU (Karedla et al., IEEE
+Computer 1994: a probationary and a protected segment), ARC (Megiddo & Modha, FAST'03: recency and
+frequency lists with ghost lists steering the target; the target counts bytes because entries differ
+in size) and GDSF (Cherkasova 1998: H = L + frequency x cost / size, L the H of the last victim).
+A policy learns a hit or a miss from its own record of what it evicted.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from cachepilot_sim.config import PolicyConfig
+from cachepilot_sim.policies.base import CacheEntry, RankingPolicy, register
+from cachepilot_sim.policies.reuse import GapEstimator
+
+
+class _TracksEvictions(RankingPolicy):
+    """Remembers which entries it evicted, so that a returning session is a miss or a hit."""
+
+    def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
+        super().__init__(cfg, estimator)
+        self.evicted: set[int] = set()
+
+    def select_victims(self, entries: Sequence[CacheEntry], bytes_needed: int,
+                       now_us: int) -> list[CacheEntry]:
+        victims = super().select_victims(entries, bytes_needed, now_us)
+        for v in victims:
+            self.evicted.add(v.entry_id)
+            self.on_evict(v)
+        return victims
+
+    def on_evict(self, entry: CacheEntry) -> None:
+        """Called for each victim."""
+
+
+@register("fifo")
+class FifoPolicy(_TracksEvictions):
+    """The entry that entered the GPU cache first is evicted first."""
+
+    name = "fifo"
+
+    def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
+        super().__init__(cfg, estimator)
+        self.inserted_us: dict[int, int] = {}
+
+    def on_release(self, entry: CacheEntry, now_us: int) -> None:
+        self.inserted_us.setdefault(entry.entry_id, entry.created_us)
+
+    def on_evict(self, entry: CacheEntry) -> None:
+        self.inserted_us.pop(entry.entry_id, None)
+
+    def on_access(self, entry: CacheEntry, now_us: int) -> None:
+        if entry.entry_id in self.evicted:  # a miss: it re-enters the cache now
+            self.evicted.discard(entry.entry_id)
+            self.inserted_us[entry.entry_id] = now_us
+
+    def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
+        return (self.inserted_us.get(entry.entry_id, entry.created_us), entry.entry_id)
+
+
+@register("lfu")
+class LfuPolicy(RankingPolicy):
+    """Fewest uses first, least recently used among equals."""
+
+    name = "lfu"
+
+    def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
+        return (entry.num_uses, entry.last_used_us, entry.entry_id)
+
+
+@register("slru")
+class SlruPolicy(_TracksEvictions):
+    """A hit promotes to the protected segment (at most `slru_protected_fraction` of the idle bytes;
+    its least recent overflow is demoted); probationary entries go first, each segment LRU."""
+
+    name = "slru"
+
+    def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
+        super().__init__(cfg, estimator)
+        self.protected: set[int] = set()
+
+    def on_access(self, entry: CacheEntry, now_us: int) -> None:
+        if entry.entry_id in self.evicted:  # a miss re-enters probationary
+            self.evicted.discard(entry.entry_id)
+        else:
+            self.protected.add(entry.entry_id)
+
+    def on_evict(self, entry: CacheEntry) -> None:
+        self.protected.discard(entry.entry_id)
+
+    def order(self, entries: Sequence[CacheEntry], now_us: int) -> list[CacheEntry]:
+        room = self.cfg.slru_protected_fraction * sum(e.num_bytes for e in entries)
+        prot = sorted((e for e in entries if e.entry_id in self.protected),
+                      key=lambda e: (-e.last_used_us, e.entry_id))
+        kept: list[CacheEntry] = []
+        for e in prot:  # most recent first; the overflow is demoted
+            if e.num_bytes > room:
+                break
+            kept.append(e)
+            room -= e.num_bytes
+        keep = {e.entry_id for e in kept}
+        probation = [e for e in entries if e.entry_id not in keep]
+        lru = lambda e: (e.last_used_us, e.entry_id)  # noqa: E731
+        return sorted(probation, key=lru) + sorted(kept, key=lru)
+
+    def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
+        return (int(entry.entry_id in self.protected), entry.last_used_us, entry.entry_id)
+
+
+@register("arc")
+class ArcPolicy(_TracksEvictions):
+    """T1 (seen once) and T2 (reused) LRU lists; ghosts B1, B2 of recent victims move the target
+    p (bytes of T1): a B1 hit raises it, a B2 hit lowers it. REPLACE takes T1's LRU while T1
+    holds more than p, else T2's. As vLLM's CPU-offload ARC documents its rules (not its code):
+    a hit in T1 promotes to T2, and a returning victim re-enters T1 after moving the target."""
+
+    name = "arc"
+
+    def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
+        super().__init__(cfg, estimator)
+        self.target_bytes = 0.0
+        self.capacity_bytes = 0.0  # the most idle bytes seen at a decision: ARC's c
+        self.frequent: set[int] = set()
+        self.ghost1: OrderedDict[int, int] = OrderedDict()  # entry -> bytes, oldest first
+        self.ghost2: OrderedDict[int, int] = OrderedDict()
+
+    def on_access(self, entry: CacheEntry, now_us: int) -> None:
+        eid = entry.entry_id
+        b1 = sum(self.ghost1.values()) or 1
+        b2 = sum(self.ghost2.values()) or 1
+        if eid in self.ghost1:
+            self.target_bytes = min(self.target_bytes + max(b2 / b1, 1.0) * self.ghost1.pop(eid),
+                                    self.capacity_bytes)
+        elif eid in self.ghost2:
+            self.target_bytes = max(self.target_bytes - max(b1 / b2, 1.0) * self.ghost2.pop(eid),
+                                    0.0)
+        if eid in self.evicted:  # a miss: stored again, into T1
+            self.evicted.discard(eid)
+        else:  # a hit: T1 -> T2 (or MRU of T2)
+            self.frequent.add(eid)
+
+    def on_evict(self, entry: CacheEntry) -> None:
+        eid = entry.entry_id
+        ghost = self.ghost2 if eid in self.frequent else self.ghost1
+        self.frequent.discard(eid)
+        ghost[eid] = entry.num_bytes
+        for g in (self.ghost1, self.ghost2):  # ghosts remember at most c bytes each
+            while g and sum(g.values()) > self.capacity_bytes:
+                g.popitem(last=False)
+
+    def order(self, entries: Sequence[CacheEntry], now_us: int) -> list[CacheEntry]:
+        self.capacity_bytes = max(self.capacity_bytes, float(sum(e.num_bytes for e in entries)))
+        lru = lambda e: (e.last_used_us, e.entry_id)  # noqa: E731
+        t1 = sorted((e for e in entries if e.entry_id not in self.frequent), key=lru)
+        t2 = sorted((e for e in entries if e.entry_id in self.frequent), key=lru)
+        t1_bytes = float(sum(e.num_bytes for e in t1))
+        out: list[CacheEntry] = []
+        i = j = 0
+        while i < len(t1) or j < len(t2):
+            if i < len(t1) and (t1_bytes > self.target_bytes or j == len(t2)):
+                out.append(t1[i])
+                t1_bytes -= t1[i].num_bytes
+                i += 1
+            else:
+                out.append(t2[j])
+                j += 1
+        return out
+
+    def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
+        return (int(entry.entry_id in self.frequent), entry.last_used_us, entry.entry_id)
+
+
+@register("gdsf")
+class GdsfPolicy(_TracksEvictions):
+    """Greedy-Dual-Size-Frequency: H = L + uses x restore_us / bytes, L set at the last use; the
+    inflation L rises to the H of each victim, so long-idle entries age out."""
+
+    name = "gdsf"
+
+    def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
+        super().__init__(cfg, estimator)
+        self.inflation = 0.0
+        self.base: dict[int, float] = {}
+
+    def on_release(self, entry: CacheEntry, now_us: int) -> None:
+        self.base[entry.entry_id] = self.inflation
+
+    def on_evict(self, entry: CacheEntry) -> None:
+        self.inflation = max(self.inflation, self.h_value(entry))
+        self.base.pop(entry.entry_id, None)
+
+    def h_value(self, entry: CacheEntry) -> float:
+        base = self.base.get(entry.entry_id, self.inflation)
+        return base + entry.num_uses * entry.restore_us / max(entry.num_bytes, 1)
+
+    def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
+        return (self.h_value(entry), entry.entry_id)

@@ -1,0 +1,148 @@
+"""PERC variants: +1 (a 2-approximation of the 0/1 cover), hazard (survival-estimated resume
+probability per workload class) and clairvoyant (fed each session's true next arrival).
+
+All price an eviction as P(resume within delta) x restore_us and differ in P or in the selection.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+
+from cachepilot_sim.config import PolicyConfig
+from cachepilot_sim.policies.base import CacheEntry, RankingPolicy, register
+from cachepilot_sim.policies.knapsack import greedy_plus_one
+from cachepilot_sim.policies.oracle import cover_problem, expected_costs
+from cachepilot_sim.policies.perc import PercPolicy
+from cachepilot_sim.policies.reuse import GapEstimator
+
+
+@register("perc_plus1")
+class PercPlusOnePolicy(PercPolicy):
+    """Greedy by PERC's ratio, also trying to finish with the cheapest single covering entry."""
+
+    name = "perc_plus1"
+
+    def select_victims(self, entries: Sequence[CacheEntry], bytes_needed: int,
+                       now_us: int) -> list[CacheEntry]:
+        if bytes_needed <= 0 or not entries:
+            return []
+        costs = expected_costs(self.estimator, entries, now_us)
+        chosen = greedy_plus_one(cover_problem(entries, costs, bytes_needed))
+        return [entries[i] for i in chosen]
+
+
+class SurvivalEstimate:
+    """Kaplan-Meier estimate of the idle-gap distribution from returned and still-idle sessions.
+
+    A session that has not come back is a censored observation at its idle time so far, so
+    sessions that never return keep the survival curve above zero instead of being ignored.
+    """
+
+    def __init__(self, max_subjects: int) -> None:
+        self.max_subjects = max_subjects
+        # One record per gap (not per session: a session's finished gaps must stay observations
+        # after its next turn starts a new one), oldest first: gap id -> [release_us, gap_us].
+        self.released: OrderedDict[int, list[int]] = OrderedDict()
+        self.open_gap: dict[int, int] = {}  # entry -> id of its gap in progress
+        self._next_gap = 0
+
+    def release(self, entry_id: int, now_us: int) -> None:
+        self.open_gap[entry_id] = self._next_gap
+        self.released[self._next_gap] = [now_us, -1]
+        self._next_gap += 1
+        while len(self.released) > self.max_subjects:
+            self.released.popitem(last=False)
+
+    def returned(self, entry_id: int, now_us: int) -> None:
+        rec = self.released.get(self.open_gap.pop(entry_id, -1))
+        if rec is not None and rec[1] < 0:
+            rec[1] = now_us - rec[0]
+
+    def curve(self, now_us: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Event times (ascending) and S just after each; None without any returned gap."""
+        if not self.released:
+            return None
+        recs = np.array(list(self.released.values()), dtype=np.int64)
+        event = recs[:, 1] >= 0
+        if not event.any():
+            return None
+        dur = np.where(event, recs[:, 1], now_us - recs[:, 0])
+        order = np.lexsort((~event, dur))  # events before censorings at equal times
+        dur, event = dur[order], event[order]
+        at_risk = len(dur) - np.arange(len(dur))
+        factors = np.where(event, 1.0 - 1.0 / at_risk, 1.0)
+        surv = np.cumprod(factors)
+        times, surv = dur[event].astype(np.float64), surv[event]
+        last = np.append(times[1:] != times[:-1], True)  # one point per distinct event time
+        return times[last], surv[last]
+
+
+def _survival_at(times: np.ndarray, surv: np.ndarray, t: np.ndarray) -> np.ndarray:
+    idx = np.searchsorted(times, t, side="right")
+    return np.where(idx == 0, 1.0, surv[np.maximum(idx - 1, 0)])
+
+
+@register("perc_hazard")
+class PercHazardPolicy(RankingPolicy):
+    """PERC with P(resume within delta | idle t) = 1 - S(t + delta) / S(t) per workload class."""
+
+    name = "perc_hazard"
+
+    def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
+        super().__init__(cfg, estimator)
+        self.classes: dict[int, SurvivalEstimate] = {}
+
+    def _estimate(self, class_index: int) -> SurvivalEstimate:
+        if class_index not in self.classes:
+            self.classes[class_index] = SurvivalEstimate(self.cfg.hazard_max_gaps)
+        return self.classes[class_index]
+
+    def on_release(self, entry: CacheEntry, now_us: int) -> None:
+        self._estimate(entry.class_index).release(entry.entry_id, now_us)
+
+    def on_access(self, entry: CacheEntry, now_us: int) -> None:
+        self._estimate(entry.class_index).returned(entry.entry_id, now_us)
+
+    def probabilities(self, entries: Sequence[CacheEntry], now_us: int) -> np.ndarray:
+        """Per entry; the exponential EMA model stands in until its class has a returned gap."""
+        out = np.empty(len(entries))
+        delta = self.estimator.delta_us
+        for ci in sorted({e.class_index for e in entries}):
+            idx = [i for i, e in enumerate(entries) if e.class_index == ci]
+            curve = self._estimate(ci).curve(now_us)
+            if curve is None:
+                out[idx] = [self.estimator.resume_probability(entries[i], now_us) for i in idx]
+                continue
+            idle = np.array([now_us - entries[i].last_used_us for i in idx], dtype=np.float64)
+            s_now = _survival_at(*curve, idle)
+            s_later = _survival_at(*curve, idle + delta)
+            out[idx] = np.where(s_now > 0, 1.0 - s_later / np.maximum(s_now, 1e-300), 0.0)
+        return out
+
+    def order(self, entries: Sequence[CacheEntry], now_us: int) -> list[CacheEntry]:
+        p = self.probabilities(entries, now_us)
+        score = [p[i] * e.restore_us / max(e.num_bytes, 1) for i, e in enumerate(entries)]
+        ranked = sorted(range(len(entries)), key=lambda i: (score[i], entries[i].entry_id))
+        return [entries[i] for i in ranked]
+
+    def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
+        p = float(self.probabilities([entry], now_us)[0])
+        return (p * entry.restore_us / max(entry.num_bytes, 1), entry.entry_id)
+
+
+@register("perc_clairvoyant")
+class PercClairvoyantPolicy(RankingPolicy):
+    """PERC with the true next arrival: P is 1 when it falls within delta, else 0; among the rest,
+    the session returning last goes first (Belady's rule). An upper bound on better prediction."""
+
+    name = "perc_clairvoyant"
+
+    def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
+        if entry.next_arrival_us < 0:
+            return (0.0, -float("inf"), entry.entry_id)
+        until = max(entry.next_arrival_us - now_us, 0)
+        p = 1.0 if until <= self.estimator.delta_us else 0.0
+        return (p * entry.restore_us / max(entry.num_bytes, 1), -float(until), entry.entry_id)
