@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cachepilot_sim.config import ConfigError, register_configs, to_config
 from cachepilot_sim.runner import run_experiment
+from cachepilot_sim.workloads.traces import TraceError
 
 register_configs()
 
@@ -35,7 +36,11 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as err:
         print(f"cachepilot_sim: invalid configuration: {err}", file=sys.stderr)
         sys.exit(2)
-    run_experiment(run_cfg, out_dir)
+    try:
+        run_experiment(run_cfg, out_dir)
+    except TraceError as err:  # a bad trace row: file, line and reason, no traceback
+        print(f"cachepilot_sim: cannot replay the trace: {err}", file=sys.stderr)
+        sys.exit(2)
     print(f"results: {out_dir}")
 
 

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 GIB = 1024**3
 GB = 10**9
+ALL_POLICIES = "all"  # compare_policies: [all] runs every registered policy
 
 
 class ConfigError(ValueError):
@@ -374,6 +375,50 @@ class TelemetryConfig(Sealed):
         )
 
 
+class TraceFormat(StrEnum):
+    NONE = "none"  # synthetic sessions (the workload section)
+    MOONCAKE = "mooncake"
+    AZURE = "azure"
+    SHAREGPT = "sharegpt"
+
+
+class OnError(StrEnum):
+    RAISE = "raise"  # stop at the first bad row, naming file, line and reason
+    SKIP = "skip"  # skip bad rows, count them per reason and report the counts
+
+
+@dataclass
+class ReplayConfig(Sealed):
+    """Trace replay instead of synthetic sessions: requests arrive at the trace's timestamps.
+
+    Prefix blocks (Mooncake `hash_ids`) are shared through a reference-counted block cache; see
+    docs/workloads.md. ShareGPT has lengths only: arrivals are Poisson at `arrival_rate_per_s`.
+    """
+
+    section: ClassVar[str] = "replay"
+    format: TraceFormat = TraceFormat.NONE
+    path: str = ""
+    limit: int = 0  # replay the first `limit` valid requests; 0: all
+    on_error: OnError = OnError.RAISE
+    time_scale: float = 1.0  # multiplies every inter-arrival gap (0.5 replays twice as fast)
+    hash_block_tokens: int = 512  # tokens per prefix-hash block (Mooncake: 512)
+    infer_sessions: bool = True  # Mooncake: a request extending an earlier one is its next turn
+    arrival_rate_per_s: float = 1.0  # ShareGPT only
+    ttft_slo_ms: float = 2000.0
+    tpot_slo_ms: float = 50.0
+    priority: int = 1
+    # Most prefix blocks kept (idle + in use); 0: bounded by VRAM only. A fixed cache size in
+    # blocks, as a block-level LRU stack analysis assumes.
+    prefix_cache_max_blocks: int = 0
+
+    def validate(self, prefix: str) -> None:
+        _nonneg(self, prefix, "limit", "prefix_cache_max_blocks")
+        _positive(self, prefix, "time_scale", "hash_block_tokens", "arrival_rate_per_s",
+                  "ttft_slo_ms", "tpot_slo_ms")
+        require(self.format == TraceFormat.NONE or bool(self.path), f"{prefix}.path", self.path,
+                f"format {str(self.format)!r} needs a trace file path")
+
+
 @dataclass
 class SimConfig(Sealed):
     """Everything one simulation needs: one policy, one seed."""
@@ -390,6 +435,7 @@ class SimConfig(Sealed):
     kv: KVConfig = field(default_factory=KVConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
 
     @property
     def vram_bytes(self) -> int:
@@ -409,6 +455,10 @@ class SimConfig(Sealed):
         _positive(self, "", "vram_gb")
         names = [m.name for m in self.models]
         require(len(set(names)) == len(names), "extra_models", names, "model names must be unique")
+        if self.replay.format != TraceFormat.NONE:
+            require(self.replay.hash_block_tokens % self.kv.block_tokens == 0,
+                    "replay.hash_block_tokens", self.replay.hash_block_tokens,
+                    f"must be a multiple of kv.block_tokens = {self.kv.block_tokens}")
         for cls_name, cls in self.workload.classes.items():
             require(
                 cls.model in ("", *names),
@@ -449,12 +499,18 @@ class RunConfig(SimConfig):
         from cachepilot_sim.policies import known_policies
 
         for name in self.compare_policies:
-            require(
-                name in known_policies(),
-                "compare_policies",
-                name,
-                f"unknown policy; known: {known_policies()}",
-            )
+            if name == ALL_POLICIES and len(self.compare_policies) == 1:
+                continue
+            require(name in known_policies(), "compare_policies", name,
+                    f"unknown policy; known: {known_policies()} (or [{ALL_POLICIES}] alone)")
+
+    def policy_names(self) -> list[str]:
+        """The policies this run compares: `[all]` means every registered policy."""
+        from cachepilot_sim.policies import known_policies
+
+        if list(self.compare_policies) == [ALL_POLICIES]:
+            return known_policies()
+        return list(self.compare_policies) or [self.policy.name]
 
     def sim_for(self, policy_name: str, seed: int) -> SimConfig:
         """The SimConfig of one (policy, seed) cell of this run."""

@@ -21,7 +21,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from cachepilot_sim.config import RunConfig, SimConfig
+from cachepilot_sim.config import RunConfig, SimConfig, TraceFormat
 from cachepilot_sim.sim import build
 from cachepilot_sim.telemetry import RunMonitor
 
@@ -92,7 +92,7 @@ def run_cells(
     someone watches live (a terminal bar or a served Prometheus port); otherwise on workers, and
     the progress gauges are left out of metrics.prom (the run metrics are all there).
     """
-    policies = list(cfg.compare_policies) or [cfg.policy.name]
+    policies = cfg.policy_names()
     sims = [
         cfg.sim_for(p, seed) for p in policies for seed in range(cfg.seed, cfg.seed + cfg.seeds)
     ]
@@ -155,9 +155,15 @@ def summarize(cells: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, 
     return out
 
 
+# Added when the cells have them (trace replay with prefix blocks).
+PREFIX_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("prefix_hit_ratio", "prefix-hit ratio", "{:.3f}"),
+)
+
+
 def _columns(summary: dict[str, dict[str, dict[str, float]]]) -> tuple[tuple[str, str, str], ...]:
     present = {k for stats in summary.values() for k in stats}
-    return COLUMNS + tuple(c for c in LAB_COLUMNS if c[0] in present)
+    return COLUMNS + tuple(c for c in LAB_COLUMNS + PREFIX_COLUMNS if c[0] in present)
 
 
 def _cell(stat: dict[str, float] | None, fmt: str) -> str:
@@ -202,10 +208,14 @@ def run_experiment(cfg: RunConfig, out_dir: Path, console: Console | None = None
     monitor.close(cells, out_dir)
     summary = summarize(cells)
     seeds = f"seeds {cfg.seed}..{cfg.seed + cfg.seeds - 1}"
-    title = (
-        f"{cfg.workload.name}: {cfg.workload.num_requests} requests, {cfg.vram_gb:g} GB VRAM, "
-        f"{cfg.model.name}, {seeds}; mean ± σ [min, max]"
-    )
+    workload = f"{cfg.workload.name}: {cfg.workload.num_requests} requests"
+    if cfg.replay.format != TraceFormat.NONE:
+        rc, first = cfg.replay, cells[0]
+        skipped = first.get("trace_rows_skipped", 0)
+        note = f" ({skipped} bad rows skipped)" if skipped else ""
+        workload = (f"{rc.format!s} trace {Path(rc.path).name}: {first['requests']} requests"
+                    f"{note}, time x{rc.time_scale:g}")
+    title = f"{workload}, {cfg.vram_gb:g} GB VRAM, {cfg.model.name}, {seeds}; mean ± σ [min, max]"
     report = {"title": title, "cells": cells, "summary": summary}
     _write_atomic(
         out_dir / "metrics.json",

@@ -16,17 +16,21 @@ from cachepilot_sim.components.batcher import Batcher
 from cachepilot_sim.components.clients import Clients
 from cachepilot_sim.components.kv_manager import KvManager
 from cachepilot_sim.components.pcie_link import PcieLink
+from cachepilot_sim.components.prefix_cache import PrefixKvManager
+from cachepilot_sim.components.prefix_offload import OffloadingPrefixKvManager
+from cachepilot_sim.components.replay_clients import ReplayClients
 from cachepilot_sim.components.request import Outcome
 from cachepilot_sim.components.scheduler import Scheduler
 from cachepilot_sim.components.signal import Signal
 from cachepilot_sim.components.vram_pool import VramPool
-from cachepilot_sim.config import SimConfig
+from cachepilot_sim.config import SimConfig, TraceFormat
 from cachepilot_sim.cost import compute_fit, transfer_fits
 from cachepilot_sim.metrics import latency_metrics, outcome_metrics, request_frame
 from cachepilot_sim.policies import GapEstimator, make_policy
 from cachepilot_sim.policies.oracle import ShadowOracle
 from cachepilot_sim.rng import make_streams
 from cachepilot_sim.trace.recorder import make_recorder
+from cachepilot_sim.workloads.replay import ReplayWorkload, load_replay
 
 
 class SimulationError(RuntimeError):
@@ -72,12 +76,20 @@ class Simulation:
         if p.shadow_oracle:
             self.policy = ShadowOracle(self.policy, self.estimator, p)
         wake = Signal(env)
-        self.kv = KvManager(
-            env, cfg, self.pool, self.link, self.policy, self.estimator, fit, self.recorder
-        )
         self.scheduler = Scheduler(env, cfg.scheduler, wake, self.recorder)
+        self.replay: ReplayWorkload | None = None
+        self.clients: Clients | ReplayClients
+        if cfg.replay.format == TraceFormat.NONE:
+            self.kv = KvManager(env, cfg, self.pool, self.link, self.policy, self.estimator, fit,
+                                self.recorder)
+            self.clients = Clients(env, cfg, streams, self.scheduler.inbox, self.recorder)
+        else:  # trace replay: requests at trace times, KV shared by prefix hash
+            self.replay = load_replay(cfg, streams.arrivals)
+            manager = OffloadingPrefixKvManager if cfg.kv.offload_enabled else PrefixKvManager
+            self.kv = manager(env, cfg, self.pool, self.link, self.policy, self.estimator, fit,
+                              self.recorder, self.replay)
+            self.clients = ReplayClients(env, cfg, self.replay, self.scheduler.inbox)
         self.batcher = Batcher(env, cfg, self.scheduler, self.kv, fit, self.recorder, wake)
-        self.clients = Clients(env, cfg, streams, self.scheduler.inbox, self.recorder)
         self.kv.on_ready = self.scheduler.requeue_front
         self.kv.on_memory = wake.notify
         self.scheduler.on_arrival = self.kv.on_arrival
@@ -122,14 +134,21 @@ class Simulation:
 
     def trace_meta(self) -> dict[str, Any]:
         """What a trace reader needs besides the rows (trace/derive.py): classes, SLOs, sizes."""
-        names = self.clients.factory.class_names
-        classes = self.cfg.workload.classes
+        if isinstance(self.clients, ReplayClients):  # one class: the trace
+            names = self.clients.class_names
+            ttft = list(self.clients.ttft_slo_us)
+            tpot = [self.clients.tpot_slo_us] * len(names)
+        else:
+            names = self.clients.factory.class_names
+            classes = self.cfg.workload.classes
+            ttft = [ms_to_us(classes[n].ttft_slo_ms) for n in names]
+            tpot = [ms_to_us(classes[n].tpot_slo_ms) for n in names]
         return {
             "policy": self.cfg.policy.name,
             "seed": self.cfg.seed,
             "class_names": names,
-            "ttft_slo_us": [ms_to_us(classes[n].ttft_slo_ms) for n in names],
-            "tpot_slo_us": [ms_to_us(classes[n].tpot_slo_ms) for n in names],
+            "ttft_slo_us": ttft,
+            "tpot_slo_us": tpot,
             "model_names": [m.name for m in self.cfg.models],
             "kv_pool_bytes": self.pool.capacity_bytes,
             "session_every": self.cfg.trace.session_every,
@@ -137,6 +156,12 @@ class Simulation:
         }
 
     def requests(self) -> pl.DataFrame:
+        if isinstance(self.clients, ReplayClients):
+            assert self.replay is not None
+            frame = request_frame(self.clients.requests, self.clients.class_names,
+                                  self.clients.ttft_slo_us)
+            # Engine sessions are per request in replay; report the inferred session instead.
+            return frame.with_columns(pl.Series("session", self.replay.sessions.session))
         names = self.clients.factory.class_names
         slo = [ms_to_us(self.cfg.workload.classes[n].ttft_slo_ms) for n in names]
         return request_frame(self.clients.requests, names, slo)
@@ -179,6 +204,9 @@ class Simulation:
             "events": self.recorder.num_rows,
         }
         out |= self.policy.metrics()
+        if isinstance(self.kv, PrefixKvManager) and self.replay is not None:
+            out |= self.kv.prefix_metrics()
+            out |= {"trace_rows_skipped": self.replay.table.num_skipped}
         return out
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +16,11 @@ from cachepilot_sim.config import (
     WorkloadClass,
     WorkloadConfig,
 )
+
+# Trace experiments read $CACHEPILOT_TRACES_DIR; tests use the shipped samples (same layout), so
+# they run the same on a clone without the full traces.
+SAMPLES_DIR = Path(__file__).resolve().parents[1] / "cachepilot_sim" / "workloads" / "samples"
+os.environ["CACHEPILOT_TRACES_DIR"] = str(SAMPLES_DIR)
 
 MIXED = {
     "chat": dict(

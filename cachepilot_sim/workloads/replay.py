@@ -1,0 +1,63 @@
+"""A trace made ready for replay: validated rows, arrival times (scaled, or Poisson for ShareGPT),
+and inferred sessions. Built once per simulation from `SimConfig.replay`; files are read only here
+and in `workloads/traces.py`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from cachepilot_sim.clock import s_to_us
+from cachepilot_sim.config import SimConfig, TraceFormat
+from cachepilot_sim.workloads.sessions import Sessions, infer_sessions
+from cachepilot_sim.workloads.traces import TraceTable, read_trace
+
+SAMPLES_DIR = Path(__file__).parent / "samples"
+TRACES_DIR_ENV = "CACHEPILOT_TRACES_DIR"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayWorkload:
+    """Request i arrives at arrival_us[i] with the trace's lengths and hash ids."""
+
+    table: TraceTable
+    arrival_us: np.ndarray
+    sessions: Sessions
+
+    @property
+    def num_requests(self) -> int:
+        return self.table.num_requests
+
+
+def resolve_path(path: str) -> Path:
+    """`samples:<file>` names a shipped sample; anything else is a path (relative to the cwd)."""
+    if path.startswith("samples:"):
+        return SAMPLES_DIR / path.removeprefix("samples:")
+    return Path(os.path.expanduser(path))
+
+
+def poisson_arrivals_us(rng: np.random.Generator, rate_per_s: float, n: int) -> np.ndarray:
+    """Arrival times of a Poisson process (first request at 0), integer microseconds."""
+    gaps = rng.exponential(1.0 / rate_per_s, size=n)
+    gaps[0] = 0.0
+    return np.fromiter((s_to_us(t) for t in np.cumsum(gaps)), dtype=np.int64, count=n)
+
+
+def load_replay(cfg: SimConfig, rng: np.random.Generator) -> ReplayWorkload:
+    """Read, validate and limit the configured trace; arrivals and sessions for the simulator."""
+    rc = cfg.replay
+    table = read_trace(rc.format, resolve_path(rc.path), rc.on_error, rc.hash_block_tokens)
+    table = table.head(rc.limit)
+    if rc.format == TraceFormat.SHAREGPT:
+        arrival = poisson_arrivals_us(rng, rc.arrival_rate_per_s, table.num_requests)
+    else:
+        arrival = np.rint(table.arrival_us * rc.time_scale).astype(np.int64)
+    if rc.infer_sessions and table.hash_offsets is not None:
+        sessions = infer_sessions(table, rc.hash_block_tokens)
+    else:
+        sessions = Sessions.singletons(table.num_requests)
+    return ReplayWorkload(table, arrival, sessions)

@@ -1,0 +1,118 @@
+"""Prefix blocks with a CPU tier: tails go out over PCIe, continuations reload them, a full store
+drops, and dropping a GPU tail drops the CPU blocks below it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cachepilot_sim.clock import SimEnvironment
+from cachepilot_sim.components.kv_manager import Admit, Tier
+from cachepilot_sim.components.pcie_link import PcieLink
+from cachepilot_sim.components.prefix_offload import OffloadingPrefixKvManager
+from cachepilot_sim.components.request import KvSource, Request
+from cachepilot_sim.components.vram_pool import VramPool
+from cachepilot_sim.config import (
+    KVConfig,
+    ModelConfig,
+    PolicyConfig,
+    ReplayConfig,
+    TraceConfig,
+    TraceFormat,
+)
+from cachepilot_sim.cost import compute_fit, recompute_us, transfer_fits, transfer_us
+from cachepilot_sim.sim import build
+from cachepilot_sim.trace.recorder import NullRecorder
+from tests.conftest import make_sim_config
+
+B = 512
+ROWS = [[1, 2, 3, 4], [1, 2, 3, 4, 5]]  # the second request continues the first
+
+
+def make_kv(tmp_path: Path, cpu_blocks: int = 100, lru_store: bool = True
+            ) -> OffloadingPrefixKvManager:
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": i, "input_length": B * len(ids),
+                                        "output_length": 4, "hash_ids": ids}) + "\n"
+                            for i, ids in enumerate(ROWS)))
+    cfg = make_sim_config(
+        vram_gb=141.0, model=ModelConfig(max_context_tokens=65_536),
+        policy=PolicyConfig(name="lru"), trace=TraceConfig(enabled=False),
+        kv=KVConfig(cpu_store_bytes=cpu_blocks * B * 131_072, cpu_store_evicts_lru=lru_store),
+        replay=ReplayConfig(format=TraceFormat.MOONCAKE, path=str(path)),
+    )
+    sim = build(cfg)
+    assert isinstance(sim.kv, OffloadingPrefixKvManager) and sim.replay is not None
+    env = SimEnvironment()
+    return OffloadingPrefixKvManager(
+        env, cfg, VramPool(cfg), PcieLink(env, *transfer_fits(cfg.hardware)), sim.policy,
+        sim.estimator, compute_fit(cfg.hardware), NullRecorder(), sim.replay)
+
+
+def request(kv: OffloadingPrefixKvManager, i: int) -> Request:
+    t = kv.workload.table
+    return Request(kv.env, i, i, 0, 0, 0, 1, int(kv.env.now), 10**12, 10**9, 0,
+                   int(t.input_tokens[i]), int(t.output_tokens[i]))
+
+
+def serve(kv: OffloadingPrefixKvManager, req: Request) -> None:
+    assert kv.admit(req) == Admit.READY
+    kv.finish(req, req.prompt_tokens + req.output_tokens)
+
+
+def test_evicted_tail_goes_to_cpu_and_a_continuation_reloads_it(tmp_path: Path) -> None:
+    kv = make_kv(tmp_path)
+    serve(kv, request(kv, 0))
+    assert kv._evict_blocks(2) == 2  # 4 then 3 start their copies out
+    assert [kv.blocks[h].tier for h in (1, 2, 3, 4)] == [Tier.GPU, Tier.GPU, Tier.FLIGHT_OUT,
+                                                          Tier.FLIGHT_OUT]
+    nxt = request(kv, 1)
+    assert kv.admit(nxt) == Admit.BLOCKED  # its continuation is still in flight
+    kv.env.run()
+    assert kv.blocks[3].tier == Tier.CPU and kv.pool.in_flight_bytes == 0
+    assert kv.admit(nxt) == Admit.WAIT  # 3 and 4 come back over PCIe
+    assert kv.blocks[3].refcount == 1 and 3 not in kv.evictable
+    kv.env.run()
+    assert kv.admit(nxt) == Admit.READY
+    assert nxt.kv_source == KvSource.RELOAD
+    h2d = transfer_fits(make_sim_config().hardware)[0]
+    expected = transfer_us(h2d, 2 * kv.hash_bytes)
+    assert nxt.reload_us_paid == expected == kv.stats.realized_reload_us
+    assert nxt.prefill_tokens == B  # only block 5 is computed
+    assert (kv.stats.hit_blocks, kv.stats.lookup_blocks, kv.stats.reload_blocks) == (4, 9, 2)
+    assert all(kv.blocks[h].refcount == 1 for h in (1, 2, 3, 4, 5))  # held pins released
+    assert kv.stats.realized_recompute_us == 0
+
+
+def test_restore_cost_is_the_cheaper_of_reload_and_recompute(tmp_path: Path) -> None:
+    kv = make_kv(tmp_path)
+    serve(kv, request(kv, 0))
+    b = kv.blocks[4]
+    kv._key(b, int(kv.env.now))
+    recompute = recompute_us(kv.fit, 4 * B) - recompute_us(kv.fit, 3 * B)
+    assert b.entry.restore_us == pytest.approx(min(recompute, kv.reload_block_us))
+    assert kv.reload_block_us < recompute  # a 64 MiB block: ~1.2 ms over PCIe vs ~13 ms compute
+
+
+def test_a_full_store_without_lru_drops_the_tail(tmp_path: Path) -> None:
+    kv = make_kv(tmp_path, cpu_blocks=1, lru_store=False)
+    serve(kv, request(kv, 0))
+    kv._evict_blocks(2)  # 4 fits in the store, 3 does not
+    kv.env.run()
+    assert kv.stats.evictions_offload == 1 and kv.stats.evictions_drop == 1
+    assert 3 not in kv.blocks and 4 not in kv.blocks  # 3 dropped with its CPU child 4
+    assert kv.cpu_used_bytes == 0 and kv.pool.conserved()
+
+
+def test_a_full_lru_store_drops_its_oldest_cpu_tail(tmp_path: Path) -> None:
+    kv = make_kv(tmp_path, cpu_blocks=1)
+    serve(kv, request(kv, 0))
+    kv._evict_blocks(1)
+    kv.env.run()
+    assert kv.blocks[4].tier == Tier.CPU
+    kv._evict_blocks(1)  # 3 goes out; the store drops 4 (a CPU tail) to make room
+    kv.env.run()
+    assert 4 not in kv.blocks and kv.blocks[3].tier == Tier.CPU
+    assert kv.stats.cpu_drops == 1 and kv.cpu_used_bytes == kv.hash_bytes
