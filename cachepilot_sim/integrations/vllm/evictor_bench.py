@@ -139,8 +139,14 @@ def aggregate(cells: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     for name in POLICIES:
         mine = [c for c in cells if c["policy"] == name]
         row: dict[str, float] = {}
-        for key in ("restore_s", "hit_ratio", "decisions", "decision_us_mean", "decision_us_p50",
-                    "decision_us_p99"):
+        for key in (
+            "restore_s",
+            "hit_ratio",
+            "decisions",
+            "decision_us_mean",
+            "decision_us_p50",
+            "decision_us_p99",
+        ):
             vals = np.array([c[key] for c in mine], dtype=np.float64)
             row[key] = float(vals.mean())
             row[key + "_std"] = float(vals.std(ddof=1)) if vals.size > 1 else 0.0

@@ -19,6 +19,9 @@ from cachepilot_sim.config import ConfigError, HardwareConfig, PolicyConfig, req
 
 ENV_VAR = "CACHEPILOT_PERC"
 EXTRA_CONFIG_KEY = "cachepilot_perc"
+# kv_connector_extra_config's eviction_policy and cache_policy_module_path for our policy.
+POLICY_NAME = "PercCachePolicy"
+POLICY_MODULE = "cachepilot_sim.integrations.vllm.policy"
 
 
 @dataclass(frozen=True, slots=True)

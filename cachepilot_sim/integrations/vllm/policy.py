@@ -12,10 +12,10 @@ from __future__ import annotations
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
 
 from cachepilot_sim.integrations.vllm.chunks import Clock, PercChunkPolicy
-from cachepilot_sim.integrations.vllm.params import PercParams
+from cachepilot_sim.integrations.vllm.params import POLICY_MODULE, POLICY_NAME, PercParams
 
-MODULE_PATH = __name__
-POLICY_NAME = "PercCachePolicy"
+MODULE_PATH = POLICY_MODULE
+assert MODULE_PATH == __name__, "params.POLICY_MODULE must name this module"
 
 
 class PercCachePolicy(PercChunkPolicy, CachePolicy):  # type: ignore[misc]
@@ -25,3 +25,6 @@ class PercCachePolicy(PercChunkPolicy, CachePolicy):  # type: ignore[misc]
         self, cache_capacity: int, params: PercParams | None = None, clock: Clock | None = None
     ) -> None:
         PercChunkPolicy.__init__(self, cache_capacity, params, clock)
+
+
+assert PercCachePolicy.__name__ == POLICY_NAME, "params.POLICY_NAME must name this class"
