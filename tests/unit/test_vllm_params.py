@@ -46,3 +46,17 @@ def test_hardware_file_sets_the_cost_model() -> None:
     assert params.hardware().quantize_bytes_per_us == 4.13e6  # the file's value, not the default
     with pytest.raises(ConfigError, match="no such file"):
         params_from_mapping({"hardware_file": "/nonexistent.yaml"}).hardware()
+
+
+def test_policies_built_inside_pending_params_take_them_over_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from cachepilot_sim.integrations.vllm.params import PercParams, pending_params
+    from tests.vllm_double import DoublePercCachePolicy
+
+    monkeypatch.setenv(ENV_VAR, '{"delta_s": 7}')
+    with pending_params(PercParams(delta_s=5.0, tokens_per_chunk=64)):
+        inside = DoublePercCachePolicy(cache_capacity=10)  # as vLLM's manager builds it
+    outside = DoublePercCachePolicy(cache_capacity=10)
+    assert (inside.params.delta_s, inside.params.tokens_per_chunk) == (5.0, 64)
+    assert outside.params.delta_s == 7.0

@@ -17,7 +17,7 @@ from typing import Any
 
 from cachepilot_sim.clock import s_to_us
 from cachepilot_sim.cost import compute_fit, recompute_us
-from cachepilot_sim.integrations.vllm.params import PercParams, params_from_env
+from cachepilot_sim.integrations.vllm.params import PercParams, resolve_params
 from cachepilot_sim.policies import CacheEntry, GapEstimator
 from cachepilot_sim.policies.perc import PercPolicy
 
@@ -88,7 +88,7 @@ class PercChunkPolicy:
         self, cache_capacity: int, params: PercParams | None = None, clock: Clock | None = None
     ) -> None:
         self.cache_capacity = cache_capacity
-        self.params = params if params is not None else params_from_env()
+        self.params = params if params is not None else resolve_params()
         self._clock = clock if clock is not None else monotonic_us
         pcfg = self.params.policy_config()
         self.estimator = GapEstimator(

@@ -1,16 +1,18 @@
 """Parameters of the vLLM PERC policy: delta, EMA weight, gap prior, hardware file, chunk geometry.
 
 vLLM builds a cache policy with `cache_capacity` only, so parameters reach it one of two ways: the
-`cachepilot_perc` mapping of `kv_connector_extra_config` (read by `spec.PercCPUOffloadingSpec`), or
-the environment variable `CACHEPILOT_PERC` (a JSON object, or a path to a JSON file). The extra
-config wins over the environment, which wins over the defaults.
+`cachepilot_perc` mapping of `kv_connector_extra_config`, read by `spec.PercCPUOffloadingSpec`
+(which also knows the chunk geometry) and handed over through `pending_params`; or, with vLLM's
+plain CPUOffloadingSpec, the environment variable `CACHEPILOT_PERC` (a JSON object, or a path to a
+JSON file). Keys either source lacks take the defaults below.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -120,3 +122,21 @@ def _read_json_file(path: str) -> str:
     if not file.is_file():
         raise ConfigError(f"${ENV_VAR} = {path!r}: neither a JSON object nor a readable file")
     return file.read_text()
+
+
+_pending: list[PercParams] = []
+
+
+@contextmanager
+def pending_params(params: PercParams) -> Iterator[None]:
+    """Policies built in this block (by vLLM's manager, from cache_capacity alone) use `params`."""
+    _pending.append(params)
+    try:
+        yield
+    finally:
+        _pending.pop()
+
+
+def resolve_params() -> PercParams:
+    """What a policy built without explicit params uses: pending_params, else the environment."""
+    return _pending[-1] if _pending else params_from_env()
