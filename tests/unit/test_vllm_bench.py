@@ -128,3 +128,24 @@ def test_standalone_script_reruns_the_same_arguments(tmp_path: Path) -> None:
         "emit_script": None,
     }
     assert "pip install '.[vllm]'" in text  # the project checkout the job runs in, with vLLM
+
+
+def test_each_policy_runs_in_its_own_process_and_the_summaries_are_collected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The per-policy child process is replaced by one that writes what engine_run would."""
+    calls: list[tuple[str, bool]] = []
+
+    def child(cmd: list[str], check: bool, env: dict[str, str]) -> None:
+        policy = cmd[cmd.index("--only") + 1]
+        calls.append((policy, ENV_VAR in env))
+        assert cmd[1:3] == ["-m", "cachepilot_sim.vllm_bench"] and check
+        summary = {"ttft_s_mean": {"lru": 1.0, "perc": 0.5}[policy]}
+        (tmp_path / f"{policy}.json").write_text(json.dumps({"summary": summary}))
+
+    monkeypatch.setattr(vllm_bench.subprocess, "run", child)
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    vllm_bench.main(["--model", "/m", "--out", str(tmp_path)])
+    assert calls == [("lru", False), ("perc", True)]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary == {"lru": {"ttft_s_mean": 1.0}, "perc": {"ttft_s_mean": 0.5}}
