@@ -152,3 +152,20 @@ def test_clear_forgets_every_chunk_and_request() -> None:
     run_request(policy, "a", range(1), "r1")
     evicted = policy.evict(1, set())
     assert evicted is not None and len(evicted) == 1
+
+
+def test_history_of_sessions_without_chunks_is_bounded_oldest_first() -> None:
+    policy, clock = make_policy_under_test(prior_gap_s=20.0, ema_weight=1.0)
+    policy.max_history_sessions = 3
+    run_request(policy, "kept", range(1), "k0")  # has a chunk: never trimmed
+    for i in range(4):
+        clock.now_us = (i + 1) * S
+        run_request(policy, f"empty{i}", range(0), f"e{i}")
+    # empty0 and empty1 were forgotten: coming back at 100 s observes no gap for them.
+    before = policy.estimator.population_gap_us
+    clock.now_us = 100 * S
+    run_request(policy, "empty0", range(0), "again0")
+    assert policy.estimator.population_gap_us == before
+    run_request(policy, "empty3", range(0), "again3")  # still remembered: its gap is observed
+    assert policy.estimator.population_gap_us == 96 * S
+    assert policy.get(("kept", 0)) is not None
