@@ -181,13 +181,21 @@ def _synthetic_sessions(args: argparse.Namespace) -> list[BenchSession]:
     out: list[BenchSession] = []
     for _ in range(args.num_sessions):
         spec = factory.make()
-        n = min(spec.num_turns, args.max_turns)
-        turns = [
-            streams.spare.integers(0, args.vocab_size, int(t)).tolist()
-            for t in spec.prompt_tokens[:n]
-        ]
-        answers = [args.max_tokens or int(t) for t in spec.output_tokens[:n]]
-        out.append(BenchSession(f"s{spec.session_id}", turns, answers))
+        turns: list[Any] = []
+        answers: list[int] = []
+        context = 0
+        for k in range(min(spec.num_turns, args.max_turns)):
+            prompt, answer = (
+                int(spec.prompt_tokens[k]),
+                args.max_tokens or int(spec.output_tokens[k]),
+            )
+            if context + prompt + answer > args.max_model_len:
+                break  # the conversation stops before it would exceed the engine's context
+            turns.append(streams.spare.integers(0, args.vocab_size, prompt).tolist())
+            answers.append(answer)
+            context += prompt + answer
+        if turns:
+            out.append(BenchSession(f"s{spec.session_id}", turns, answers))
     return out
 
 

@@ -100,6 +100,21 @@ def test_sessions_from_jsonl_sharegpt_and_the_synthetic_mix(tmp_path: Path) -> N
     assert len(synth) == 5 and all(1 <= len(s.turns) <= 2 for s in synth)
     assert all(isinstance(t, list) and max(t) < 32_000 for s in synth for t in s.turns)
     assert synth == vllm_bench.load_sessions(args)  # seeded
+    args = vllm_bench.parse_args(
+        [
+            "--model",
+            "/m",
+            "--num-sessions",
+            "40",
+            "--max-model-len",
+            "3000",
+            "--workload",
+            str(ROOT / "conf/workload/mixed.yaml"),
+        ]
+    )
+    short = vllm_bench.load_sessions(args)
+    assert short and all(sum(len(t) for t in s.turns) + sum(s.max_tokens) <= 3000 for s in short)
+    assert len(short) < 40  # long-context sessions do not fit at all and are left out
 
 
 def test_summary_of_per_request_metrics() -> None:
