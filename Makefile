@@ -4,7 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 EXPERIMENT ?= mixed_spike
 
-.PHONY: run test install install-dev lint bench clean
+.PHONY: run test install install-dev lint bench clean install-vllm-policy test-vllm \
+	bench-vllm-evictor
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +29,18 @@ lint: install-dev
 
 bench: install
 	$(PY) experiments/bench_sim_speed.py
+
+# vLLM 0.33 next to the dev torch (2.13.0 CPU): the wheel without its dependencies, plus the few
+# packages its KV-offload policy modules import. Runs the tests that the default suite skips.
+install-vllm-policy: install-dev
+	$(PY) -m pip install --no-deps 'vllm==0.33.*'
+	$(PY) -m pip install -e '.[vllm-policy]'
+
+test-vllm: install-vllm-policy
+	$(PY) -m pytest tests/unit/test_vllm_real.py
+
+bench-vllm-evictor: install-vllm-policy
+	$(PY) -m cachepilot_sim.integrations.vllm.evictor_bench --out experiments/vllm_evictor
 
 clean:
 	rm -rf outputs multirun .pytest_cache .hypothesis

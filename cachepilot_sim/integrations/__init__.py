@@ -1,0 +1,1 @@
+"""Adapters that run the simulator's policies inside real serving engines (vLLM first)."""

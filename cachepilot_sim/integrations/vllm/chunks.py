@@ -1,0 +1,269 @@
+"""PERC over vLLM's offloaded KV chunks, with no vLLM import: the logic behind PercCachePolicy.
+
+vLLM 0.33's CPU offload manager keeps KV in fixed-size chunks keyed by block hash and asks its
+CachePolicy for exactly n idle victims when a store needs room. Chunks are grouped into the session
+that last used them; the session's idle gaps train the simulator's GapEstimator, and sessions are
+ranked by the simulator's PercPolicy (one implementation, two adapters). Within a session the tail
+goes first: vLLM loads only a run of consecutive hits from the head, so a lost head chunk would make
+every later one useless.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cachepilot_sim.clock import s_to_us
+from cachepilot_sim.cost import compute_fit, recompute_us
+from cachepilot_sim.integrations.vllm.params import PercParams, resolve_params
+from cachepilot_sim.policies import CacheEntry, GapEstimator
+from cachepilot_sim.policies.perc import PercPolicy
+
+Clock = Callable[[], int]
+
+
+def monotonic_us() -> int:
+    """Real time for the serving engine (the simulator never calls this)."""
+    return time.monotonic_ns() // 1000
+
+
+@dataclass(slots=True, eq=False)
+class _Session:
+    entry: CacheEntry  # the simulator's view; num_bytes/num_tokens/restore_us set per decision
+    chunks: dict[Any, _Chunk] = field(default_factory=dict)  # insertion-ordered, never a set
+    num_evictable: int = 0
+    evictable_restore_us: float = 0.0
+    num_active: int = 0
+    last_finished_us: int = -1
+
+
+@dataclass(slots=True, eq=False)
+class _Chunk:
+    key: Any
+    status: Any  # vLLM's ChunkStatus (ctypes struct with ref_cnt, chunk_id)
+    session: _Session
+    end_token: int
+    restore_us: float
+    seq: int
+    evictable: bool = False
+
+
+@dataclass(slots=True)
+class _RequestState:
+    """Stored on vLLM's ReqContext so a request's session is resolved once."""
+
+    owner: object
+    generation: int
+    session: _Session
+
+
+def session_key(req_context: Any, session_field: str) -> str:
+    """The session a request belongs to: kv_transfer_params[field], else a kv hint payload's
+    field, else the request id (every request its own session)."""
+    params = getattr(req_context, "kv_transfer_params", None)
+    if isinstance(params, dict) and params.get(session_field) is not None:
+        return f"session:{params[session_field]}"
+    hints = getattr(req_context, "kv_hints", None)
+    for action in getattr(hints, "actions", None) or ():
+        payload = getattr(action, "payload", None)
+        if isinstance(payload, dict) and payload.get(session_field) is not None:
+            return f"session:{payload[session_field]}"
+    return f"request:{req_context.req_id}"
+
+
+class PercChunkPolicy:
+    """The CachePolicy methods of vLLM 0.33 (get, insert, remove, touch, evict, clear,
+    mark_evictable, mark_non_evictable and the request hooks), PERC-ordered by session.
+
+    Chunk keys are opaque hashable values; chunk statuses need a `ref_cnt` (0 = idle).
+    `clock` returns microseconds (monotonic real time by default; the benchmark injects its own).
+    """
+
+    # Sessions without chunks are kept for their gap history, up to this many.
+    max_history_sessions = 65_536
+
+    def __init__(
+        self, cache_capacity: int, params: PercParams | None = None, clock: Clock | None = None
+    ) -> None:
+        self.cache_capacity = cache_capacity
+        self.params = params if params is not None else resolve_params()
+        self._clock = clock if clock is not None else monotonic_us
+        pcfg = self.params.policy_config()
+        self.estimator = GapEstimator(
+            pcfg.ema_weight, float(s_to_us(pcfg.prior_gap_s)), float(s_to_us(pcfg.delta_s))
+        )
+        self._perc = PercPolicy(pcfg, self.estimator)  # the simulator's class, unchanged
+        self._fit = compute_fit(self.params.hardware())
+        self._generation = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self._chunks: dict[Any, _Chunk] = {}
+        self._sessions: dict[str, _Session] = {}
+        self._evictable_sessions: dict[int, _Session] = {}  # entry_id -> session, insertion order
+        self._next_session_id = 0
+        self._next_seq = 0
+
+    # --- sessions and requests ---
+
+    def _session(self, req_context: Any) -> _Session:
+        state = req_context.get_state(_RequestState)
+        if state is not None and state.owner is self and state.generation == self._generation:
+            return state.session
+        now = self._clock()
+        key = session_key(req_context, self.params.session_field)
+        session = self._sessions.pop(key, None)
+        if session is None:
+            session = _Session(
+                CacheEntry(self._next_session_id, self._next_session_id, 0, 0, 0, 0, 0, now, now)
+            )
+            self._next_session_id += 1
+        elif session.num_active == 0 and session.last_finished_us >= 0:
+            # A session coming back: the gap since its last request finished trains lambda.
+            self.estimator.observe(session.entry, now - session.last_finished_us)
+        self._sessions[key] = session  # most recently active last (history trimming order)
+        session.num_active += 1
+        session.entry.last_used_us = now
+        req_context.set_state(_RequestState(self, self._generation, session))
+        self._trim_history()
+        return session
+
+    def _trim_history(self) -> None:
+        excess = len(self._sessions) - self.max_history_sessions
+        if excess <= 0:
+            return
+        idle = [k for k, s in self._sessions.items() if not s.chunks and s.num_active == 0]
+        for key in idle[:excess]:
+            del self._sessions[key]
+
+    def _chunk_restore_us(self, end_token: int) -> float:
+        """Recompute of the chunk's tokens on top of its cached prefix (attention included)."""
+        start = max(end_token - self.params.tokens_per_chunk, 0)
+        return recompute_us(self._fit, end_token) - recompute_us(self._fit, start)
+
+    def _set_evictable(self, chunk: _Chunk, evictable: bool) -> None:
+        if chunk.evictable == evictable:
+            return
+        chunk.evictable = evictable
+        session = chunk.session
+        sign = 1 if evictable else -1
+        session.num_evictable += sign
+        session.evictable_restore_us += sign * chunk.restore_us
+        if session.num_evictable == 0:
+            session.evictable_restore_us = 0.0  # no float drift carried over
+            self._evictable_sessions.pop(session.entry.entry_id, None)
+        else:
+            self._evictable_sessions.setdefault(session.entry.entry_id, session)
+
+    def _move(self, chunk: _Chunk, session: _Session) -> None:
+        if chunk.session is session:
+            return
+        evictable = chunk.evictable
+        self._set_evictable(chunk, False)
+        del chunk.session.chunks[chunk.key]
+        chunk.session = session
+        session.chunks[chunk.key] = chunk
+        self._set_evictable(chunk, evictable)
+
+    def _detach(self, chunk: _Chunk) -> None:
+        self._set_evictable(chunk, False)
+        del chunk.session.chunks[chunk.key]
+        del self._chunks[chunk.key]
+
+    # --- vLLM CachePolicy interface ---
+
+    def get(self, key: Any) -> Any:
+        chunk = self._chunks.get(key)
+        return None if chunk is None else chunk.status
+
+    def insert(self, key: Any, chunk: Any, req_context: Any) -> None:
+        session = self._session(req_context)
+        if key in self._chunks:
+            self._detach(self._chunks[key])
+        end = req_context.get_offload_key_position(key)
+        if end is None:  # no position recorded: assume the session's context grows by one chunk
+            end = self.params.tokens_per_chunk * (len(session.chunks) + 1)
+        record = _Chunk(key, chunk, session, end, self._chunk_restore_us(end), self._next_seq)
+        self._next_seq += 1
+        self._chunks[key] = record
+        session.chunks[key] = record
+        session.entry.last_used_us = self._clock()
+        if chunk.ref_cnt == 0:
+            self._set_evictable(record, True)
+
+    def remove(self, key: Any) -> None:
+        self._detach(self._chunks[key])
+
+    def touch(self, keys: Iterable[Any], req_context: Any) -> None:
+        session = self._session(req_context)
+        for key in keys:
+            chunk = self._chunks.get(key)
+            if chunk is not None:
+                self._move(chunk, session)
+        session.entry.last_used_us = self._clock()
+
+    def on_store_miss(self, keys: Iterable[Any], req_context: Any) -> None:
+        self._session(req_context)  # misses are not resident: only the request is registered
+
+    def on_request_access(self, keys: Iterable[Any], req_context: Any) -> None:
+        self.touch(keys, req_context)
+
+    def on_request_finished(
+        self,
+        key_groups: Sequence[Sequence[Any]],
+        insertion_only_keys: set[Any],
+        reused_keys: set[Any],
+        req_context: Any,
+    ) -> None:
+        for keys in key_groups:
+            self.touch(keys, req_context)
+        session = self._session(req_context)
+        session.num_active = max(session.num_active - 1, 0)
+        session.last_finished_us = session.entry.last_used_us = self._clock()
+
+    def mark_evictable(self, key: Any) -> None:
+        self._set_evictable(self._chunks[key], True)
+
+    def mark_non_evictable(self, key: Any) -> None:
+        self._set_evictable(self._chunks[key], False)
+
+    def clear(self) -> None:
+        self._generation += 1
+        self._reset()
+
+    def evict(self, n: int, protected: set[Any]) -> list[tuple[Any, Any]] | None:
+        """Exactly n idle, unprotected chunks (tail first within a session, sessions in PERC
+        order), or None with no state changed when fewer than n exist."""
+        if n <= 0:
+            return []
+        now = self._clock()
+        held: dict[int, tuple[int, float]] = {}  # entry_id -> protected idle (count, restore)
+        for key in protected:
+            chunk = self._chunks.get(key)
+            if chunk is not None and chunk.evictable:
+                count, restore = held.get(chunk.session.entry.entry_id, (0, 0.0))
+                held[chunk.session.entry.entry_id] = (count + 1, restore + chunk.restore_us)
+        entries: list[CacheEntry] = []
+        for sid, session in self._evictable_sessions.items():
+            count, restore = held.get(sid, (0, 0.0))
+            if session.num_evictable > count:
+                entry = session.entry
+                entry.num_tokens = (session.num_evictable - count) * self.params.tokens_per_chunk
+                entry.num_bytes = entry.num_tokens
+                entry.restore_us = entry.recompute_us = session.evictable_restore_us - restore
+                entries.append(entry)
+        if sum(e.num_tokens for e in entries) < n * self.params.tokens_per_chunk:
+            return None
+        victims: list[_Chunk] = []
+        for entry in self._perc.order(entries, now):
+            session = self._evictable_sessions[entry.entry_id]
+            idle = [c for c in session.chunks.values() if c.evictable and c.key not in protected]
+            idle.sort(key=lambda c: (-c.end_token, -c.seq))
+            victims.extend(idle[: n - len(victims)])
+            if len(victims) == n:
+                break
+        for chunk in victims:
+            self._detach(chunk)
+        return [(chunk.key, chunk.status) for chunk in victims]

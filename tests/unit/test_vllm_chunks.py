@@ -1,0 +1,171 @@
+"""PERC as a vLLM cache policy, on the restated contract (tests/vllm_double.py, not vLLM)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cachepilot_sim.config import HardwareConfig, PolicyConfig
+from cachepilot_sim.cost import compute_fit, recompute_us
+from cachepilot_sim.integrations.vllm.chunks import session_key
+from cachepilot_sim.integrations.vllm.params import PercParams
+from cachepilot_sim.policies import CacheEntry, GapEstimator, make_policy
+from tests.vllm_double import (
+    ChunkStatus,
+    DoublePercCachePolicy,
+    KvHintAction,
+    KvHintsEnvelope,
+    ReqContext,
+)
+
+S = 1_000_000
+TPC = 16
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now_us = 0
+
+    def __call__(self) -> int:
+        return self.now_us
+
+
+def make_policy_under_test(**params: object) -> tuple[DoublePercCachePolicy, ManualClock]:
+    clock = ManualClock()
+    return DoublePercCachePolicy(100, PercParams(tokens_per_chunk=TPC, **params), clock), clock
+
+
+def run_request(
+    policy: DoublePercCachePolicy,
+    session: str,
+    chunks: range,
+    req_id: str,
+    first_token: int = 0,
+) -> list[tuple[str, int]]:
+    """One request that stores `chunks` of `session` (positions from first_token) and finishes."""
+    ctx = ReqContext(req_id, kv_transfer_params={"session_id": session})
+    keys = [(session, i) for i in chunks]
+    for j, key in enumerate(keys):
+        ctx.set_offload_key_position(key, first_token + (j + 1) * TPC)
+        status = ChunkStatus(hash(key) & 0xFFFF)
+        policy.insert(key, status, ctx)
+        status.ref_cnt = 0  # the store completed
+        policy.mark_evictable(key)
+    policy.on_request_finished((tuple(keys),), set(keys), set(), ctx)
+    return keys
+
+
+def test_evict_takes_exactly_n_chunks_from_the_tail_and_forgets_them() -> None:
+    policy, _ = make_policy_under_test()
+    keys = run_request(policy, "a", range(5), "r0")
+    evicted = policy.evict(2, set())
+    assert evicted is not None
+    assert [k for k, _ in evicted] == [keys[4], keys[3]]
+    assert [policy.get(k) is None for k in keys] == [False, False, False, True, True]
+
+
+def test_evict_returns_none_and_changes_nothing_when_too_few_chunks_are_evictable() -> None:
+    policy, _ = make_policy_under_test()
+    k0, k1, k2 = run_request(policy, "a", range(3), "r0")
+    policy.get(k2).ref_cnt = 1  # a load in flight pins it
+    policy.mark_non_evictable(k2)
+    assert policy.evict(2, {k0}) is None
+    assert all(policy.get(k) is not None for k in (k0, k1, k2))
+    evicted = policy.evict(1, {k0})
+    assert evicted is not None and [k for k, _ in evicted] == [k1]
+    assert policy.evict(0, set()) == []
+
+
+def test_session_that_comes_back_often_outlives_a_more_recent_slow_one() -> None:
+    """LRU would evict `fast` (used longer ago); PERC evicts `slow`, whose learned gap is long."""
+    policy, clock = make_policy_under_test(delta_s=30.0, prior_gap_s=20.0)
+    for turn in range(4):  # `slow` returns every 300 s, `fast` every 10 s; fast is last used first
+        clock.now_us = turn * 300 * S
+        run_request(policy, "slow", range(turn * 2, turn * 2 + 2), f"s{turn}", turn * 2 * TPC)
+    for turn in range(4):
+        clock.now_us = 862 * S + turn * 10 * S
+        run_request(policy, "fast", range(turn * 2, turn * 2 + 2), f"f{turn}", turn * 2 * TPC)
+    clock.now_us = 900 * S
+    run_request(policy, "slow", range(8, 8), "s-last")  # slow used at 900 s, fast at 892 s
+    clock.now_us = 902 * S
+    evicted = policy.evict(8, set())
+    assert evicted is not None
+    assert {k[0] for k, _ in evicted} == {"slow"}
+
+
+def test_gap_of_a_returning_session_trains_the_estimator() -> None:
+    policy, clock = make_policy_under_test(ema_weight=0.5, prior_gap_s=20.0)
+    run_request(policy, "a", range(1), "r0")
+    clock.now_us = 10 * S
+    run_request(policy, "a", range(1, 2), "r1", TPC)
+    assert policy.estimator.population_gap_us == 0.5 * 20 * S + 0.5 * 10 * S
+
+
+def test_session_id_comes_from_transfer_params_then_hints_then_the_request() -> None:
+    hint = KvHintsEnvelope("1", "m", [KvHintAction("a", "session", "1", {"session_id": 7})])
+    assert session_key(ReqContext("r", {"session_id": "x"}, hint), "session_id") == "session:x"
+    assert session_key(ReqContext("r", None, hint), "session_id") == "session:7"
+    assert session_key(ReqContext("r", {"other": 1}), "session_id") == "request:r"
+
+
+def test_deep_chunks_cost_more_to_restore_so_shallow_ones_go_first() -> None:
+    policy, _ = make_policy_under_test()
+    deep = run_request(policy, "deep", range(1), "r0", first_token=32_768)
+    shallow = run_request(policy, "shallow", range(1), "r1")
+    evicted = policy.evict(1, set())
+    assert evicted is not None and [k for k, _ in evicted] == shallow
+    assert policy.get(deep[0]) is not None
+
+
+def test_session_order_is_the_simulators_perc_order() -> None:
+    """40 one-chunk sessions (the vectorised path): evict order == PercPolicy.order."""
+    rng = np.random.default_rng(3)
+    params = PercParams(tokens_per_chunk=TPC)
+    policy, clock = make_policy_under_test()
+    fit = compute_fit(HardwareConfig())
+    estimator = GapEstimator(params.ema_weight, 20 * S, 30 * S)
+    entries: list[CacheEntry] = []
+    for sid in range(40):
+        gap_s, end, done = float(rng.uniform(1, 200)), int(rng.integers(1, 2000)) * TPC, sid * S
+        clock.now_us = done
+        run_request(policy, f"s{sid}", range(1), f"a{sid}", end - TPC)
+        clock.now_us = done + int(gap_s * S)
+        run_request(policy, f"s{sid}", range(1, 1), f"b{sid}")  # a return with nothing to store
+        entry = CacheEntry(sid, sid, 0, 0, 0, TPC, TPC, 0, clock.now_us)
+        entry.restore_us = recompute_us(fit, end) - recompute_us(fit, end - TPC)
+        estimator.observe(entry, int(gap_s * S))
+        entries.append(entry)
+    clock.now_us += 60 * S
+    perc = make_policy(PolicyConfig(name="perc"), estimator)
+    expected = [f"s{e.session_id}" for e in perc.order(entries, clock.now_us)]
+    evicted = policy.evict(40, set())
+    assert evicted is not None
+    assert [k[0] for k, _ in evicted] == expected
+
+
+def test_clear_forgets_every_chunk_and_request() -> None:
+    policy, _ = make_policy_under_test()
+    keys = run_request(policy, "a", range(3), "r0")
+    policy.clear()
+    assert all(policy.get(k) is None for k in keys)
+    assert policy.evict(1, set()) is None
+    policy.remove  # noqa: B018 (the contract method exists)
+    run_request(policy, "a", range(1), "r1")
+    evicted = policy.evict(1, set())
+    assert evicted is not None and len(evicted) == 1
+
+
+def test_history_of_sessions_without_chunks_is_bounded_oldest_first() -> None:
+    policy, clock = make_policy_under_test(prior_gap_s=20.0, ema_weight=1.0)
+    policy.max_history_sessions = 3
+    run_request(policy, "kept", range(1), "k0")  # has a chunk: never trimmed
+    for i in range(4):
+        clock.now_us = (i + 1) * S
+        run_request(policy, f"empty{i}", range(0), f"e{i}")
+    # empty0 and empty1 were forgotten: coming back at 100 s observes no gap for them.
+    before = policy.estimator.population_gap_us
+    clock.now_us = 100 * S
+    run_request(policy, "empty0", range(0), "again0")
+    assert policy.estimator.population_gap_us == before
+    run_request(policy, "empty3", range(0), "again3")  # still remembered: its gap is observed
+    assert policy.estimator.population_gap_us == 96 * S
+    assert policy.get(("kept", 0)) is not None
