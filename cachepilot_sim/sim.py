@@ -19,7 +19,7 @@ from cachepilot_sim.components.pcie_link import PcieLink
 from cachepilot_sim.components.prefix_cache import PrefixKvManager
 from cachepilot_sim.components.prefix_offload import OffloadingPrefixKvManager
 from cachepilot_sim.components.replay_clients import ReplayClients
-from cachepilot_sim.components.request import Outcome
+from cachepilot_sim.components.request import Outcome, Request
 from cachepilot_sim.components.scheduler import Scheduler
 from cachepilot_sim.components.signal import Signal
 from cachepilot_sim.components.vram_pool import VramPool
@@ -93,9 +93,14 @@ class Simulation:
         self.kv.on_ready = self.scheduler.requeue_front
         self.kv.on_memory = wake.notify
         self.scheduler.on_arrival = self.kv.on_arrival
-        self.scheduler.on_timeout = lambda req: self.batcher.reject(req, "queue_timeout")
+        self.scheduler.on_timeout = self._give_up
         for process in (self.clients.arrivals(), self.scheduler.run(), self.batcher.run()):
             env.process(process)
+
+    def _give_up(self, req: Request) -> None:
+        """A request timed out in the queue: the KV manager lets go, the batcher rejects it."""
+        self.kv.abandon(req)
+        self.batcher.reject(req, "queue_timeout")
 
     def run(
         self, on_progress: Callable[[int], None] | None = None, every_events: int = 50_000

@@ -454,6 +454,10 @@ class KvManager:
         self.idle[e.entry_id] = s
         self.policy.on_release(e, self.env.now)
 
+    def abandon(self, req: Request) -> None:
+        """A queued request gave up (queue timeout): let go of anything held for it. A session's
+        reloaded KV is already idle and evictable here, so there is nothing to release."""
+
     def preempt(self, req: Request, num_tokens: int) -> None:
         """Recompute preemption: the running request loses all its KV and re-queues."""
         s = self.sessions[req.session_id]

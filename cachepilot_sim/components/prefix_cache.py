@@ -168,6 +168,10 @@ class PrefixKvManager(KvManager):
     def _release_held(self, req: Request) -> None:
         """Hook: pins a reload held for `req` until its admission are let go."""
 
+    def abandon(self, req: Request) -> None:
+        """A queued request gave up: unpin the blocks its reload was holding for it."""
+        self._release_held(req)
+
     def _insert(self, chain: list[HashBlock], new_ids: list[int], req: Request) -> None:
         session = int(self.workload.sessions.session[req.req_id])
         parent = chain[-1] if chain else None

@@ -116,3 +116,22 @@ def test_a_full_lru_store_drops_its_oldest_cpu_tail(tmp_path: Path) -> None:
     kv.env.run()
     assert 4 not in kv.blocks and kv.blocks[3].tier == Tier.CPU
     assert kv.stats.cpu_drops == 1 and kv.cpu_used_bytes == kv.hash_bytes
+
+
+def test_a_request_that_gives_up_after_its_reload_releases_the_pinned_blocks(
+    tmp_path: Path,
+) -> None:
+    """Queue timeout after the reload landed: nothing stays pinned (refcounts as before)."""
+    kv = make_kv(tmp_path)
+    serve(kv, request(kv, 0))
+    assert kv._evict_blocks(2) == 2
+    kv.env.run()
+    nxt = request(kv, 1)
+    assert kv.admit(nxt) == Admit.WAIT
+    kv.env.run()
+    assert all(kv.blocks[h].refcount == 1 for h in (1, 2, 3, 4))  # pinned for nxt
+    kv.abandon(nxt)  # it timed out in the queue instead
+    assert nxt.req_id not in kv.held
+    assert all(kv.blocks[h].refcount == 0 for h in (1, 2, 3, 4))
+    assert 4 in kv.evictable  # the chain's tail can be evicted again
+    assert kv.pool.conserved()
