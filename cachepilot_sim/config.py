@@ -326,10 +326,16 @@ class KVConfig(Sealed):
     # When the CPU store is full, drop its least recently offloaded KV to take a new victim (as an
     # LRU CPU tier does); false: a victim that does not fit is dropped instead.
     cpu_store_evicts_lru: bool = True
+    # Bytes a KV value takes in the CPU store. 0: as on the GPU (a plain copy). Fewer (1: INT8 with
+    # a float32 scale per token and (layer, K|V) row, as the project's kernels): quantized on the
+    # GPU before the device-to-host copy and dequantized after the host-to-device copy, each at
+    # hardware.quantize_bytes_per_us; the copies and the store hold the smaller form.
+    offload_dtype_bytes: int = 0
 
     def validate(self, prefix: str) -> None:
         _positive(self, prefix, "block_tokens")
-        _nonneg(self, prefix, "activation_reserve_bytes", "cpu_store_bytes", "watermark_fraction")
+        _nonneg(self, prefix, "activation_reserve_bytes", "cpu_store_bytes", "watermark_fraction",
+                "offload_dtype_bytes")
         require(
             self.watermark_fraction < 0.5,
             f"{prefix}.watermark_fraction",
@@ -513,6 +519,13 @@ class SimConfig(Sealed):
                 cls.model,
                 f"no such model; configured: {names}",
             )
+        if self.kv.offload_dtype_bytes:
+            require(self.replay.format == TraceFormat.NONE, "kv.offload_dtype_bytes",
+                    self.kv.offload_dtype_bytes, "a quantized CPU tier is modelled for session KV "
+                    "only, not for trace replay's prefix blocks")
+            require(all(self.kv.offload_dtype_bytes <= m.kv_dtype_bytes for m in self.models),
+                    "kv.offload_dtype_bytes", self.kv.offload_dtype_bytes,
+                    "must not exceed any model's kv_dtype_bytes (0: as on the GPU)")
         weights = sum(m.weight_bytes for m in self.models)
         largest_block = max(m.kv_bytes_per_token for m in self.models) * self.kv.block_tokens
         require(
