@@ -177,7 +177,7 @@ def render(scores: list[TierScore], model: ModelConfig, context_tokens: int, con
         b = ts.bound
         ridge = "never" if ts.ridge == float("inf") else f"{ts.ridge:,.0f}"
         if b is None:
-            roof.add_row(ts.gpu.display_name, "-", "-", "-", "-", "weights do not fit", "-", ridge)
+            roof.add_row(ts.gpu.display_name, "-", "-", "-", "-", "weights do not fit", "-", "-")
             continue
         roof.add_row(ts.gpu.display_name, str(b.batch), f"{b.step_bytes / GB:.2f}",
                      f"{b.bandwidth_us / 1e3:.2f}", f"{b.compute_us / 1e3:.2f}", b.binding,
