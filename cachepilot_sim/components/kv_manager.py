@@ -390,7 +390,7 @@ class KvManager:
             -1,
             s.entry.model_index,
             s.num_blocks,
-            num_bytes,
+            self.cpu_bytes(s),  # bytes on the wire (the trace's PCIe volume)
             "cpu",
             value=duration,
         )
@@ -446,7 +446,7 @@ class KvManager:
             req.req_id,
             req.model_index,
             s.num_blocks,
-            num_bytes,
+            self.cpu_bytes(s),  # bytes on the wire (the trace's PCIe volume)
             "gpu",
             value=duration,
         )
