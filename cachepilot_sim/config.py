@@ -111,6 +111,50 @@ class HardwareConfig(Sealed):
 
 
 @dataclass
+class GpuSpecConfig(Sealed):
+    """One accelerator's datasheet figures (conf/gpu/*.yaml; each figure's source is cited there).
+
+    Dense tensor-core rates, i.e. the datasheets' "with sparsity" figures halved. Capacities and
+    bandwidths in decimal units, as the datasheets print them. `calibrated_hardware` names a
+    conf/hardware file measured on this part, shown beside the datasheet by the scorecard.
+    """
+
+    section: ClassVar[str] = "gpu"
+    name: str = "h200"
+    display_name: str = "NVIDIA H200 SXM"
+    hbm_gb: float = 141.0
+    hbm_gbps: float = 4800.0
+    bf16_dense_tflops: float = 989.5
+    fp8_dense_tflops: float = 1979.0  # 0: no FP8 tensor cores (the BF16 rate is used)
+    pcie_gen: int = 5
+    pcie_lanes: int = 16
+    calibrated_hardware: str = ""
+    # Parameters of the model the calibration replayed: turns its per-token time into TFLOP/s.
+    calibration_num_params: int = 0
+
+    @property
+    def hbm_bytes(self) -> int:
+        return int(self.hbm_gb * GB)
+
+    def validate(self, prefix: str) -> None:
+        require(bool(self.name), f"{prefix}.name", self.name, "must not be empty")
+        _positive(self, prefix, "hbm_gb", "hbm_gbps", "bf16_dense_tflops", "pcie_lanes")
+        _nonneg(self, prefix, "fp8_dense_tflops", "calibration_num_params")
+        require(
+            self.pcie_gen in PCIE_GBPS_PER_LANE,
+            f"{prefix}.pcie_gen",
+            self.pcie_gen,
+            f"known generations: {sorted(PCIE_GBPS_PER_LANE)}",
+        )
+
+
+# Usable GB/s per lane and direction after line coding (PCI-SIG: 8b/10b for Gen1-2, 128b/130b for
+# Gen3-5; Gen6 uses FLIT mode, 242/256 efficiency).
+PCIE_GBPS_PER_LANE = {3: 8 * 128 / 130 / 8, 4: 16 * 128 / 130 / 8, 5: 32 * 128 / 130 / 8,
+                      6: 64 * 242 / 256 / 8}
+
+
+@dataclass
 class ModelConfig(Sealed):
     """A served model: its pinned weights and the KV geometry that sets bytes per token."""
 
@@ -122,6 +166,9 @@ class ModelConfig(Sealed):
     kv_dtype_bytes: int = 2
     weight_bytes: int = 8_030_000_000
     max_context_tokens: int = 131_072
+    # Roofline figures (the scorecard's compute bound; the simulator does not read them).
+    num_params: int = 8_030_000_000
+    num_attention_heads: int = 32  # query heads; attention FLOPs scale with these, KV with kv_heads
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -138,7 +185,7 @@ class ModelConfig(Sealed):
             "kv_dtype_bytes",
             "max_context_tokens",
         )
-        _nonneg(self, prefix, "weight_bytes")
+        _nonneg(self, prefix, "weight_bytes", "num_params", "num_attention_heads")
         require(bool(self.name), f"{prefix}.name", self.name, "must not be empty")
 
 
@@ -279,10 +326,16 @@ class KVConfig(Sealed):
     # When the CPU store is full, drop its least recently offloaded KV to take a new victim (as an
     # LRU CPU tier does); false: a victim that does not fit is dropped instead.
     cpu_store_evicts_lru: bool = True
+    # Bytes a KV value takes in the CPU store. 0: as on the GPU (a plain copy). Fewer (1: INT8 with
+    # a float32 scale per token and (layer, K|V) row, as the project's kernels): quantized on the
+    # GPU before the device-to-host copy and dequantized after the host-to-device copy, each at
+    # hardware.quantize_bytes_per_us; the copies and the store hold the smaller form.
+    offload_dtype_bytes: int = 0
 
     def validate(self, prefix: str) -> None:
         _positive(self, prefix, "block_tokens")
-        _nonneg(self, prefix, "activation_reserve_bytes", "cpu_store_bytes", "watermark_fraction")
+        _nonneg(self, prefix, "activation_reserve_bytes", "cpu_store_bytes", "watermark_fraction",
+                "offload_dtype_bytes")
         require(
             self.watermark_fraction < 0.5,
             f"{prefix}.watermark_fraction",
@@ -466,6 +519,13 @@ class SimConfig(Sealed):
                 cls.model,
                 f"no such model; configured: {names}",
             )
+        if self.kv.offload_dtype_bytes:
+            require(self.replay.format == TraceFormat.NONE, "kv.offload_dtype_bytes",
+                    self.kv.offload_dtype_bytes, "a quantized CPU tier is modelled for session KV "
+                    "only, not for trace replay's prefix blocks")
+            require(all(self.kv.offload_dtype_bytes <= m.kv_dtype_bytes for m in self.models),
+                    "kv.offload_dtype_bytes", self.kv.offload_dtype_bytes,
+                    "must not exceed any model's kv_dtype_bytes (0: as on the GPU)")
         weights = sum(m.weight_bytes for m in self.models)
         largest_block = max(m.kv_bytes_per_token for m in self.models) * self.kv.block_tokens
         require(

@@ -190,6 +190,8 @@ class Simulation:
             "expected_evict_cost_s": kv.expected_evict_cost_us / 1e6,
             "evictions": kv.evictions_offload + kv.evictions_drop,
             "evicted_gb": (kv.evicted_bytes_offload + kv.evicted_bytes_drop) / 1e9,
+            # GPU time converting KV for a quantized CPU tier (kv.offload_dtype_bytes); 0 otherwise.
+            "kv_convert_s": kv.convert_us / 1e6,
         }
         out |= {k: v for k, v in asdict(kv).items() if k.startswith(("evictions_", "evicted_"))}
         out |= {

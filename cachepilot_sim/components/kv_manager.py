@@ -19,8 +19,8 @@ from cachepilot_sim.clock import SimEnvironment
 from cachepilot_sim.components.pcie_link import PcieLink
 from cachepilot_sim.components.request import KvSource, Request
 from cachepilot_sim.components.vram_pool import VramPool
-from cachepilot_sim.config import SimConfig
-from cachepilot_sim.cost import ComputeFit, recompute_us
+from cachepilot_sim.config import ModelConfig, SimConfig
+from cachepilot_sim.cost import ComputeFit, quantize_us, recompute_us
 from cachepilot_sim.policies import CacheEntry, EvictionPolicy, GapEstimator
 from cachepilot_sim.trace.recorder import TraceRecorder
 
@@ -85,6 +85,17 @@ class KvStats:
     expected_evict_cost_us: float = 0.0  # the seed's metric: sum of P(resume) x restore at eviction
     cpu_drops: int = 0  # CPU-resident KV dropped to make room in the store
     cpu_peak_bytes: int = 0
+    convert_us: int = 0  # quantize before offload + dequantize after reload (quantized CPU tier)
+
+
+def cpu_kv_bytes_per_token(model: ModelConfig, offload_dtype_bytes: int) -> int:
+    """KV bytes a token in the CPU store: the GPU's unless `offload_dtype_bytes` is smaller, then
+    that many bytes a value plus a float32 scale per (layer, K|V) row (per-token quantization).
+    """
+    if offload_dtype_bytes in (0, model.kv_dtype_bytes):
+        return model.kv_bytes_per_token
+    values = 2 * model.num_layers * model.num_kv_heads * model.head_dim
+    return values * offload_dtype_bytes + 2 * model.num_layers * 4
 
 
 class KvManager:
@@ -108,6 +119,10 @@ class KvManager:
         self.recorder = recorder
         self.block_tokens = cfg.kv.block_tokens
         self.block_bytes = [m.kv_bytes_per_token * cfg.kv.block_tokens for m in cfg.models]
+        # The CPU store's form of a block: the GPU's unless kv.offload_dtype_bytes quantizes it.
+        self.cpu_block_bytes = [cpu_kv_bytes_per_token(m, cfg.kv.offload_dtype_bytes)
+                                * cfg.kv.block_tokens for m in cfg.models]
+        self.quantize_bytes_per_us = cfg.hardware.quantize_bytes_per_us
         self.offload_enabled = cfg.kv.offload_enabled
         self.cpu_capacity_bytes = cfg.kv.cpu_store_bytes
         self.cpu_used_bytes = 0
@@ -125,6 +140,17 @@ class KvManager:
     # -- helpers ---------------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_tokens)
+
+    def cpu_bytes(self, s: SessionKV) -> int:
+        """Bytes the session's KV takes in the CPU store and on the wire."""
+        return s.num_blocks * self.cpu_block_bytes[s.entry.model_index]
+
+    def convert_us(self, s: SessionKV) -> int:
+        """GPU time to quantize the KV for the CPU store (or dequantize it back); 0 for a copy."""
+        cpu = self.cpu_bytes(s)
+        if cpu == s.num_bytes:
+            return 0
+        return quantize_us(self.quantize_bytes_per_us, s.num_bytes, cpu)
 
     def tier_of(self, session_id: int) -> Tier:
         s = self.sessions.get(session_id)
@@ -250,7 +276,7 @@ class KvManager:
             if old is None:
                 break
             del self.cpu_lru[old.entry.entry_id]
-            self.cpu_used_bytes -= old.num_bytes
+            self.cpu_used_bytes -= self.cpu_bytes(old)
             self.stats.cpu_drops += 1
             self.recorder.emit(
                 self.env.now,
@@ -274,7 +300,7 @@ class KvManager:
                 continue
             e = s.entry
             e.restore_us = e.recompute_us
-            if allow_offload and self._can_offload(e.num_bytes):
+            if allow_offload and self._can_offload(self.cpu_bytes(s)):
                 e.restore_us = min(e.recompute_us, e.reload_us)
             candidates.append(e)
         if not candidates:
@@ -290,8 +316,8 @@ class KvManager:
             score = float(self.policy.key(e, now)[0])
             if (
                 allow_offload
-                and self._can_offload(s.num_bytes)
-                and self._cpu_room(s.num_bytes, keep=exclude)
+                and self._can_offload(self.cpu_bytes(s))
+                and self._cpu_room(self.cpu_bytes(s), keep=exclude)
             ):
                 self._start_offload(s, score, expected)
             else:
@@ -335,15 +361,23 @@ class KvManager:
             cost_us=expected_us,
         )
         self.pool.start_offload(num_bytes)
-        self.cpu_used_bytes += num_bytes
+        self.cpu_used_bytes += self.cpu_bytes(s)
         self.stats.cpu_peak_bytes = max(self.stats.cpu_peak_bytes, self.cpu_used_bytes)
         self.pending_free_bytes += num_bytes
         s.tier = Tier.FLIGHT_OUT
         self.env.process(self._offload(s, num_bytes))
 
     def _offload(self, s: SessionKV, num_bytes: int) -> Generator[simpy.Event, object, None]:
-        """Process: copy a victim's blocks to the CPU store, then free them on the GPU."""
-        duration = yield from self.link.transfer("d2h", num_bytes)
+        """Process: copy a victim's blocks to the CPU store, then free them on the GPU.
+
+        A quantized CPU tier first converts the blocks on the GPU (no PCIe lane held), then copies
+        the smaller form; the GPU blocks are freed when the copy lands.
+        """
+        convert = self.convert_us(s)
+        if convert:
+            self.stats.convert_us += convert
+            yield self.env.timeout(convert)
+        duration = convert + (yield from self.link.transfer("d2h", self.cpu_bytes(s)))
         self.pool.finish_offload(num_bytes)
         self.pending_free_bytes -= num_bytes
         s.tier = Tier.CPU
@@ -356,7 +390,7 @@ class KvManager:
             -1,
             s.entry.model_index,
             s.num_blocks,
-            num_bytes,
+            self.cpu_bytes(s),  # bytes on the wire (the trace's PCIe volume)
             "cpu",
             value=duration,
         )
@@ -386,10 +420,17 @@ class KvManager:
         return Admit.WAIT
 
     def _reload(self, s: SessionKV, req: Request, num_bytes: int) -> Generator:
-        """Process: copy a session's blocks back from the CPU store; the request then re-queues."""
-        duration = yield from self.link.transfer("h2d", num_bytes)
+        """Process: copy a session's blocks back from the CPU store (dequantizing them on the GPU
+        for a quantized tier); the request then re-queues. The paid time counts both.
+        """
+        duration = yield from self.link.transfer("h2d", self.cpu_bytes(s))
+        convert = self.convert_us(s)
+        if convert:
+            self.stats.convert_us += convert
+            yield self.env.timeout(convert)
+            duration += convert
         self.pool.finish_reload(num_bytes)
-        self.cpu_used_bytes -= num_bytes
+        self.cpu_used_bytes -= self.cpu_bytes(s)
         s.tier = Tier.GPU
         s.entry.last_used_us = self.env.now
         self.idle[s.entry.entry_id] = s  # evictable again until its request is admitted
@@ -405,7 +446,7 @@ class KvManager:
             req.req_id,
             req.model_index,
             s.num_blocks,
-            num_bytes,
+            self.cpu_bytes(s),  # bytes on the wire (the trace's PCIe volume)
             "gpu",
             value=duration,
         )
@@ -449,7 +490,7 @@ class KvManager:
         e.last_used_us = self.env.now
         e.num_uses += 1
         e.recompute_us = recompute_us(self.fit, num_tokens)
-        e.reload_us = float(self.link.duration_us("h2d", e.num_bytes))
+        e.reload_us = float(self.link.duration_us("h2d", self.cpu_bytes(s)) + self.convert_us(s))
         e.next_arrival_us = self.env.now + req.next_gap_us if req.next_gap_us >= 0 else -1
         self.idle[e.entry_id] = s
         self.policy.on_release(e, self.env.now)

@@ -99,3 +99,14 @@ def decode_step_slope_us(fit: ComputeFit, kv_bytes_per_token_sum: float, num_seq
     `iteration_us` is linear in context, so iteration j of a run lasts iteration_0 + j x slope.
     """
     return kv_bytes_per_token_sum / fit.hbm_bytes_per_us + fit.attention_token2_us * num_seqs
+
+
+def quantize_us(bytes_per_us: float, src_bytes: int, dst_bytes: int) -> int:
+    """Microseconds to convert KV between formats on the GPU (quantize or dequantize).
+
+    The calibrated rate counts bytes read plus bytes written (conf/hardware: quantize_bytes_per_us);
+    nothing to convert costs nothing.
+    """
+    if src_bytes <= 0:
+        return 0
+    return math.ceil((src_bytes + dst_bytes) / bytes_per_us)

@@ -87,3 +87,25 @@ def test_cli_rejects_unknown_policy(tmp_path: Path) -> None:
     proc = run_cli("policy.name=belady2", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 2
     assert "belady2" in proc.stderr and "known" in proc.stderr
+
+
+def _kv_tier_variants() -> dict[str, list[str]]:
+    import importlib.util
+
+    path = CONF.parent / "experiments" / "kv_tier.py"
+    spec = importlib.util.spec_from_file_location("kv_tier", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return dict(module.VARIANTS)
+
+
+@pytest.mark.parametrize(("name", "overrides"), sorted(_kv_tier_variants().items()))
+def test_every_kv_tier_variant_runs_at_tiny_size(
+    name: str, overrides: list[str], tmp_path: Path
+) -> None:
+    cfg = to_config(compose_run(["+experiment=mixed_spike", "compare_policies=[perc]", "seeds=1",
+                                 "workload.num_requests=25", "workload.max_active_sessions=6",
+                                 *overrides]))
+    report = run_experiment(cfg, tmp_path)
+    assert report["cells"][0]["completed"] + report["cells"][0]["rejected"] == 25, name
