@@ -2,6 +2,8 @@
 
     python -m cachepilot_sim +experiment=policy_shootout hydra.run.dir=experiments/policy_shootout
     python experiments/policy_shootout_table.py experiments/policy_shootout/metrics.json
+
+Columns no policy has (the LP bound on trace replay) are left out; with one seed, no ± σ.
 """
 
 from __future__ import annotations
@@ -21,19 +23,24 @@ COLUMNS = (
     ("evictions", "evictions", "{:.0f}"),
     ("ttft_p99_s", "TTFT p99 s", "{:.2f}"),
     ("goodput_req_s", "goodput req/s", "{:.3f}"),
+    ("prefix_hit_ratio", "prefix-hit ratio", "{:.3f}"),
 )
 
 
 def main(path: Path) -> None:
     summary = json.loads(path.read_text())["summary"]
-    print("| policy | " + " | ".join(name for _, name, _ in COLUMNS) + " |")
-    print("|---|" + "---:|" * len(COLUMNS))
+    columns = [c for c in COLUMNS if any(c[0] in stats for stats in summary.values())]
+    print("| policy | " + " | ".join(name for _, name, _ in columns) + " |")
+    print("|---|" + "---:|" * len(columns))
     for policy, stats in summary.items():
         cells = []
-        for key, _, spec in COLUMNS:
+        for key, _, spec in columns:
             s = stats.get(key)
             f = spec.format
-            cells.append("-" if s is None else f"{f(s['mean'])} ± {f(s['std'])}")
+            if s is None:
+                cells.append("-")
+            else:
+                cells.append(f(s["mean"]) if s["n"] == 1 else f"{f(s['mean'])} ± {f(s['std'])}")
         print(f"| {policy} | " + " | ".join(cells) + " |")
 
 

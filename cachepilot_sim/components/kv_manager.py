@@ -307,6 +307,8 @@ class KvManager:
             return 0
         now = self.env.now
         victims = self.policy.select_victims(candidates, bytes_needed, now)
+        for e in victims:  # every victim below is evicted (offloaded or dropped)
+            self.policy.on_evict(e, now)
         evicted = 0
         for e in victims:
             s = self.idle.pop(e.entry_id)

@@ -5,7 +5,9 @@ each); equal hashes are one cached object. A request reuses the leading blocks o
 cached and computes the rest; when it ends, its blocks stay cached (idle, reference count 0).
 Evicting block j makes every later block of the chain useless, so only a chain's tail is
 evictable: a block is a candidate when nothing references it and no block on the GPU extends it.
-Evicting it exposes its parent. The restore cost of a block is the recompute of its tokens at its
+Evicting it exposes its parent. A decision shows the policy every idle block whose GPU subtree is
+idle, as chains cut at branch points (`CandidateForest`); it may cut only tails, and a branch only
+after the chains below it. The restore cost of a block is the recompute of its tokens at its
 position in the chain. Tokens not covered by hash blocks (output, traces without hashes) sit in
 private pages freed at the end. This manager drops evicted blocks; `prefix_offload.py` adds the
 CPU tier (used when kv.offload_enabled).
@@ -13,7 +15,6 @@ CPU tier (used when kv.offload_enabled).
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +27,7 @@ from cachepilot_sim.components.vram_pool import VramPool
 from cachepilot_sim.config import SimConfig
 from cachepilot_sim.cost import ComputeFit, recompute_us
 from cachepilot_sim.policies import CacheEntry, EvictionPolicy, GapEstimator
+from cachepilot_sim.policies.knapsack import CoverProblem
 from cachepilot_sim.trace.recorder import TraceRecorder
 from cachepilot_sim.workloads.replay import ReplayWorkload
 
@@ -70,6 +72,53 @@ class _Running:
         self.hash_tokens = hash_tokens
 
 
+class CandidateForest:
+    """A decision's candidates: blocks, chains of their positions (root first) and, per chain,
+    the chain whose tail is its root's parent (-1: none), as `select_victims` takes them."""
+
+    def __init__(self) -> None:
+        self.blocks: list[HashBlock] = []
+        self.chains: list[list[int]] = []
+        self.parents: list[int] = []
+        self.kids: list[list[int]] = []
+
+    def add(self, run: list[HashBlock], kids: list[int]) -> int:
+        g = len(self.chains)
+        self.chains.append(list(range(len(self.blocks), len(self.blocks) + len(run))))
+        self.blocks.extend(run)
+        self.parents.append(-1)
+        self.kids.append(kids)
+        for h in kids:
+            self.parents[h] = g
+        return g
+
+    def cut_order(self, victims: list[CacheEntry], policy_name: str) -> list[HashBlock]:
+        """The victims in the policy's order, each chain cut from its end after the chains below
+        it; a selection that is not a tail of the forest breaks the policy contract and raises."""
+        index = {b.entry.entry_id: i for i, b in enumerate(self.blocks)}
+        chosen = [index[v.entry_id] for v in victims]
+        problem = CoverProblem.of([1] * len(self.blocks), [0.0] * len(self.blocks), 0,
+                                  self.chains, self.parents)
+        if len(set(chosen)) != len(chosen) or not problem.is_feasible_set(chosen):
+            raise ValueError(f"policy {policy_name!r} cut blocks that are not tails")
+        chain_of = {i: g for g, c in enumerate(self.chains) for i in c}
+        end = [len(c) for c in self.chains]  # items still on the GPU per chain
+        cut: list[HashBlock] = []
+
+        def cut_to(g: int, pos: int) -> None:
+            if end[g] > pos and end[g] == len(self.chains[g]):
+                for h in self.kids[g]:  # the chains below go first, whole
+                    cut_to(h, 0)
+            while end[g] > pos:
+                end[g] -= 1
+                cut.append(self.blocks[self.chains[g][end[g]]])
+
+        for i in chosen:
+            g = chain_of[i]
+            cut_to(g, self.chains[g].index(i))
+        return cut
+
+
 class PrefixKvManager(KvManager):
     """KvManager's interface for the batcher; KV is shared by prefix hash instead of session."""
 
@@ -91,6 +140,9 @@ class PrefixKvManager(KvManager):
         self.running: dict[int, _Running] = {}
         self.seen: set[int] = set()  # hash ids ever cached: a miss on one is a paid restore
         self.session_entries: dict[int, CacheEntry] = {}  # per inferred session: its gap EMA
+        # One policy entry per hash, kept after eviction: a returning block is the same entry to
+        # the policy (its uses, its ghost-list record), as a returning session is.
+        self.hash_entries: dict[int, CacheEntry] = {}
         self.finish_us = np.full(workload.num_requests, -1, dtype=np.int64)
 
     # -- arrivals: inferred sessions feed the reuse estimator ---------------------------------
@@ -104,13 +156,18 @@ class PrefixKvManager(KvManager):
         return e
 
     def on_arrival(self, req: Request) -> None:
-        """A continuation's gap since its parent finished is one idle-gap observation."""
+        """A continuation's gap since its parent finished is one idle-gap observation; every
+        block of its chain that was ever cached is accessed (a hit, or a miss after eviction)."""
         sessions = self.workload.sessions
+        now = int(self.env.now)
         parent = int(sessions.parent[req.req_id])
         if parent >= 0 and self.finish_us[parent] >= 0:
             e = self._session_entry(int(sessions.session[req.req_id]))
-            self.estimator.observe(e, int(self.env.now) - int(self.finish_us[parent]))
-            self.policy.on_access(e, int(self.env.now))
+            self.estimator.observe(e, now - int(self.finish_us[parent]))
+        for h in self.workload.table.hash_ids(req.req_id).tolist():
+            entry = self.hash_entries.get(h)
+            if entry is not None:
+                self.policy.on_access(entry, now)
 
     # -- admission ---------------------------------------------------------------------------
     def _block_recompute_us(self, depth: int) -> float:
@@ -175,14 +232,20 @@ class PrefixKvManager(KvManager):
     def _insert(self, chain: list[HashBlock], new_ids: list[int], req: Request) -> None:
         session = int(self.workload.sessions.session[req.req_id])
         parent = chain[-1] if chain else None
+        now = int(self.env.now)
         for h in new_ids:
-            entry = CacheEntry(
-                entry_id=self._next_entry_id, session_id=session, model_index=0, class_index=0,
-                priority=req.priority, num_tokens=self.hash_tokens, num_bytes=self.hash_bytes,
-                created_us=int(self.env.now), last_used_us=int(self.env.now),
-                recompute_us=self._block_recompute_us(len(chain)),
-            )
-            self._next_entry_id += 1
+            entry = self.hash_entries.get(h)
+            if entry is None:
+                entry = CacheEntry(
+                    entry_id=self._next_entry_id, session_id=session, model_index=0,
+                    class_index=0, priority=req.priority, num_tokens=self.hash_tokens,
+                    num_bytes=self.hash_bytes, created_us=now, last_used_us=now,
+                    recompute_us=self._block_recompute_us(len(chain)),
+                )
+                self._next_entry_id += 1
+                self.hash_entries[h] = entry
+            else:  # cached again after eviction: the same entry, used now
+                entry.session_id, entry.priority, entry.last_used_us = session, req.priority, now
             b = HashBlock(h, parent, entry)
             b.refcount = 1
             if parent is not None:
@@ -222,39 +285,69 @@ class PrefixKvManager(KvManager):
             self.evictable[b.hash_id] = b
 
     def evict(self, bytes_needed: int, exclude: SessionKV | None, allow_offload: bool) -> int:
-        """Evict idle tails, smallest `policy.key` first, until `bytes_needed` are (being) freed."""
+        """Evict idle chain tails chosen by the policy until `bytes_needed` are (being) freed."""
         num_blocks = -(-bytes_needed // self.hash_bytes) if bytes_needed > 0 else 0
         return self._evict_blocks(num_blocks, allow_offload) * self.hash_bytes
 
     def _evict_blocks(self, num_blocks: int, allow_offload: bool = True) -> int:
-        """Evict up to num_blocks blocks; a parent whose last child goes becomes a candidate.
+        """Evict up to num_blocks blocks: the policy picks tails of the idle prefix forest.
 
-        Keys are taken once per decision (time-dependent keys are evaluated at `now`); the heap
-        holds only tails, so a chain is always cut from its end.
+        Returns the number evicted (fewer when nothing else is idle). A decision that frees less
+        than asked (a policy may stop short) is repeated on what is left.
         """
-        if num_blocks <= 0 or not self.evictable:
-            return 0
         now = int(self.env.now)
-        heap = [(self._key(b, now), b.hash_id) for b in self.evictable.values()]
-        heapq.heapify(heap)
         done = 0
-        while heap and done < num_blocks:
-            _, h = heapq.heappop(heap)
-            b = self.evictable.pop(h)
-            self._dispose(b, now, allow_offload)
-            done += 1
-            p = b.parent
-            if p is not None and p.refcount == 0 and p.num_children == 0:
-                self.evictable[p.hash_id] = p
-                heapq.heappush(heap, (self._key(p, now), p.hash_id))
+        while done < num_blocks and self.evictable:
+            forest = self.candidate_forest()
+            entries = [self._prepare(b, now) for b in forest.blocks]
+            victims = self.policy.select_victims(entries, (num_blocks - done) * self.hash_bytes,
+                                                 now, forest.chains, forest.parents)
+            cut = forest.cut_order(victims, self.policy.name)
+            if not cut:
+                break
+            for b in cut:
+                self.policy.on_evict(b.entry, now)
+            for b in cut:
+                self.evictable.pop(b.hash_id, None)
+                self._dispose(b, now, allow_offload)
+                done += 1
+            for b in cut:  # what the cut leaves idle and childless is a tail now
+                p = b.parent
+                if (p is not None and self.blocks.get(p.hash_id) is p and p.refcount == 0
+                        and p.num_children == 0 and p.tier == Tier.GPU):
+                    self.evictable[p.hash_id] = p
         return done
 
-    def _key(self, b: HashBlock, now: int) -> tuple[float | int, ...]:
+    def candidate_forest(self) -> CandidateForest:
+        """Every idle GPU block whose GPU subtree is idle, as chains cut at branch points.
+
+        A chain runs from an idle tail up through ancestors with one GPU child each; a block with
+        several GPU children starts a chain above them once all of them are candidates.
+        """
+        forest = CandidateForest()
+        done_children: dict[int, list[int]] = {}  # branch block -> its candidate child chains
+        work = list(self.evictable.values())
+        for tail in work:  # grows while branch blocks complete
+            run = [tail]
+            p = tail.parent
+            while p is not None and p.refcount == 0 and p.num_children == 1 and p.tier == Tier.GPU:
+                run.append(p)
+                p = p.parent
+            g = forest.add(run[::-1], done_children.pop(tail.hash_id, []))
+            if p is not None and p.refcount == 0 and p.tier == Tier.GPU:
+                kids = done_children.setdefault(p.hash_id, [])
+                kids.append(g)
+                if len(kids) == p.num_children:
+                    work.append(p)
+        return forest
+
+    def _prepare(self, b: HashBlock, now: int) -> CacheEntry:
+        """Fill in the block's entry for a decision: restore cost and its session's gap EMA."""
         e = b.entry
         e.restore_us = e.recompute_us
         s = self.session_entries.get(e.session_id)
         e.gap_ema_us = s.gap_ema_us if s is not None else -1.0
-        return self.policy.key(e, now)
+        return e
 
     def _dispose(self, b: HashBlock, now: int, allow_offload: bool) -> None:
         """An evicted tail: counted, then dropped (the offloading manager may copy it out)."""
@@ -322,6 +415,8 @@ class PrefixKvManager(KvManager):
             b.entry.session_id = session
             b.entry.num_uses += 1
             self._unpin(b)
+            if b.refcount == 0:  # idle now: a reuse gap starts
+                self.policy.on_release(b.entry, now)
         self.finish_us[req.req_id] = now
         self._enforce_cap()
 

@@ -19,6 +19,7 @@ import simpy
 from cachepilot_sim.components.kv_manager import Admit, Tier
 from cachepilot_sim.components.prefix_cache import HashBlock, PrefixKvManager
 from cachepilot_sim.components.request import KvSource, Request
+from cachepilot_sim.policies import CacheEntry
 
 
 class OffloadingPrefixKvManager(PrefixKvManager):
@@ -89,13 +90,11 @@ class OffloadingPrefixKvManager(PrefixKvManager):
             self._unpin(b)
 
     # -- eviction: offload when the CPU store can take the block -------------------------------
-    def _key(self, b: HashBlock, now: int) -> tuple[float | int, ...]:
-        key = super()._key(b, now)
-        e = b.entry
+    def _prepare(self, b: HashBlock, now: int) -> CacheEntry:
+        e = super()._prepare(b, now)
         if self._can_offload(self.hash_bytes) and self.reload_block_us < e.recompute_us:
             e.restore_us = self.reload_block_us
-            key = self.policy.key(e, now)
-        return key
+        return e
 
     def _dispose(self, b: HashBlock, now: int, allow_offload: bool) -> None:
         """Offload when allowed and the store has room; else drop it and its CPU descendants.

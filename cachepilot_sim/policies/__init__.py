@@ -11,6 +11,7 @@ from cachepilot_sim.policies import (  # noqa: F401  (registers the policies)
 )
 from cachepilot_sim.policies.base import (
     CacheEntry,
+    Chains,
     EvictionPolicy,
     RankingPolicy,
     known_policies,
@@ -21,6 +22,7 @@ from cachepilot_sim.policies.reuse import GapEstimator
 
 __all__ = [
     "CacheEntry",
+    "Chains",
     "EvictionPolicy",
     "GapEstimator",
     "RankingPolicy",

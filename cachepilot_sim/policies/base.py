@@ -6,9 +6,10 @@ duplicate names. Policies never import simpy: the KV manager calls them with pla
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from cachepilot_sim.config import PolicyConfig
 from cachepilot_sim.policies.reuse import GapEstimator
@@ -41,21 +42,37 @@ class CacheEntry:
     next_arrival_us: int = -1
 
 
+# Positions in a decision's `entries`, grouped root first: from a chain only a tail may be cut
+# (prefix-sharing blocks: evicting block j makes every later block of its chain useless). With
+# `parents` (one per chain: the chain whose tail is the parent of its root, -1 for none), a
+# chain's items may go only once every chain below it is cut whole (a prefix tree's branches).
+Chains = Sequence[Sequence[int]]
+
+
 @runtime_checkable
 class EvictionPolicy(Protocol):
-    """Orders evictable cache entries: the smallest key is evicted first."""
+    """Orders evictable cache entries: the smallest key is evicted first.
+
+    Callers (the KV managers) call `on_evict` for every victim they evict, `on_access` when an
+    entry is used again (a hit, or a return after eviction) and `on_release` when it becomes idle.
+    With `chains` (and `parents`), `select_victims` must return, per chain, a tail (possibly
+    empty), and cut into a chain only when the chains below it are cut whole.
+    """
 
     name: str
 
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]: ...
 
     def select_victims(
-        self, entries: Sequence[CacheEntry], bytes_needed: int, now_us: int
+        self, entries: Sequence[CacheEntry], bytes_needed: int, now_us: int,
+        chains: Chains | None = None, parents: Sequence[int] | None = None,
     ) -> list[CacheEntry]: ...
 
     def on_access(self, entry: CacheEntry, now_us: int) -> None: ...
 
     def on_release(self, entry: CacheEntry, now_us: int) -> None: ...
+
+    def on_evict(self, entry: CacheEntry, now_us: int) -> None: ...
 
     def metrics(self) -> dict[str, float]: ...
 
@@ -77,12 +94,19 @@ class RankingPolicy:
         return sorted(entries, key=lambda e: self.key(e, now_us))
 
     def select_victims(
-        self, entries: Sequence[CacheEntry], bytes_needed: int, now_us: int
+        self, entries: Sequence[CacheEntry], bytes_needed: int, now_us: int,
+        chains: Chains | None = None, parents: Sequence[int] | None = None,
     ) -> list[CacheEntry]:
         victims: list[CacheEntry] = []
         freed = 0
         if bytes_needed <= 0:
             return victims
+        if chains is not None:  # the policy's order, restricted to what is a tail at each step
+            ranked = self.order(entries, now_us)
+            rank = {e.entry_id: r for r, e in enumerate(ranked)}
+            picks = greedy_on_chains([rank[e.entry_id] for e in entries], entries, chains,
+                                     bytes_needed, parents)
+            return [entries[i] for i in picks]
         for entry in self.order(entries, now_us):
             victims.append(entry)
             freed += entry.num_bytes
@@ -96,9 +120,44 @@ class RankingPolicy:
     def on_release(self, entry: CacheEntry, now_us: int) -> None:
         """Called when a turn ends and its KV becomes idle (a gap starts); most need nothing."""
 
+    def on_evict(self, entry: CacheEntry, now_us: int) -> None:
+        """Called by the KV manager for each victim it evicts; most policies need nothing."""
+
     def metrics(self) -> dict[str, float]:
         """Run metrics the policy keeps (an oracle's gaps, say); merged into the run's metrics."""
         return {}
+
+
+def greedy_on_chains(rank: Sequence[Any], entries: Sequence[CacheEntry], chains: Chains,
+                     bytes_needed: int, parents: Sequence[int] | None = None) -> list[int]:
+    """Positions cut greedily, smallest rank first among the chains' current tails.
+
+    Cutting a chain's tail exposes the item before it; a chain's tail is exposed once every chain
+    below it is cut whole. Ranks are comparable and distinct (a policy's order position, or a key
+    ending with the entry id). Takes every item when all of them free less than `bytes_needed`:
+    the caller sees that it could not free enough.
+    """
+    below = [0] * len(chains)
+    for up in parents or ():
+        if up >= 0:
+            below[up] += 1
+    heap = [(rank[c[-1]], g, len(c) - 1) for g, c in enumerate(chains) if c and below[g] == 0]
+    heapq.heapify(heap)
+    picks: list[int] = []
+    freed = 0
+    while heap and freed < bytes_needed:
+        _, g, k = heapq.heappop(heap)
+        item = chains[g][k]
+        picks.append(item)
+        freed += entries[item].num_bytes
+        if k > 0:
+            heapq.heappush(heap, (rank[chains[g][k - 1]], g, k - 1))
+        elif parents is not None and parents[g] >= 0:
+            up = parents[g]
+            below[up] -= 1
+            if below[up] == 0:
+                heapq.heappush(heap, (rank[chains[up][-1]], up, len(chains[up]) - 1))
+    return picks
 
 
 PolicyFactory = Callable[[PolicyConfig, GapEstimator], EvictionPolicy]

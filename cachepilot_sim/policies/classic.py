@@ -24,16 +24,9 @@ class _TracksEvictions(RankingPolicy):
         super().__init__(cfg, estimator)
         self.evicted: set[int] = set()
 
-    def select_victims(self, entries: Sequence[CacheEntry], bytes_needed: int,
-                       now_us: int) -> list[CacheEntry]:
-        victims = super().select_victims(entries, bytes_needed, now_us)
-        for v in victims:
-            self.evicted.add(v.entry_id)
-            self.on_evict(v)
-        return victims
-
-    def on_evict(self, entry: CacheEntry) -> None:
-        """Called for each victim."""
+    def on_evict(self, entry: CacheEntry, now_us: int) -> None:
+        """The KV manager evicted `entry`: its next access is a miss."""
+        self.evicted.add(entry.entry_id)
 
 
 @register("fifo")
@@ -49,7 +42,8 @@ class FifoPolicy(_TracksEvictions):
     def on_release(self, entry: CacheEntry, now_us: int) -> None:
         self.inserted_us.setdefault(entry.entry_id, entry.created_us)
 
-    def on_evict(self, entry: CacheEntry) -> None:
+    def on_evict(self, entry: CacheEntry, now_us: int) -> None:
+        super().on_evict(entry, now_us)
         self.inserted_us.pop(entry.entry_id, None)
 
     def on_access(self, entry: CacheEntry, now_us: int) -> None:
@@ -88,7 +82,8 @@ class SlruPolicy(_TracksEvictions):
         else:
             self.protected.add(entry.entry_id)
 
-    def on_evict(self, entry: CacheEntry) -> None:
+    def on_evict(self, entry: CacheEntry, now_us: int) -> None:
+        super().on_evict(entry, now_us)
         self.protected.discard(entry.entry_id)
 
     def order(self, entries: Sequence[CacheEntry], now_us: int) -> list[CacheEntry]:
@@ -126,30 +121,41 @@ class ArcPolicy(_TracksEvictions):
         self.frequent: set[int] = set()
         self.ghost1: OrderedDict[int, int] = OrderedDict()  # entry -> bytes, oldest first
         self.ghost2: OrderedDict[int, int] = OrderedDict()
+        # Bytes held by ghost1 and ghost2, kept as running sums: prefix replay calls the hooks
+        # once per block, and summing the lists each time would be quadratic.
+        self.ghost_bytes = [0, 0]
+
+    def _ghost_pop(self, which: int, eid: int) -> int:
+        num_bytes = (self.ghost1, self.ghost2)[which].pop(eid)
+        self.ghost_bytes[which] -= num_bytes
+        return num_bytes
 
     def on_access(self, entry: CacheEntry, now_us: int) -> None:
         eid = entry.entry_id
-        b1 = sum(self.ghost1.values()) or 1
-        b2 = sum(self.ghost2.values()) or 1
+        b1 = self.ghost_bytes[0] or 1
+        b2 = self.ghost_bytes[1] or 1
         if eid in self.ghost1:
-            self.target_bytes = min(self.target_bytes + max(b2 / b1, 1.0) * self.ghost1.pop(eid),
+            self.target_bytes = min(self.target_bytes + max(b2 / b1, 1.0) * self._ghost_pop(0, eid),
                                     self.capacity_bytes)
         elif eid in self.ghost2:
-            self.target_bytes = max(self.target_bytes - max(b1 / b2, 1.0) * self.ghost2.pop(eid),
+            self.target_bytes = max(self.target_bytes - max(b1 / b2, 1.0) * self._ghost_pop(1, eid),
                                     0.0)
         if eid in self.evicted:  # a miss: stored again, into T1
             self.evicted.discard(eid)
         else:  # a hit: T1 -> T2 (or MRU of T2)
             self.frequent.add(eid)
 
-    def on_evict(self, entry: CacheEntry) -> None:
+    def on_evict(self, entry: CacheEntry, now_us: int) -> None:
+        super().on_evict(entry, now_us)
         eid = entry.entry_id
-        ghost = self.ghost2 if eid in self.frequent else self.ghost1
+        which = 1 if eid in self.frequent else 0
         self.frequent.discard(eid)
+        ghost = (self.ghost1, self.ghost2)[which]
+        self.ghost_bytes[which] += entry.num_bytes - ghost.get(eid, 0)
         ghost[eid] = entry.num_bytes
-        for g in (self.ghost1, self.ghost2):  # ghosts remember at most c bytes each
-            while g and sum(g.values()) > self.capacity_bytes:
-                g.popitem(last=False)
+        for w, g in enumerate((self.ghost1, self.ghost2)):  # at most c bytes each
+            while g and self.ghost_bytes[w] > self.capacity_bytes:
+                self.ghost_bytes[w] -= g.popitem(last=False)[1]
 
     def order(self, entries: Sequence[CacheEntry], now_us: int) -> list[CacheEntry]:
         self.capacity_bytes = max(self.capacity_bytes, float(sum(e.num_bytes for e in entries)))
@@ -188,7 +194,8 @@ class GdsfPolicy(_TracksEvictions):
     def on_release(self, entry: CacheEntry, now_us: int) -> None:
         self.base[entry.entry_id] = self.inflation
 
-    def on_evict(self, entry: CacheEntry) -> None:
+    def on_evict(self, entry: CacheEntry, now_us: int) -> None:
+        super().on_evict(entry, now_us)
         self.inflation = max(self.inflation, self.h_value(entry))
         self.base.pop(entry.entry_id, None)
 

@@ -2,7 +2,9 @@
 
 Items are grouped into ordered chains (root first); from a chain only a tail may be cut, so choosing
 item j of a chain forces every item after j (prefix-sharing block chains: a shared prefix cannot go
-before the blocks that extend it). Whole-session eviction is the special case of one-item chains.
+before the blocks that extend it). Chains may hang below others (`parents`: a prefix tree cut into
+chains at its branch points): a chain's items may go only once every chain below it is cut whole.
+Whole-session eviction is the special case of one-item chains without parents.
 Exact solvers: dynamic programming over size units (the gcd of the sizes) when the table is small,
 `scipy.optimize.milp` (HiGHS) otherwise, with a time limit and the proven gap when it hits it.
 Heuristics: greedy by cost/size (PERC's rule) and greedy plus one covering item (a 2-approximation).
@@ -23,16 +25,22 @@ DEFAULT_MAX_DP_CELLS = 4_000_000
 
 @dataclass(frozen=True, slots=True)
 class CoverProblem:
-    """Sizes (bytes, > 0) and costs (>= 0) per item; chains partition the items, root first."""
+    """Sizes (bytes, > 0) and costs (>= 0) per item; chains partition the items, root first.
+
+    parents[g] is the chain whose tail item is the parent of chain g's root (-1: none); empty when
+    every chain is free-standing.
+    """
 
     sizes: tuple[int, ...]
     costs: tuple[float, ...]
     need: int
     chains: tuple[tuple[int, ...], ...]
+    parents: tuple[int, ...] = ()
 
     @staticmethod
     def of(sizes: Sequence[int], costs: Sequence[float], need: int,
-           chains: Sequence[Sequence[int]] | None = None) -> CoverProblem:
+           chains: Sequence[Sequence[int]] | None = None,
+           parents: Sequence[int] | None = None) -> CoverProblem:
         """Build and check a problem; chains default to one per item (whole-session entries)."""
         n = len(sizes)
         if len(costs) != n:
@@ -44,19 +52,28 @@ class CoverProblem:
         flat = sorted(i for g in groups for i in g)
         if flat != list(range(n)) or any(len(g) == 0 for g in groups):
             raise ValueError("chains must partition the item indices 0..n-1 without empty chains")
+        links = tuple(int(p) for p in parents) if parents is not None else ()
+        if links and (len(links) != len(groups) or not _is_forest(links)):
+            raise ValueError("parents must give one chain index (or -1) per chain, without cycles")
+        if all(p < 0 for p in links):
+            links = ()
         return CoverProblem(tuple(int(s) for s in sizes), tuple(float(c) for c in costs),
-                            int(need), groups)
+                            int(need), groups, links)
 
     @property
     def total_size(self) -> int:
         return sum(self.sizes)
 
     def is_feasible_set(self, chosen: Sequence[int]) -> bool:
-        """True when `chosen` respects the chains (each chain's chosen items form a tail)."""
+        """True when `chosen` respects the chains (each chain's chosen items form a tail, and a
+        chain with a chosen item has every chain below it chosen whole)."""
         picked = set(chosen)
         for chain in self.chains:
             flags = [i in picked for i in chain]
             if any(flags) and not all(flags[flags.index(True):]):
+                return False
+        for g, p in enumerate(self.parents):
+            if p >= 0 and self.chains[p][-1] in picked and self.chains[g][0] not in picked:
                 return False
         return True
 
@@ -87,6 +104,17 @@ class CoverSolution:
         return 0.0 if self.optimal else (self.cost - self.bound) / max(self.cost, 1e-12)
 
 
+def _is_forest(parents: Sequence[int]) -> bool:
+    n = len(parents)
+    for g in range(n):
+        seen, h = 0, g
+        while h >= 0:
+            if h >= n or seen > n:
+                return False
+            h, seen = parents[h], seen + 1
+    return True
+
+
 def _everything(p: CoverProblem, method: str) -> CoverSolution:
     """Need larger than everything: all items are the only answer (it cannot cover)."""
     chosen = tuple(range(len(p.sizes)))
@@ -100,6 +128,8 @@ def solve_dp(p: CoverProblem) -> CoverSolution:
         return CoverSolution((), 0.0, True, True, 0.0, "dp")
     if p.total_size < p.need:
         return _everything(p, "dp")
+    if p.parents:
+        return _solve_forest_dp(p)
     unit = math.gcd(*p.sizes)
     num_units = -(-p.need // unit)
     grid = np.arange(num_units + 1)
@@ -129,6 +159,85 @@ def solve_dp(p: CoverProblem) -> CoverSolution:
     return CoverSolution(tuple(chosen), cost, True, True, cost, "dp")
 
 
+def _min_plus(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """c[u] = min over v <= u of a[v] + b[u - v] (both: least cost freeing >= units), argmin v."""
+    m = len(a)
+    u, v = np.meshgrid(np.arange(m), np.arange(m), indexing="ij")
+    table = np.where(v <= u, a[v] + b[np.maximum(u - v, 0)], np.inf)
+    arg = np.argmin(table, axis=1)
+    return table[np.arange(m), arg], arg
+
+
+def _solve_forest_dp(p: CoverProblem) -> CoverSolution:
+    """Exact DP over a forest of chains: f_g[u] = least cost freeing >= u units below and in g.
+
+    Either g keeps its items and its child chains share u (min-plus convolution), or every chain
+    below g goes whole and g loses a tail of k items. Cost: chains x units^2.
+    """
+    unit = math.gcd(*p.sizes)
+    num_units = -(-p.need // unit)
+    grid = np.arange(num_units + 1)
+    kids: list[list[int]] = [[] for _ in p.chains]
+    roots: list[int] = []
+    for g, parent in enumerate(p.parents):
+        (kids[parent] if parent >= 0 else roots).append(g)
+    f: dict[int, np.ndarray] = {}
+    whole: dict[int, tuple[int, float]] = {}  # units, cost of cutting the subtree whole
+    split: dict[int, list[np.ndarray]] = {}  # per child: units given to it, by demand
+    cut: dict[int, np.ndarray] = {}  # items of g cut, by demand (0: g kept)
+
+    def visit(g: int) -> None:
+        acc = np.where(grid == 0, 0.0, np.inf)
+        size, cost = 0, 0.0
+        split[g] = []
+        for h in kids[g]:
+            visit(h)
+            acc, arg = _min_plus(acc, f[h])
+            split[g].append(arg)
+            size, cost = size + whole[h][0], cost + whole[h][1]
+        best, picks = acc.copy(), np.zeros(num_units + 1, dtype=np.int32)
+        for k, item in enumerate(reversed(p.chains[g]), start=1):
+            size += p.sizes[item] // unit
+            cost += p.costs[item]
+            better = (grid <= size) & (cost < best)
+            best[better] = cost
+            picks[better] = k
+        f[g], whole[g], cut[g] = best, (size, cost), picks
+
+    def collect(g: int, u: int, out: list[int]) -> None:
+        k = int(cut[g][u])
+        if k:  # every chain below goes whole, then g's tail of k items
+            out.extend(p.chains[g][len(p.chains[g]) - k:])
+            for h in kids[g]:
+                _all_below(h, out)
+            return
+        for h, arg in zip(reversed(kids[g]), reversed(split[g]), strict=True):
+            v = int(arg[u])  # demand left for the children before h
+            collect(h, u - v, out)
+            u = v
+
+    def _all_below(g: int, out: list[int]) -> None:
+        out.extend(p.chains[g])
+        for h in kids[g]:
+            _all_below(h, out)
+
+    acc = np.where(grid == 0, 0.0, np.inf)
+    args = []
+    for r in roots:
+        visit(r)
+        acc, arg = _min_plus(acc, f[r])
+        args.append(arg)
+    chosen: list[int] = []
+    u = num_units
+    for r, arg in zip(reversed(roots), reversed(args), strict=True):
+        v = int(arg[u])
+        collect(r, u - v, chosen)
+        u = v
+    chosen.sort()
+    total = p.cost_of(chosen)
+    return CoverSolution(tuple(chosen), total, True, True, total, "dp")
+
+
 def solve_milp(p: CoverProblem, time_limit_s: float = 1.0) -> CoverSolution:
     """Exact by HiGHS branch and bound; at the time limit, the incumbent and its proven gap."""
     from scipy.optimize import Bounds, LinearConstraint, milp
@@ -147,6 +256,12 @@ def solve_milp(p: CoverProblem, time_limit_s: float = 1.0) -> CoverSolution:
         for parent, child in zip(chain, chain[1:], strict=False):
             rows += [num_rows, num_rows]
             cols += [parent, child]
+            vals += [1.0, -1.0]
+            num_rows += 1
+    for g, up in enumerate(p.parents):  # the tail of the chain above goes only after g's root
+        if up >= 0:
+            rows += [num_rows, num_rows]
+            cols += [p.chains[up][-1], p.chains[g][0]]
             vals += [1.0, -1.0]
             num_rows += 1
     constraints = [LinearConstraint(sizes[None, :], lb=-(-p.need // unit), ub=np.inf)]
@@ -173,7 +288,8 @@ def solve_exact(p: CoverProblem, time_limit_s: float = 1.0,
     if p.need <= 0 or p.total_size < p.need:
         return solve_dp(p)
     num_units = -(-p.need // math.gcd(*p.sizes))
-    if num_units * len(p.sizes) <= max_dp_cells:
+    cells = len(p.chains) * (num_units + 1) ** 2 if p.parents else num_units * len(p.sizes)
+    if cells <= max_dp_cells:
         return solve_dp(p)
     return solve_milp(p, time_limit_s)
 
@@ -186,17 +302,27 @@ def greedy_by_ratio(p: CoverProblem) -> list[int]:
     """PERC's rule: repeatedly cut the cheapest-per-byte item that is a chain's current tail."""
     if p.need <= 0:
         return []
-    tails = {g: len(chain) for g, chain in enumerate(p.chains)}  # items still uncut per chain
+    below = [0] * len(p.chains)  # chains below g not yet cut whole
+    for up in p.parents:
+        if up >= 0:
+            below[up] += 1
+    left = {g: len(chain) for g, chain in enumerate(p.chains)}  # items still uncut per chain
+    tails = {g for g in left if below[g] == 0}
     chosen: list[int] = []
     freed = 0
     while freed < p.need and tails:
-        g = min(tails, key=lambda g: _ratio(p, p.chains[g][tails[g] - 1]))
-        item = p.chains[g][tails[g] - 1]
+        g = min(tails, key=lambda g: _ratio(p, p.chains[g][left[g] - 1]))  # unique keys
+        item = p.chains[g][left[g] - 1]
         chosen.append(item)
         freed += p.sizes[item]
-        tails[g] -= 1
-        if tails[g] == 0:
-            del tails[g]
+        left[g] -= 1
+        if left[g] == 0:
+            tails.discard(g)
+            up = p.parents[g] if p.parents else -1
+            if up >= 0:
+                below[up] -= 1
+                if below[up] == 0:
+                    tails.add(up)
     return chosen
 
 
@@ -208,7 +334,7 @@ def greedy_plus_one(p: CoverProblem) -> list[int]:
     size_j >= need - size(S). Returns the cheapest candidate: cost <= 2 OPT (docs/perc_proof.md).
     One-item chains only (with longer chains the guarantee does not hold).
     """
-    if any(len(c) != 1 for c in p.chains):
+    if any(len(c) != 1 for c in p.chains) or p.parents:
         raise ValueError("greedy_plus_one is defined for one-item chains (whole-session entries)")
     if p.need <= 0:
         return []
@@ -260,6 +386,8 @@ def fractional_optimum(p: CoverProblem) -> float:
     cost) points; filling the need from all chains' hull segments in order of slope (cost per
     byte: the densest tail first) is optimal. With one-item chains this is section 1's ratio rule.
     """
+    if p.parents:
+        raise ValueError("fractional_optimum is defined for free-standing chains")
     if p.need <= 0:
         return 0.0
     segments: list[tuple[float, float, float]] = []  # (slope, bytes, cost)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cachepilot_sim.config import PolicyConfig
-from cachepilot_sim.policies.base import CacheEntry, EvictionPolicy, register
+from cachepilot_sim.policies.base import CacheEntry, Chains, EvictionPolicy, register
 from cachepilot_sim.policies.knapsack import CoverProblem, CoverSolution, solve_exact
 from cachepilot_sim.policies.perc import PercPolicy
 from cachepilot_sim.policies.reuse import GapEstimator
@@ -32,15 +32,16 @@ def expected_costs(estimator: GapEstimator, entries: Sequence[CacheEntry],
 
 
 def cover_problem(entries: Sequence[CacheEntry], costs: np.ndarray, bytes_needed: int,
-                  chains: Sequence[Sequence[int]] | None = None) -> CoverProblem:
+                  chains: Chains | None = None,
+                  parents: Sequence[int] | None = None) -> CoverProblem:
     """The decision as a covering knapsack over `entries`.
 
     chains: positions in `entries` grouped root first, where only a tail may be evicted (blocks
-    of a prefix-sharing chain); None: one chain per entry, today's whole-session entries. Trace
-    replay's KV manager will pass its chains here; the solvers already enforce them.
+    of a prefix-sharing chain, as trace replay's KV manager passes them); None: one chain per
+    entry (whole-session entries). parents: as in policies/base.py (a prefix tree's branches).
     """
     sizes = [max(e.num_bytes, 1) for e in entries]
-    return CoverProblem.of(sizes, costs.tolist(), bytes_needed, chains)
+    return CoverProblem.of(sizes, costs.tolist(), bytes_needed, chains, parents)
 
 
 @register("oracle")
@@ -56,17 +57,19 @@ class OraclePolicy(PercPolicy):
         self.worst_bound_gap = 0.0
 
     def solve(self, entries: Sequence[CacheEntry], bytes_needed: int, now_us: int,
-              chains: Sequence[Sequence[int]] | None = None) -> CoverSolution:
-        """Exact least-expected-cost cover; `chains` as in `cover_problem`."""
+              chains: Chains | None = None,
+              parents: Sequence[int] | None = None) -> CoverSolution:
+        """Exact least-expected-cost cover; `chains`, `parents` as in `cover_problem`."""
         costs = expected_costs(self.estimator, entries, now_us)
-        return solve_exact(cover_problem(entries, costs, bytes_needed, chains),
+        return solve_exact(cover_problem(entries, costs, bytes_needed, chains, parents),
                            self.cfg.oracle_time_limit_s)
 
     def select_victims(self, entries: Sequence[CacheEntry], bytes_needed: int,
-                       now_us: int) -> list[CacheEntry]:
+                       now_us: int, chains: Chains | None = None,
+                       parents: Sequence[int] | None = None) -> list[CacheEntry]:
         if bytes_needed <= 0 or not entries:
             return []
-        sol = self.solve(entries, bytes_needed, now_us)
+        sol = self.solve(entries, bytes_needed, now_us, chains, parents)
         self.num_decisions += 1
         if not sol.optimal:
             self.num_not_proven += 1
@@ -106,14 +109,18 @@ class ShadowOracle:
     def on_release(self, entry: CacheEntry, now_us: int) -> None:
         self.inner.on_release(entry, now_us)
 
+    def on_evict(self, entry: CacheEntry, now_us: int) -> None:
+        self.inner.on_evict(entry, now_us)
+
     def select_victims(self, entries: Sequence[CacheEntry], bytes_needed: int,
-                       now_us: int) -> list[CacheEntry]:
+                       now_us: int, chains: Chains | None = None,
+                       parents: Sequence[int] | None = None) -> list[CacheEntry]:
         # Score on the state the policy sees; the oracle must not change the policy's inputs.
-        victims = self.inner.select_victims(entries, bytes_needed, now_us)
+        victims = self.inner.select_victims(entries, bytes_needed, now_us, chains, parents)
         if bytes_needed <= 0 or not entries:
             return victims
         costs = expected_costs(self.estimator, entries, now_us)
-        best = solve_exact(cover_problem(entries, costs, bytes_needed),
+        best = solve_exact(cover_problem(entries, costs, bytes_needed, chains, parents),
                            self.oracle.cfg.oracle_time_limit_s)
         index = {e.entry_id: i for i, e in enumerate(entries)}
         chosen = [index[v.entry_id] for v in victims]

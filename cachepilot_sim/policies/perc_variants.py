@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from cachepilot_sim.config import PolicyConfig
-from cachepilot_sim.policies.base import CacheEntry, RankingPolicy, register
-from cachepilot_sim.policies.knapsack import greedy_plus_one
+from cachepilot_sim.policies.base import CacheEntry, Chains, RankingPolicy, register
+from cachepilot_sim.policies.knapsack import CoverProblem, greedy_by_ratio, greedy_plus_one
 from cachepilot_sim.policies.oracle import cover_problem, expected_costs
 from cachepilot_sim.policies.perc import PercPolicy
 from cachepilot_sim.policies.reuse import GapEstimator
@@ -26,12 +26,38 @@ class PercPlusOnePolicy(PercPolicy):
     name = "perc_plus1"
 
     def select_victims(self, entries: Sequence[CacheEntry], bytes_needed: int,
-                       now_us: int) -> list[CacheEntry]:
+                       now_us: int, chains: Chains | None = None,
+                       parents: Sequence[int] | None = None) -> list[CacheEntry]:
         if bytes_needed <= 0 or not entries:
             return []
         costs = expected_costs(self.estimator, entries, now_us)
-        chosen = greedy_plus_one(cover_problem(entries, costs, bytes_needed))
+        problem = cover_problem(entries, costs, bytes_needed, chains, parents)
+        if not problem.parents and all(len(c) == 1 for c in problem.chains):
+            chosen = greedy_plus_one(problem)
+        else:
+            chosen = _plus_one_on_chains(problem)
         return [entries[i] for i in chosen]
+
+
+def _plus_one_on_chains(p: CoverProblem) -> list[int]:
+    """Chained form: greedy by ratio over the current tails, or the cheapest tail of a single
+    chain with nothing below it that covers the need alone, whichever costs less. No factor-2
+    guarantee (docs/perc_proof.md section 6): it is the +1 idea carried over, not its proof."""
+    best = greedy_by_ratio(p)
+    best_cost = p.cost_of(best)
+    has_below = set(p.parents)
+    for g, chain in enumerate(p.chains):
+        if g in has_below:
+            continue
+        size = 0
+        for k in range(len(chain) - 1, -1, -1):
+            size += p.sizes[chain[k]]
+            if size >= p.need:
+                tail = list(chain[k:])
+                if p.cost_of(tail) < best_cost:
+                    best, best_cost = tail, p.cost_of(tail)
+                break
+    return best
 
 
 class SurvivalEstimate:

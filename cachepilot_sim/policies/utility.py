@@ -9,8 +9,9 @@ reuse probability follows an exponential model of reuse time; evict the lowest p
 probability of reuse within delta, LRU among equals. It does not weigh restore cost or size.
 `tlru`: in the spirit of Tail-Optimized LRU (Zhang et al., 2025): KV whose loss cannot push the
 next turn's TTFT past the tail target does not matter for the tail, so it goes first (LRU), then
-the rest (LRU). With whole-session entries "tail-first" is this two-class order: cutting only the
-excess tail blocks of a session needs the prefix chains of trace replay.
+the rest (LRU). With whole-session entries "tail-first" is this two-class order. On prefix chains
+a block's loss costs the restore of the whole suffix cut with it, so the blocks that do not matter
+are each chain's excess tail: those whose suffix restore stays within the target.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from cachepilot_sim.config import PolicyConfig
-from cachepilot_sim.policies.base import CacheEntry, RankingPolicy, register
+from cachepilot_sim.policies.base import (
+    CacheEntry,
+    Chains,
+    RankingPolicy,
+    greedy_on_chains,
+    register,
+)
 from cachepilot_sim.policies.reuse import GapEstimator
 
 
@@ -102,3 +109,41 @@ class TailLruPolicy(RankingPolicy):
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
         matters = int(entry.restore_us > self.cfg.tlru_threshold_ms * 1000.0)
         return (matters, entry.last_used_us, entry.entry_id)
+
+    def select_victims(self, entries: Sequence[CacheEntry], bytes_needed: int, now_us: int,
+                       chains: Chains | None = None,
+                       parents: Sequence[int] | None = None) -> list[CacheEntry]:
+        """On chains: a block matters when a next turn through it would restore more than the
+        target if the chain were cut down to it (it, the blocks after it, and the longest path
+        through the chains below); excess tails go first, each class LRU."""
+        if chains is None or bytes_needed <= 0:
+            return super().select_victims(entries, bytes_needed, now_us, chains, parents)
+        limit_us = self.cfg.tlru_threshold_ms * 1000.0
+        below_us = [0.0] * len(chains)  # longest restore path through the chains below g
+        for g in _bottom_up(parents, len(chains)):
+            path_us = below_us[g] + sum(entries[i].restore_us for i in chains[g])
+            up = parents[g] if parents else -1
+            if up >= 0:
+                below_us[up] = max(below_us[up], path_us)
+        matters = [0] * len(entries)
+        for g, chain in enumerate(chains):
+            suffix_us = below_us[g]
+            for i in reversed(chain):
+                suffix_us += entries[i].restore_us
+                matters[i] = int(suffix_us > limit_us)
+        rank = [(matters[i], e.last_used_us, e.entry_id) for i, e in enumerate(entries)]
+        picks = greedy_on_chains(rank, entries, chains, bytes_needed, parents)
+        return [entries[i] for i in picks]
+
+
+def _bottom_up(parents: Sequence[int] | None, num_chains: int) -> list[int]:
+    """Chain indices with every chain listed before the chain above it."""
+    if not parents:
+        return list(range(num_chains))
+    depth = [0] * num_chains
+    for g in range(num_chains):
+        h = g
+        while parents[h] >= 0:
+            h = parents[h]
+            depth[g] += 1
+    return sorted(range(num_chains), key=lambda g: (-depth[g], g))

@@ -27,6 +27,12 @@ def ids(entries: list[CacheEntry]) -> list[int]:
     return [e.entry_id for e in entries]
 
 
+def evict(policy: RankingPolicy, entries: list[CacheEntry], need: int, now: int) -> None:
+    """Select and evict, as a KV manager does: it reports every victim to `on_evict`."""
+    for v in policy.select_victims(entries, need, now):
+        policy.on_evict(v, now)
+
+
 def test_fifo_evicts_in_order_of_entering_the_cache_not_of_use() -> None:
     fifo = make("fifo")
     a, b = make_entry(0, created_us=10, last_used_us=900), make_entry(1, created_us=20,
@@ -34,7 +40,7 @@ def test_fifo_evicts_in_order_of_entering_the_cache_not_of_use() -> None:
     for e in (a, b):
         fifo.on_release(e, e.last_used_us)
     assert ids(fifo.order([b, a], 1000)) == [0, 1]
-    fifo.select_victims([a, b], 1, 1000)  # a leaves; when it returns it re-enters last
+    evict(fifo, [a, b], 1, 1000)  # a leaves; when it returns it re-enters last
     fifo.on_access(a, 2000)
     assert ids(fifo.order([a, b], 3000)) == [1, 0]
 
@@ -54,7 +60,7 @@ def test_slru_keeps_reused_entries_protected_and_demotes_overflow() -> None:
         slru.on_access(e, 10)  # hits: 0, 1, 2 protected; room is half of 400 bytes = 2 entries
     # 0 is the least recent protected entry: demoted into probation, where it is older than 3.
     assert ids(slru.order(entries, 100)) == [0, 3, 1, 2]
-    slru.select_victims(entries, 100, 100)
+    evict(slru, entries, 100, 100)
     slru.on_access(entries[0], 200)  # a miss: comes back probationary
     assert 0 not in slru.protected
 
@@ -63,7 +69,7 @@ def test_arc_ghost_hit_in_b1_raises_the_recency_target() -> None:
     arc = make("arc")
     assert isinstance(arc, ArcPolicy)
     entries = [make_entry(i, last_used_us=i, num_bytes=100) for i in range(4)]
-    arc.select_victims(entries, 100, 10)  # evicts 0 from T1 into ghost B1
+    evict(arc, entries, 100, 10)  # evicts 0 from T1 into ghost B1
     assert 0 in arc.ghost1 and arc.target_bytes == 0
     arc.on_access(entries[0], 20)  # a returning victim: the target grows, it re-enters T1
     assert arc.target_bytes == 100 and 0 not in arc.frequent and 0 not in arc.ghost1
@@ -82,7 +88,7 @@ def test_gdsf_inflation_ages_entries_that_were_not_used_since() -> None:
     gdsf.on_release(old, 0)
     victim = make_entry(1, restore_us=5000.0, num_bytes=10)
     gdsf.on_release(victim, 0)
-    gdsf.select_victims([victim], 1, 1)
+    evict(gdsf, [victim], 1, 1)
     assert gdsf.inflation == pytest.approx(500.0)
     fresh = make_entry(2, restore_us=1000.0, num_bytes=10)
     gdsf.on_release(fresh, 2)  # same cost and size as `old`, but its H starts from L = 500

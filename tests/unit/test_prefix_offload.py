@@ -90,7 +90,7 @@ def test_restore_cost_is_the_cheaper_of_reload_and_recompute(tmp_path: Path) -> 
     kv = make_kv(tmp_path)
     serve(kv, request(kv, 0))
     b = kv.blocks[4]
-    kv._key(b, int(kv.env.now))
+    kv._prepare(b, int(kv.env.now))
     recompute = recompute_us(kv.fit, 4 * B) - recompute_us(kv.fit, 3 * B)
     assert b.entry.restore_us == pytest.approx(min(recompute, kv.reload_block_us))
     assert kv.reload_block_us < recompute  # a 64 MiB block: ~1.2 ms over PCIe vs ~13 ms compute
