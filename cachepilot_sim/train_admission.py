@@ -24,7 +24,6 @@ from hydra import compose, initialize_config_dir
 
 from cachepilot_sim.admission import AdmissionController, AdmissionView, Decision, features
 from cachepilot_sim.admission.controllers import Learned, Threshold, allowed
-from cachepilot_sim.admission.features import feature_names
 from cachepilot_sim.admission.mlp import Mlp
 from cachepilot_sim.config import AdmissionConfig, SimConfig, register_configs, to_config
 from cachepilot_sim.sim import build
@@ -38,11 +37,11 @@ GRID_QUEUE = (4, 8, 16, 32)
 Row = tuple[np.ndarray, int, np.ndarray]
 
 
-def base_config(overrides: list[str]) -> SimConfig:
-    """mixed_spike (no trace) with `overrides`, as one SimConfig (seed 0, PERC)."""
+def base_config(overrides: list[str], experiment: str = "mixed_spike") -> SimConfig:
+    """`experiment` (no event trace) with `overrides`, as one SimConfig (seed 0, PERC)."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = to_config(compose("config", overrides=[
-            "+experiment=mixed_spike", "trace.enabled=false", *overrides]))
+            f"+experiment={experiment}", "trace.enabled=false", *overrides]))
     return cfg.sim_for(cfg.policy.name, cfg.seed)
 
 
@@ -139,12 +138,16 @@ class Args:
     eval_every: int
     hidden: int
     lr: float
+    experiment: str = "mixed_spike"
+    overrides: list[str] | None = None  # None: OVERLOAD
 
 
 def train(args: Args) -> dict[str, Any]:
     """Teacher, imitation, REINFORCE; writes the weights and returns the training log."""
     rng = np.random.default_rng(np.random.SeedSequence(args.seed))
-    cfg = base_config([*OVERLOAD, f"workload.num_requests={args.episode_requests}"])
+    overrides = OVERLOAD if args.overrides is None else args.overrides
+    cfg = base_config([*overrides, f"workload.num_requests={args.episode_requests}"],
+                      args.experiment)
     seeds = list(range(args.seed + 1000, args.seed + 1000 + args.train_seeds))
     load, depth, teacher_goodput = tune_teacher(cfg, seeds)
     kw = {"threshold_load_fraction": load, "threshold_queue_depth": depth}
@@ -153,7 +156,9 @@ def train(args: Args) -> dict[str, Any]:
         rec = Recording(Threshold(load, depth))
         run_episode(with_admission(cfg, s, **kw), rec)
         rows += rec.rows
-    names = feature_names(list(cfg.workload.classes))
+    sim = build(with_admission(cfg, seeds[0]))
+    assert sim.batcher.gate is not None
+    names = sim.batcher.gate.feature_names
     mlp = Mlp.init(names, args.hidden, rng)
     losses = imitate(mlp, rows, args.imitation_epochs, args.lr, rng)
 
@@ -205,6 +210,10 @@ def parse(argv: list[str] | None = None) -> Args:
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--hidden", type=int, default=16)
     p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--experiment", default="mixed_spike", help="conf/experiment/<name>.yaml")
+    p.add_argument("--override", dest="overrides", action="append", default=None,
+                   help="a Hydra override of the training scenario (repeatable); default: the "
+                        "overloaded mixed_spike (" + " ".join(OVERLOAD) + ")")
     ns = p.parse_args(argv)
     return Args(**{k: getattr(ns, k) for k in Args.__dataclass_fields__})
 
