@@ -70,3 +70,10 @@ def test_learned_admission_without_weights_is_a_config_error() -> None:
         AdmissionConfig(name="learned")
     with pytest.raises(ConfigError, match="unknown admission controller"):
         AdmissionConfig(name="oracle")
+
+
+def test_config_names_match_the_controller_registry() -> None:
+    from cachepilot_sim.admission import known_controllers
+    from cachepilot_sim.config import ADMISSION_CONTROLLERS
+
+    assert known_controllers() == sorted(ADMISSION_CONTROLLERS)
