@@ -313,6 +313,40 @@ class SchedulerConfig(Sealed):
         _nonneg(self, prefix, "promote_slack_ms", "queue_timeout_s")
 
 
+ADMISSION_CONTROLLERS = ("all", "threshold", "learned")  # admission/registry.py registers these
+
+
+@dataclass
+class AdmissionConfig(Sealed):
+    """Admission control of new sessions under KV pressure (docs/admission.md).
+
+    `all` admits everything (the behaviour without admission control). The others are consulted
+    only for a session's first turn, and only while the pool is under pressure: the request's KV
+    need exceeds free + evictable bytes, or `pressure_queue_depth` requests are queued.
+    """
+
+    section: ClassVar[str] = "admission"
+    name: str = "all"
+    defer_ms: float = 200.0  # a deferred request re-enters the queue after this long
+    max_defers: int = 3  # after this many defers a defer counts as admit
+    pressure_queue_depth: int = 8
+    # threshold: defer (then reject) when (used + in flight) / pool > load_fraction and
+    # queue depth > queue_depth.
+    threshold_load_fraction: float = 0.9
+    threshold_queue_depth: int = 16
+    weights: str = ""  # learned: path of the .npz written by train_admission
+
+    def validate(self, prefix: str) -> None:
+        require(self.name in ADMISSION_CONTROLLERS, f"{prefix}.name", self.name,
+                f"unknown admission controller; known: {list(ADMISSION_CONTROLLERS)}")
+        _nonneg(self, prefix, "defer_ms", "max_defers", "pressure_queue_depth",
+                "threshold_queue_depth")
+        require(0.0 <= self.threshold_load_fraction <= 1.0, f"{prefix}.threshold_load_fraction",
+                self.threshold_load_fraction, "must be in [0, 1]")
+        require(self.name != "learned" or bool(self.weights), f"{prefix}.weights", self.weights,
+                "admission=learned needs admission.weights=PATH (an .npz from train_admission)")
+
+
 @dataclass
 class KVConfig(Sealed):
     """Paged KV pool and CPU offload store."""
@@ -489,6 +523,7 @@ class SimConfig(Sealed):
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
 
     @property
     def vram_bytes(self) -> int:
@@ -598,6 +633,7 @@ def register_configs() -> None:
         ("workload", WorkloadConfig),
         ("batcher", BatcherConfig),
         ("policy", PolicyConfig),
+        ("admission", AdmissionConfig),
     ):
         cs.store(group=group, name=f"{group}_schema", node=node)
 

@@ -211,6 +211,10 @@ class Simulation:
             "events": self.recorder.num_rows,
         }
         out |= self.policy.metrics()
+        gate = self.batcher.gate
+        if gate is not None:
+            out |= {"admission_deferred": gate.num_deferred,
+                    "admission_rejected": gate.num_rejected}
         if isinstance(self.kv, PrefixKvManager) and self.replay is not None:
             out |= self.kv.prefix_metrics()
             out |= {"trace_rows_skipped": self.replay.table.num_skipped}

@@ -20,6 +20,7 @@ import numpy as np
 import simpy
 
 from cachepilot_sim.clock import SimEnvironment, ceil_us, ms_to_us
+from cachepilot_sim.components.admission_gate import AdmissionGate
 from cachepilot_sim.components.kv_manager import Admit, KvManager
 from cachepilot_sim.components.request import Outcome, Request
 from cachepilot_sim.components.scheduler import Scheduler
@@ -27,6 +28,7 @@ from cachepilot_sim.components.signal import Signal
 from cachepilot_sim.config import BatchMode, SimConfig
 from cachepilot_sim.cost import ComputeFit, decode_step_slope_us, iteration_us
 from cachepilot_sim.trace.recorder import TraceRecorder
+from cachepilot_sim.trace.schema import REJECT_REASONS
 
 # Rows of the packed per-sequence state array.
 CTX, PREFILL_LEFT, DECODE_LEFT, BLOCKS, BLOCK_BYTES, TOKEN_BYTES, MODEL, ORDER, PRIO, GENERATED = (
@@ -83,6 +85,11 @@ class Batcher:
         self._admit_seq = 0
         self._run_id = 0
         self.stats = EngineStats()
+        # Admission control of new sessions under pressure; None (`all`): every request admitted.
+        self.gate: AdmissionGate | None = None
+        if cfg.admission.name != "all":
+            self.gate = AdmissionGate(env, cfg, scheduler, kv, self.reject)
+            self.gate.running_fraction = lambda: self.n / max(1, self.limits()[1])
 
     # -- limits and admission --------------------------------------------------------------
     def limits(self) -> tuple[int, int]:
@@ -111,6 +118,8 @@ class Batcher:
             req = self.scheduler.peek()
             if req is None:
                 return
+            if self.gate is not None and not self.gate.passes(req):
+                continue  # deferred or rejected by admission control
             result = self.kv.admit(req)
             if result == Admit.BLOCKED:
                 return
@@ -178,7 +187,7 @@ class Batcher:
             req.session_id,
             req.req_id,
             req.model_index,
-            value=0 if reason == "exceeds_kv_capacity" else 1,
+            value=REJECT_REASONS.index(reason),
         )
         req.done.succeed()
 

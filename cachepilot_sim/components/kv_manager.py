@@ -152,6 +152,10 @@ class KvManager:
             return 0
         return quantize_us(self.quantize_bytes_per_us, s.num_bytes, cpu)
 
+    def evictable_bytes(self) -> int:
+        """GPU bytes held by idle sessions (what eviction could free now); O(idle sessions)."""
+        return sum(s.num_bytes for s in self.idle.values())
+
     def tier_of(self, session_id: int) -> Tier:
         s = self.sessions.get(session_id)
         return Tier.NONE if s is None else s.tier

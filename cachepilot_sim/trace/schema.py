@@ -31,7 +31,7 @@ EVENT_KINDS = (
     #               by the reuse estimator before this observation (us; lambda = 1 / score)
 )
 TIERS = ("gpu", "cpu", "none", "flight")
-REJECT_REASONS = ("exceeds_kv_capacity", "queue_timeout")
+REJECT_REASONS = ("exceeds_kv_capacity", "queue_timeout", "admission")
 
 TRACE_SCHEMA = pl.Schema(
     {  # type: ignore[arg-type]
