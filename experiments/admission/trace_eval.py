@@ -33,16 +33,18 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--limit", type=int, default=4000)
     p.add_argument("--time-scale", type=float, default=0.25)
+    p.add_argument("--experiment", default="azure_conv",
+                   help="azure_conv (the training trace) or azure_code (a held-out trace)")
     args = p.parse_args()
     register_configs()
     teacher = json.loads((HERE / "weights_train_log.json").read_text())["teacher"]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         run = to_config(compose("config", overrides=[
-            "+experiment=azure_conv", "trace.enabled=false", f"replay.limit={args.limit}",
+            f"+experiment={args.experiment}", "trace.enabled=false", f"replay.limit={args.limit}",
             f"replay.time_scale={args.time_scale}"]))
     cfg = run.sim_for("perc", 0)
     tuned = {k: teacher[k] for k in ("threshold_load_fraction", "threshold_queue_depth")}
-    rows = [f"\n### Azure conv trace, first {args.limit} requests, time x{args.time_scale:g} "
+    rows = [f"\n### {args.experiment}, first {args.limit} requests, time x{args.time_scale:g} "
             "(one seed: replay is deterministic)\n",
             "| controller | goodput req/s | TTFT p99 s | TTFT p50 s | rejected | deferred |",
             "|---|---:|---:|---:|---:|---:|"]
@@ -51,7 +53,10 @@ def main() -> None:
                    ("threshold tuned on mixed_spike", tuned)]
     weights = HERE / "trace_weights.npz"
     if weights.exists():
-        controllers.append(("learned (trained on this trace, not held out)",
+        held_out = args.experiment != "azure_conv"
+        label = ("learned (trained on azure_conv: a held-out trace)" if held_out
+                 else "learned (trained on this trace, not held out)")
+        controllers.append((label,
                             {"name": "learned", "weights": str(weights)}))
     for name, adm in controllers:
         m = run_episode(with_admission(cfg, 0, **adm))
