@@ -29,10 +29,6 @@ def ceil_us(duration_us: float) -> int:
     return 0 if duration_us <= 0 else math.ceil(duration_us)
 
 
-def us_to_s(duration_us: float) -> float:
-    return duration_us / US_PER_S
-
-
 class SimEnvironment(simpy.Environment):
     """A `simpy.Environment` whose clock is typed as what it holds here: integer microseconds."""
 

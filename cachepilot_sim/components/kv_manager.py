@@ -40,15 +40,6 @@ class Admit(IntEnum):
     REJECT = 3  # can never fit
 
 
-_TIER_NAME = {
-    Tier.GPU: "gpu",
-    Tier.CPU: "cpu",
-    Tier.NONE: "none",
-    Tier.FLIGHT_OUT: "flight",
-    Tier.FLIGHT_IN: "flight",
-}
-
-
 class SessionKV:
     """The manager's record of one session's KV."""
 
@@ -155,10 +146,6 @@ class KvManager:
     def evictable_bytes(self) -> int:
         """GPU bytes held by idle sessions (what eviction could free now); O(idle sessions)."""
         return sum(s.num_bytes for s in self.idle.values())
-
-    def tier_of(self, session_id: int) -> Tier:
-        s = self.sessions.get(session_id)
-        return Tier.NONE if s is None else s.tier
 
     def _new_session(self, req: Request) -> SessionKV:
         entry = CacheEntry(
