@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from cachepilot_sim import scorecard
 from cachepilot_sim.cost.roofline import KvDtype, kv_bytes_per_token
+from cachepilot_sim.tools import scorecard
 
 TIERS = {"a100_40gb", "a100_80gb", "h100_sxm", "h200", "b200", "l40s", "mi300x"}
 FIGURES = ("hbm_gb", "hbm_gbps", "bf16_dense_tflops", "fp8_dense_tflops", "pcie_gen")

@@ -7,8 +7,8 @@ bf16 weights over 128..32k tokens and a decode step over batch sizes and context
 cost model (`kernels/fit.py`), prints the error of every point, and writes the raw measurements
 (`<date>_h200.json`) and a conf-compatible hardware file (`h200_calibrated.yaml`) to --out.
 
-    python -m cachepilot_sim.calibrate --out experiments/calibration          # on a GPU host
-    python -m cachepilot_sim.calibrate --refit experiments/calibration/2026-11-29_h200.json
+    python -m cachepilot_sim.tools.calibrate --out experiments/calibration          # on a GPU host
+    python -m cachepilot_sim.tools.calibrate --refit experiments/calibration/2026-11-29_h200.json
 """
 
 from __future__ import annotations
@@ -287,7 +287,7 @@ def write_outputs(raw: dict[str, Any], out_dir: Path, log: Any, write_raw: bool 
         json.dumps({"parameters": params, "summary": summary, "points": errs}, indent=1)
     )
     comment = (
-        f"Fitted by `python -m cachepilot_sim.calibrate` from {params['source']}.\n"
+        f"Fitted by `python -m cachepilot_sim.tools.calibrate` from {params['source']}.\n"
         f"Fit error over all points: median {100 * summary['all']['median_abs_rel']:.1f} %,"
         f" max {100 * summary['all']['max_abs_rel']:.1f} %; per point in "
         f"{raw['date']}_h200_fit.json."

@@ -1,6 +1,6 @@
 """Hardware scorecard: decode roofline and KV capacity of one model on every GPU tier.
 
-    python -m cachepilot_sim.scorecard [model=llama3_8b] [context_tokens=2048] [batch=0]
+    python -m cachepilot_sim.tools.scorecard [model=llama3_8b] [context_tokens=2048] [batch=0]
         [activation_reserve_gb=1.073741824] [gpus=a100_40gb,h200,...]
 
 Datasheet figures come from conf/gpu/*.yaml (each one cites its source), the model from
@@ -43,8 +43,8 @@ from cachepilot_sim.cost.roofline import (
     pcie_gbps,
     ridge_batch,
 )
+from cachepilot_sim.tools import CONF_DIR
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 DEFAULTS = {"model": "llama3_8b", "context_tokens": "2048", "batch": "0",
             "activation_reserve_gb": str(KVConfig().activation_reserve_bytes / GB), "gpus": ""}
 
