@@ -25,7 +25,7 @@ from cachepilot_sim.components.signal import Signal
 from cachepilot_sim.components.vram_pool import VramPool
 from cachepilot_sim.config import SimConfig, TraceFormat
 from cachepilot_sim.cost import compute_fit, transfer_fits
-from cachepilot_sim.experiment.metrics import latency_metrics, outcome_metrics, request_frame
+from cachepilot_sim.metrics import latency_metrics, outcome_metrics, request_frame
 from cachepilot_sim.policies import GapEstimator, make_policy
 from cachepilot_sim.policies.oracle import ShadowOracle
 from cachepilot_sim.rng import make_streams

@@ -2,7 +2,7 @@
 
 Each function is a documented polars query over the trace (`TRACE_SCHEMA`) and the run's
 `meta.json` (class names, SLOs, pool size); the metrics over the rebuilt per-request table are the
-collector's own (`experiment/metrics.py`, as `Simulation.metrics` uses them), so only the table and
+collector's own (`metrics.py`, as `Simulation.metrics` uses them), so only the table and
 the event totals are derived here. `tests/unit/test_trace_derive.py` checks that the derived
 metrics equal what the collector reports. Unlike `schema` and `recorder`, which components use,
 this module reads traces after a run and may import above the simulation.
@@ -19,7 +19,7 @@ from typing import Any
 
 import polars as pl
 
-from cachepilot_sim.experiment.metrics import request_metrics
+from cachepilot_sim.metrics import request_metrics
 from cachepilot_sim.trace.recorder import META_FILE
 from cachepilot_sim.trace.schema import REJECT_REASONS, TRACE_SCHEMA
 

@@ -204,6 +204,18 @@ def test_components_do_not_import_workloads() -> None:
     assert not offenders - KNOWN_COMPONENT_WORKLOAD_IMPORTS, sorted(offenders)
 
 
+def test_only_the_entry_point_and_tools_import_the_experiment_layer() -> None:
+    offenders = {
+        (m, t)
+        for m, targets in import_graph().items()
+        if m != "cachepilot_sim.__main__"
+        and not m.startswith(("cachepilot_sim.tools", "cachepilot_sim.experiment"))
+        for t in targets
+        if t.startswith("cachepilot_sim.experiment")
+    }
+    assert not offenders, sorted(offenders)
+
+
 def test_nothing_outside_tools_imports_a_tool() -> None:
     offenders = {
         (m, t)
