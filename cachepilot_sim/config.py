@@ -583,7 +583,7 @@ class RunConfig(SimConfig):
     write_requests: bool = True
     jobs: int = 0  # worker processes for the (policy, seed) cells; 0: one per CPU core
     # Policy lab: after each cell, the offline LP lower bound on restore cost over its recorded
-    # access sequence (cachepilot_sim/offline.py).
+    # access sequence (cachepilot_sim/experiment/offline.py).
     offline_bound: bool = False
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 

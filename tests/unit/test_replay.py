@@ -21,8 +21,8 @@ from cachepilot_sim.config import (
     TraceConfig,
     TraceFormat,
 )
+from cachepilot_sim.experiment.runner import run_experiment
 from cachepilot_sim.policies import known_policies
-from cachepilot_sim.runner import run_experiment
 from cachepilot_sim.sim import build
 from tests.conftest import make_sim_config, make_workload
 
