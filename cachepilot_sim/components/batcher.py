@@ -39,6 +39,7 @@ CTX, PREFILL_LEFT, DECODE_LEFT, BLOCKS, BLOCK_BYTES, TOKEN_BYTES, MODEL, ORDER, 
 
 @dataclass
 class EngineStats:
+    """Engine counters over the run: iterations, busy time, tokens, KV occupancy."""
     iterations: int = 0
     busy_us: int = 0
     tokens_prefilled: int = 0
@@ -173,6 +174,7 @@ class Batcher:
         return req
 
     def reject(self, req: Request, reason: str) -> None:
+        """End `req` as rejected with `reason` (one of trace.schema.REJECT_REASONS)."""
         req.outcome, req.reject_reason = Outcome.REJECTED, reason
         req.finish_us = self.env.now
         self.events.reject(self.env.now, req, reason)

@@ -53,6 +53,7 @@ class Clients:
 
     @property
     def num_issued(self) -> int:
+        """Requests sent so far (the workload's request budget counts these)."""
         return len(self.requests)
 
     def _rate_per_us(self) -> float:

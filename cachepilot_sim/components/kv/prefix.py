@@ -26,6 +26,7 @@ from cachepilot_sim.policies import CacheEntry
 
 
 class _Running:
+    """A running request's prefix chain and the private pages it holds."""
     __slots__ = ("chain", "pages", "private_pages", "hash_tokens")
 
     def __init__(
@@ -83,6 +84,7 @@ class PrefixKvManager:
         self._next_entry_id = 0
 
     def blocks_for(self, num_tokens: int) -> int:
+        """Pages of `kv.block_tokens` that hold `num_tokens` tokens."""
         return -(-num_tokens // self.block_tokens)
 
     def evictable_bytes(self) -> int:
@@ -296,6 +298,7 @@ class PrefixKvManager:
             self.stats.cap_evictions += self._evict_blocks(n - self.max_blocks)
 
     def maintain_watermark(self) -> None:
+        """After an iteration: evict idle tails so that the watermark is free again soon."""
         short = self.room.watermark_shortfall(self.transfers.pending_free_bytes)
         if short > 0 and self.tree.evictable:
             self.evict(short, allow_offload=True)
@@ -357,6 +360,7 @@ class PrefixKvManager:
         self._enforce_cap()  # its blocks may be idle now: the cap applies to them again
 
     def metrics(self) -> dict[str, float | int]:
+        """Prefix-sharing metrics: hit ratios, cached, CPU and reloaded blocks."""
         st = self.stats
         tree = self.tree
         return {
