@@ -1060,7 +1060,7 @@ def microbench(s: Session, args: argparse.Namespace) -> None:
         tag_types = {"bench": "string", "batch_size": "int32", "cfg_prompt_tokens": "int32",
                      "context_tokens": "int32", "rep": "int32", "config_id": "int32"}
         write_table(all_steps, {**STEP_TYPES, **tag_types}, folder / "steps")
-        write_table(all_reqs, {**REQUEST_TYPES, **tag_types}, folder / "requests")
+        write_table(all_reqs, {**REQUEST_TYPES, **tag_types}, folder / "micro_requests")
         eng = engine_config(mgr, MICRO_SPEC, info, s.smoke)
         eng.update(configs=configs, note="cost micro-runs; rep 1 may capture graphs lazily (graph_captures > 0 "
                    "on those steps), rep 2 replays them")
