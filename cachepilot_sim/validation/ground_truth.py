@@ -87,7 +87,8 @@ def _kind_ok(dtype: pl.DataType, kind: str) -> bool:
     if kind == _STR:
         return dtype in (pl.String, pl.Categorical, pl.Null)
     if kind == _INT_LIST:
-        return isinstance(dtype, pl.List) and (dtype.inner.is_integer() or dtype.inner == pl.Null)
+        inner_ok = isinstance(dtype, pl.List) and (dtype.inner.is_integer() or dtype.inner == pl.Null)
+        return inner_ok or dtype == pl.Null
     raise AssertionError(kind)
 
 

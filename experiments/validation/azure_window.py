@@ -1,9 +1,9 @@
-"""Pick the Azure LLM 2023 conv window that capture.py replays (`azure_conv_sample`), clip its lengths.
+"""Pick the Azure LLM 2023 conv window replayed as `azure_conv_sample` and clip its lengths.
 
-Source: /work/shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv (CC-BY-4.0, Patel et al.,
-Splitwise, ISCA 2024). The window is the first `--num` requests at or after `--start`; context tokens
-are clipped to [16, 3072] and generated tokens to [4, 512] so one request fits the engine's 4096-token
-graph set. Times stay in trace seconds; capture.py scales them to the engine's capacity.
+Source: /work/shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv (CC-BY-4.0, Patel et
+al., Splitwise, ISCA 2024). The window is the first `--num` requests at or after `--start`; context
+tokens are clipped to [16, 3072] and generated tokens to [4, 512] so one request fits the engine's
+4096-token graph set. Times stay in trace seconds; capture.py stretches them to the engine's load.
 
     python3 experiments/validation/azure_window.py > experiments/validation/azure_conv_window.json
 """

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Ground-truth capture from the transformers continuous-batching engine (issue 12).
 
-Runs on the lent H200 (torch 2.11, transformers 5.17, numpy, pyarrow; no simpy, polars or hydra there).
+Runs on the lent H200 (torch 2.11, transformers 5.17, numpy, pyarrow; no simpy/polars/hydra there).
 A random-weight Llama-3-8B-shaped model serves open-loop request lists through
 `model.init_continuous_batching`; every engine step is instrumented by wrapping the engine's own
 methods (no engine code is changed). Output: one ground-truth folder per workload and run
@@ -86,8 +86,8 @@ def torch_flash_varlen_paged(
     block_table: Any = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Mirror of transformers/integrations/flash_paged.py (varlen branch): write the new K/V into the
-    paged cache and read back each request's whole K/V through `cache.update`, then run causal
+    """Mirror of transformers/integrations/flash_paged.py (varlen branch): write the new K/V into
+    the paged cache and read back each request's whole K/V through `cache.update`, then run causal
     varlen attention (bottom-right aligned, GQA) with torch.ops.aten._flash_attention_forward."""
     if isinstance(cu_seq_lens_k, dict):
         cu_seq_lens_k = cu_seq_lens_k["full_attention"]
@@ -116,7 +116,7 @@ def torch_flash_varlen_paged(
 
 
 def check_fast_path(device: str) -> dict:
-    """Max abs error of the torch FA2 varlen kernel vs per-sequence SDPA on random bf16 (GQA, q < k)."""
+    """Max abs error of torch's FA2 varlen kernel vs per-sequence SDPA (random bf16, GQA, q < k)."""
     torch.manual_seed(0)
     heads, kv_heads, dim = 32, 8, 128
     q_lens, k_lens = [5, 64, 1, 200], [300, 64, 1000, 200]
@@ -129,7 +129,7 @@ def check_fast_path(device: str) -> dict:
         q, k, v, cq, ck, max(q_lens), max(k_lens), 0.0, True, False, scale=dim**-0.5
     )[0]
     err = 0.0
-    for i, (lq, lk) in enumerate(zip(q_lens, k_lens)):
+    for i, (lq, lk) in enumerate(zip(q_lens, k_lens, strict=True)):
         qi = q[cq[i] : cq[i + 1]].float().transpose(0, 1)
         ki = k[ck[i] : ck[i + 1]].float().repeat_interleave(heads // kv_heads, 1).transpose(0, 1)
         vi = v[ck[i] : ck[i + 1]].float().repeat_interleave(heads // kv_heads, 1).transpose(0, 1)
@@ -391,7 +391,7 @@ def instrument(manager: Any, rec: Recorder) -> None:
 
 
 def resolve_gpu_times(rec: Recorder) -> None:
-    """Device time of each step's compute (CUDA events around compute_batch on the compute stream)."""
+    """Device time of each step's compute (CUDA events around compute_batch, compute stream)."""
     if not rec.use_cuda:
         return
     torch.cuda.synchronize()
@@ -425,19 +425,26 @@ def make_engine(model: Any, spec: EngineSpec, rec: Recorder, smoke: bool) -> tup
     instrument(mgr, rec)
     info = {"engine_init_s": round(init_s, 3)}
     if torch.cuda.is_available():
-        print(f"[engine {spec.name}] init {init_s:.1f} s, {torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated",
-              flush=True)
+        print(
+            f"[engine {spec.name}] init {init_s:.1f} s, "
+            f"{torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated",
+            flush=True,
+        )
     if spec.use_cuda_graph and spec.precapture_max_seqlen_k and not smoke:
         info.update(precapture_graphs(mgr, spec))
     return mgr, info
 
 
-def sweep_keys(spec: EngineSpec, num_pages: int, max_batch_tokens: int) -> list[tuple[int, int, int]]:
+def sweep_keys(
+    spec: EngineSpec, num_pages: int, max_batch_tokens: int
+) -> list[tuple[int, int, int]]:
     """Every padded (q, kv_read, max_seqlen_k) a batch can have, largest first (the graph pool then
     grows once). q: multiples of the q interval up to max_batch_tokens; kv_read: multiples of the kv
     interval up to num_pages; max_seqlen_k: powers of two from 1024, capped at num_pages."""
     iq, ikv = spec.q_padding_interval_size, spec.kv_padding_interval_size
-    qs = sorted({min(i * iq, max_batch_tokens) for i in range(1, math.ceil(max_batch_tokens / iq) + 1)})
+    qs = sorted(
+        {min(i * iq, max_batch_tokens) for i in range(1, math.ceil(max_batch_tokens / iq) + 1)}
+    )
     kvs = sorted({min(i * ikv, num_pages) for i in range(1, math.ceil(num_pages / ikv) + 1)})
     ss, s = [], 1024
     while True:
@@ -482,22 +489,34 @@ def precapture_graphs(mgr: Any, spec: EngineSpec) -> dict:
         for q_pad, kv_pad, sk in keys:
             states = []
             for i, (q, kv) in enumerate(sweep_parts(q_pad, spec.q_padding_interval_size, sk)):
-                st = RequestState(request_id=f"__sweep_{i}__", initial_tokens=[0] * (q + kv), max_new_tokens=1)
+                st = RequestState(
+                    request_id=f"__sweep_{i}__", initial_tokens=[0] * (q + kv), max_new_tokens=1
+                )
                 st._status = RequestStatus.PREFILLING
                 st.tokens_to_process = [0] * q
                 st.position_offset = kv
-                if cache.allocate_blocks(math.ceil((q + kv) / cache.block_size), st.request_id, 0) is None:
+                if (
+                    cache.allocate_blocks(math.ceil((q + kv) / cache.block_size), st.request_id, 0)
+                    is None
+                ):
                     break
-                states.append(FutureRequestState(st, has_new_token=True, complete_blocks=0, query_length=q))
+                states.append(
+                    FutureRequestState(st, has_new_token=True, complete_blocks=0, query_length=q)
+                )
             try:
                 if len(states) == len(sweep_parts(q_pad, spec.q_padding_interval_size, sk)):
-                    ios.prepare_batch_tensors(states, bp.logit_processor, False, q_pad, kv_pad, use_padding=True)
+                    ios.prepare_batch_tensors(
+                        states, bp.logit_processor, False, q_pad, kv_pad, use_padding=True
+                    )
                     runner.compute_batch(mgr.model, ios.get_model_kwargs(use_padding=True))
                     torch.cuda.synchronize()
                     captured += 1
                     if captured % 40 == 0:
-                        print(f"[precapture] {captured} graphs, {perf_counter() - t:.1f} s, "
-                              f"{torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated", flush=True)
+                        print(
+                            f"[precapture] {captured} graphs, {perf_counter() - t:.1f} s, "
+                            f"{torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated",
+                            flush=True,
+                        )
                 else:
                     skipped += 1
             finally:
@@ -506,10 +525,17 @@ def precapture_graphs(mgr: Any, spec: EngineSpec) -> dict:
         if pairs == 2:
             ios.swap_io_pairs()
     dur = perf_counter() - t
-    print(f"[precapture] {captured} graphs ({skipped} skipped) over {len(keys)} keys x {pairs} pairs in {dur:.1f} s",
-          flush=True)
-    return {"precaptured_graphs": captured, "precapture_skipped": skipped, "precapture_s": round(dur, 2),
-            "precapture_keys_per_pair": len(keys)}
+    print(
+        f"[precapture] {captured} graphs ({skipped} skipped) over {len(keys)} keys x {pairs} "
+        f"pairs in {dur:.1f} s",
+        flush=True,
+    )
+    return {
+        "precaptured_graphs": captured,
+        "precapture_skipped": skipped,
+        "precapture_s": round(dur, 2),
+        "precapture_keys_per_pair": len(keys),
+    }
 
 
 def engine_config(mgr: Any, spec: EngineSpec, info: dict, smoke: bool) -> dict:
@@ -520,7 +546,11 @@ def engine_config(mgr: Any, spec: EngineSpec, info: dict, smoke: bool) -> dict:
     cache, sched = bp.cache, bp.scheduler
     model_cfg = mgr.model.config
     kv_bytes_per_token = (
-        2 * model_cfg.num_hidden_layers * cache.num_key_value_heads * cache.head_dim * cache.dtype.itemsize
+        2
+        * model_cfg.num_hidden_layers
+        * cache.num_key_value_heads
+        * cache.head_dim
+        * cache.dtype.itemsize
     )
     out = {
         "engine": "transformers-continuous-batching",
@@ -547,8 +577,11 @@ def engine_config(mgr: Any, spec: EngineSpec, info: dict, smoke: bool) -> dict:
         "max_memory_percent": cfg.max_memory_percent,
         "compile": cfg.varlen_compile_config is not None or cfg.decode_compile_config is not None,
         "kv_bytes_per_token": int(kv_bytes_per_token),
-        "model": {**(TINY if smoke else LLAMA3_8B), "dtype": str(mgr.model.dtype).replace("torch.", ""),
-                  "weights": "random (AutoModelForCausalLM.from_config, seed 0)"},
+        "model": {
+            **(TINY if smoke else LLAMA3_8B),
+            "dtype": str(mgr.model.dtype).replace("torch.", ""),
+            "weights": "random (AutoModelForCausalLM.from_config, seed 0)",
+        },
         "versions": {
             "transformers": transformers.__version__,
             "torch": torch.__version__,
@@ -562,7 +595,9 @@ def engine_config(mgr: Any, spec: EngineSpec, info: dict, smoke: bool) -> dict:
         try:
             out["driver"] = subprocess.run(
                 ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=20,
+                capture_output=True,
+                text=True,
+                timeout=20,
             ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             out["driver"] = None
@@ -570,15 +605,17 @@ def engine_config(mgr: Any, spec: EngineSpec, info: dict, smoke: bool) -> dict:
 
 
 def clear_prefix_cache(mgr: Any) -> None:
-    """Forget every cached block (the engine keeps hashes of freed blocks across sessions, so a second run
-    of the same request list would hit the first run's prompts). Only call while the engine is stopped."""
+    """Forget every cached block: the engine keeps the hashes of freed blocks across sessions, so a
+    second run of the same request list would hit the first run's prompts. Call it stopped."""
     from transformers.generation.continuous_batching.cache_manager import BlockManager
 
     cache = mgr.batch_processor.cache
     cache.free_all_requests()
     for cm in cache.group_cache_managers:
         cm.block_table.clear()
-    cache._block_manager = BlockManager(cache.num_blocks, cache.block_size, tp_on=cache._block_manager.tp_on)
+    cache._block_manager = BlockManager(
+        cache.num_blocks, cache.block_size, tp_on=cache._block_manager.tp_on
+    )
 
 
 def destroy_engine(mgr: Any) -> None:
@@ -598,7 +635,7 @@ def destroy_engine(mgr: Any) -> None:
 
 
 # --------------------------------------------------------------------------------------------- #
-# Workloads: request lists (sent open-loop; a turn with a parent goes think time after its last token) #
+# Workloads: request lists (open loop; a child turn goes think time after its parent's last token) #
 # --------------------------------------------------------------------------------------------- #
 @dataclass
 class Req:
@@ -610,32 +647,59 @@ class Req:
     parent_id: str | None = None
     turn: int = 0
     think_s: float = 0.0
-    prefix_of: str | None = None  # shares this many leading tokens with request `prefix_of` (microbench)
+    prefix_of: str | None = (
+        None  # shares this many leading tokens with request `prefix_of` (microbench)
+    )
     prefix_tokens: int = 0
 
 
-def lognormal_lengths(rng: np.random.Generator, n: int, median: float, sigma: float, lo: int, hi: int) -> np.ndarray:
+def lognormal_lengths(
+    rng: np.random.Generator, n: int, median: float, sigma: float, lo: int, hi: int
+) -> np.ndarray:
     return np.clip(np.round(median * np.exp(sigma * rng.standard_normal(n))), lo, hi).astype(int)
 
 
-MIXED = dict(prompt_median=512, prompt_sigma=0.8, prompt_lo=32, prompt_hi=2048,
-             out_median=128, out_sigma=0.6, out_lo=16, out_hi=512)
+MIXED = dict(
+    prompt_median=512,
+    prompt_sigma=0.8,
+    prompt_lo=32,
+    prompt_hi=2048,
+    out_median=128,
+    out_sigma=0.6,
+    out_lo=16,
+    out_hi=512,
+)
 
 
 def w_closed(name: str, n: int, prompt: int, out: int) -> list[Req]:
     return [Req(f"{name}-{i:04d}", prompt, out, send_s=0.0) for i in range(n)]
 
 
-def w_poisson(name: str, n: int, rate: float, seed: int, lengths: dict = MIXED, t0: float = 0.0) -> list[Req]:
+def w_poisson(
+    name: str, n: int, rate: float, seed: int, lengths: dict = MIXED, t0: float = 0.0
+) -> list[Req]:
     rng = np.random.default_rng(seed)
     times = t0 + np.cumsum(rng.exponential(1.0 / rate, n))
-    p = lognormal_lengths(rng, n, lengths["prompt_median"], lengths["prompt_sigma"], lengths["prompt_lo"],
-                          lengths["prompt_hi"])
-    o = lognormal_lengths(rng, n, lengths["out_median"], lengths["out_sigma"], lengths["out_lo"], lengths["out_hi"])
-    return [Req(f"{name}-{i:04d}", int(p[i]), int(o[i]), send_s=float(times[i] - times[0])) for i in range(n)]
+    p = lognormal_lengths(
+        rng,
+        n,
+        lengths["prompt_median"],
+        lengths["prompt_sigma"],
+        lengths["prompt_lo"],
+        lengths["prompt_hi"],
+    )
+    o = lognormal_lengths(
+        rng, n, lengths["out_median"], lengths["out_sigma"], lengths["out_lo"], lengths["out_hi"]
+    )
+    return [
+        Req(f"{name}-{i:04d}", int(p[i]), int(o[i]), send_s=float(times[i] - times[0]))
+        for i in range(n)
+    ]
 
 
-def w_burst(name: str, base_rate: float, seed: int, phases: tuple = ((10.0, 1), (5.0, 4), (10.0, 1))) -> list[Req]:
+def w_burst(
+    name: str, base_rate: float, seed: int, phases: tuple = ((10.0, 1), (5.0, 4), (10.0, 1))
+) -> list[Req]:
     """Poisson at base_rate, then 4x base_rate, then base_rate again (piecewise-constant rate)."""
     rng = np.random.default_rng(seed)
     times, t_start = [], 0.0
@@ -648,13 +712,23 @@ def w_burst(name: str, base_rate: float, seed: int, phases: tuple = ((10.0, 1), 
             times.append(t)
         t_start += dur
     n = len(times)
-    p = lognormal_lengths(rng, n, MIXED["prompt_median"], MIXED["prompt_sigma"], MIXED["prompt_lo"], MIXED["prompt_hi"])
-    o = lognormal_lengths(rng, n, MIXED["out_median"], MIXED["out_sigma"], MIXED["out_lo"], MIXED["out_hi"])
+    p = lognormal_lengths(
+        rng,
+        n,
+        MIXED["prompt_median"],
+        MIXED["prompt_sigma"],
+        MIXED["prompt_lo"],
+        MIXED["prompt_hi"],
+    )
+    o = lognormal_lengths(
+        rng, n, MIXED["out_median"], MIXED["out_sigma"], MIXED["out_lo"], MIXED["out_hi"]
+    )
     return [Req(f"{name}-{i:04d}", int(p[i]), int(o[i]), send_s=float(times[i])) for i in range(n)]
 
 
-def w_multiturn(name: str, num_sessions: int, turns: int, session_rate: float, think_mean_s: float,
-                seed: int) -> list[Req]:
+def w_multiturn(
+    name: str, num_sessions: int, turns: int, session_rate: float, think_mean_s: float, seed: int
+) -> list[Req]:
     """Sessions start Poisson; turn k>0 extends turn k-1's prompt + reply with new user tokens."""
     rng = np.random.default_rng(seed)
     starts = np.cumsum(rng.exponential(1.0 / session_rate, num_sessions))
@@ -668,17 +742,29 @@ def w_multiturn(name: str, num_sessions: int, turns: int, session_rate: float, t
             new = int(rng.integers(384, 769)) if k == 0 else int(rng.integers(64, 257))
             out = int(rng.integers(64, 193))
             think = 0.0 if k == 0 else float(rng.exponential(think_mean_s))
-            reqs.append(Req(rid, new, out, send_s=float(starts[s]) if k == 0 else None, session_id=sid,
-                            parent_id=parent, turn=k, think_s=think))
+            reqs.append(
+                Req(
+                    rid,
+                    new,
+                    out,
+                    send_s=float(starts[s]) if k == 0 else None,
+                    session_id=sid,
+                    parent_id=parent,
+                    turn=k,
+                    think_s=think,
+                )
+            )
             parent = rid
     return reqs
 
 
 def w_azure(name: str, rows: list[list[float]], stretch: float) -> list[Req]:
-    """Azure LLM 2023 conv rows (t_s, context, generated), already clipped; gaps multiplied by `stretch`."""
+    """Azure LLM 2023 conv rows (t_s, context, generated), already clipped; gaps times `stretch`."""
     t_first = rows[0][0]
-    return [Req(f"{name}-{i:04d}", int(c), int(g), send_s=(t - t_first) * stretch)
-            for i, (t, c, g) in enumerate(rows)]
+    return [
+        Req(f"{name}-{i:04d}", int(c), int(g), send_s=(t - t_first) * stretch)
+        for i, (t, c, g) in enumerate(rows)
+    ]
 
 
 # --------------------------------------------------------------------------------------------- #
@@ -692,8 +778,10 @@ def token_ids(seed: int, key: str, n: int, smoke: bool) -> list[int]:
     return rng.integers(lo, hi, size=n).tolist()
 
 
-def run_requests(mgr: Any, rec: Recorder, reqs: list[Req], seed: int, smoke: bool, limit_s: float) -> dict:
-    """Send `reqs` open-loop and collect results; returns per-request records keyed by request id."""
+def run_requests(
+    mgr: Any, rec: Recorder, reqs: list[Req], seed: int, smoke: bool, limit_s: float
+) -> dict:
+    """Send `reqs` open-loop and collect the results: per-request records and the wall time."""
     by_id = {r.request_id: r for r in reqs}
     children: dict[str, list[str]] = defaultdict(list)
     heap: list[tuple[float, int, str]] = []
@@ -713,8 +801,11 @@ def run_requests(mgr: Any, rec: Recorder, reqs: list[Req], seed: int, smoke: boo
     while len(outputs) < len(reqs):
         now = perf_counter() - t0
         if now > limit_s:
-            print(f"[client] time limit {limit_s:.0f} s reached with {len(reqs) - len(outputs)} unfinished",
-                  flush=True)
+            print(
+                f"[client] time limit {limit_s:.0f} s reached, "
+                f"{len(reqs) - len(outputs)} unfinished",
+                flush=True,
+            )
             break
         while heap and heap[0][0] <= now:
             due, _, rid = heapq.heappop(heap)
@@ -722,10 +813,14 @@ def run_requests(mgr: Any, rec: Recorder, reqs: list[Req], seed: int, smoke: boo
             if r.parent_id is None:
                 ids = token_ids(seed, rid, r.prompt_tokens, smoke)
                 if r.prefix_of is not None:
-                    ids = prompts[r.prefix_of][: r.prefix_tokens] + ids[r.prefix_tokens:]
+                    ids = prompts[r.prefix_of][: r.prefix_tokens] + ids[r.prefix_tokens :]
             else:
                 par = outputs[r.parent_id]
-                ids = prompts[r.parent_id] + list(par.generated_tokens) + token_ids(seed, rid, r.prompt_tokens, smoke)
+                ids = (
+                    prompts[r.parent_id]
+                    + list(par.generated_tokens)
+                    + token_ids(seed, rid, r.prompt_tokens, smoke)
+                )
             prompts[rid] = ids
             planned[rid] = due
             sent[rid] = perf_counter()
@@ -752,28 +847,30 @@ def run_requests(mgr: Any, rec: Recorder, reqs: list[Req], seed: int, smoke: boo
         out = outputs.get(rid)
         toks = rec.token_times.get(rid, [])
         status = "missing" if out is None else ("failed" if out.error is not None else "finished")
-        records.append(dict(
-            request_id=rid,
-            session_id=r.session_id,
-            parent_id=r.parent_id,
-            turn=r.turn,
-            think_time_us=int(round(r.think_s * 1e6)),
-            planned_send_us=int(round(planned[rid] * 1e6)) if rid in planned else None,
-            send_us=rec.rel_us(sent[rid]) if rid in sent else None,
-            prompt_tokens=len(prompts[rid]) if rid in prompts else r.prompt_tokens,
-            max_new_tokens=r.max_new_tokens,
-            output_tokens=len(toks),
-            first_token_us=rec.rel_us(toks[0]) if toks else None,
-            end_us=rec.rel_us(toks[-1]) if toks else None,
-            token_us=[rec.rel_us(t) for t in toks],
-            status=status,
-            error=None if out is None else out.error,
-            engine_created_us=None if out is None else rec.rel_us(out.created_time),
-            num_soft_resets=rec.num_soft_resets.get(rid, 0),
-            num_cpu_swaps=rec.num_cpu_swaps.get(rid, 0),
-            num_restores=rec.num_restores.get(rid, 0),
-            prefix_hit_tokens=rec.prefix_hit.get(rid),
-        ))
+        records.append(
+            dict(
+                request_id=rid,
+                session_id=r.session_id,
+                parent_id=r.parent_id,
+                turn=r.turn,
+                think_time_us=int(round(r.think_s * 1e6)),
+                planned_send_us=int(round(planned[rid] * 1e6)) if rid in planned else None,
+                send_us=rec.rel_us(sent[rid]) if rid in sent else None,
+                prompt_tokens=len(prompts[rid]) if rid in prompts else r.prompt_tokens,
+                max_new_tokens=r.max_new_tokens,
+                output_tokens=len(toks),
+                first_token_us=rec.rel_us(toks[0]) if toks else None,
+                end_us=rec.rel_us(toks[-1]) if toks else None,
+                token_us=[rec.rel_us(t) for t in toks],
+                status=status,
+                error=None if out is None else out.error,
+                engine_created_us=None if out is None else rec.rel_us(out.created_time),
+                num_soft_resets=rec.num_soft_resets.get(rid, 0),
+                num_cpu_swaps=rec.num_cpu_swaps.get(rid, 0),
+                num_restores=rec.num_restores.get(rid, 0),
+                prefix_hit_tokens=rec.prefix_hit.get(rid),
+            )
+        )
     return {"records": records, "wall_s": wall_s}
 
 
@@ -781,23 +878,59 @@ def run_requests(mgr: Any, rec: Recorder, reqs: list[Req], seed: int, smoke: boo
 # Output                                                                                        #
 # --------------------------------------------------------------------------------------------- #
 REQUEST_TYPES = {
-    "request_id": "string", "session_id": "string", "parent_id": "string", "turn": "int32",
-    "think_time_us": "int64", "planned_send_us": "int64", "send_us": "int64", "prompt_tokens": "int32",
-    "max_new_tokens": "int32", "output_tokens": "int32", "first_token_us": "int64", "end_us": "int64",
-    "token_us": "list_int64", "status": "string", "error": "string", "engine_created_us": "int64",
-    "num_soft_resets": "int32", "num_cpu_swaps": "int32", "num_restores": "int32", "prefix_hit_tokens": "int32",
+    "request_id": "string",
+    "session_id": "string",
+    "parent_id": "string",
+    "turn": "int32",
+    "think_time_us": "int64",
+    "planned_send_us": "int64",
+    "send_us": "int64",
+    "prompt_tokens": "int32",
+    "max_new_tokens": "int32",
+    "output_tokens": "int32",
+    "first_token_us": "int64",
+    "end_us": "int64",
+    "token_us": "list_int64",
+    "status": "string",
+    "error": "string",
+    "engine_created_us": "int64",
+    "num_soft_resets": "int32",
+    "num_cpu_swaps": "int32",
+    "num_restores": "int32",
+    "prefix_hit_tokens": "int32",
 }
 STEP_TYPES = {
-    "step": "int32", "start_us": "int64", "prepare_end_us": "int64", "update_start_us": "int64", "end_us": "int64",
-    "gpu_us": "int64", "num_requests": "int32", "num_prefill_requests": "int32", "num_decode_requests": "int32",
-    "num_new_requests": "int32", "prefill_tokens": "int32", "decode_tokens": "int32", "q_tokens": "int32",
-    "q_tokens_padded": "int32", "kv_read_tokens": "int64", "kv_read_padded": "int64", "max_seqlen_k": "int32",
-    "prefix_hit_tokens": "int32", "num_restores": "int32", "kv_blocks_in_use": "int32", "num_waiting": "int32",
-    "num_active": "int32", "num_preemptions_total": "int32", "graph_captures": "int32", "capture_us": "int64",
+    "step": "int32",
+    "start_us": "int64",
+    "prepare_end_us": "int64",
+    "update_start_us": "int64",
+    "end_us": "int64",
+    "gpu_us": "int64",
+    "num_requests": "int32",
+    "num_prefill_requests": "int32",
+    "num_decode_requests": "int32",
+    "num_new_requests": "int32",
+    "prefill_tokens": "int32",
+    "decode_tokens": "int32",
+    "q_tokens": "int32",
+    "q_tokens_padded": "int32",
+    "kv_read_tokens": "int64",
+    "kv_read_padded": "int64",
+    "max_seqlen_k": "int32",
+    "prefix_hit_tokens": "int32",
+    "num_restores": "int32",
+    "kv_blocks_in_use": "int32",
+    "num_waiting": "int32",
+    "num_active": "int32",
+    "num_preemptions_total": "int32",
+    "graph_captures": "int32",
+    "capture_us": "int64",
 }
 
 
-def write_table(rows: list[dict], types: dict[str, str], path: Path, extra: dict | None = None) -> None:
+def write_table(
+    rows: list[dict], types: dict[str, str], path: Path, extra: dict | None = None
+) -> None:
     """Parquet with pyarrow (explicit types) where available, else JSON lines (converted later)."""
     cols = {name: [row.get(name) for row in rows] for name in types}
     for k, v in (extra or {}).items():
@@ -807,8 +940,12 @@ def write_table(rows: list[dict], types: dict[str, str], path: Path, extra: dict
         import pyarrow.parquet as pq
 
         def pa_type(t: str) -> Any:
-            return {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64(),
-                    "list_int64": pa.list_(pa.int64())}.get(t, pa.string())
+            return {
+                "string": pa.string(),
+                "int32": pa.int32(),
+                "int64": pa.int64(),
+                "list_int64": pa.list_(pa.int64()),
+            }.get(t, pa.string())
 
         arrays = {k: pa.array(v, type=pa_type(types.get(k, "string"))) for k, v in cols.items()}
         pq.write_table(pa.table(arrays), path.with_suffix(".parquet"), compression="zstd")
@@ -828,20 +965,38 @@ def pack(stage: Path, out: Path, name: str) -> None:
 def summarize(records: list[dict], steps: list[dict], wall_s: float) -> dict:
     done = [r for r in records if r["status"] == "finished" and r["first_token_us"] is not None]
     ttft = [(r["first_token_us"] - r["send_us"]) / 1e3 for r in done]
-    tpot = [(r["end_us"] - r["first_token_us"]) / 1e3 / (r["output_tokens"] - 1) for r in done if r["output_tokens"] > 1]
+    tpot = [
+        (r["end_us"] - r["first_token_us"]) / 1e3 / (r["output_tokens"] - 1)
+        for r in done
+        if r["output_tokens"] > 1
+    ]
     e2e = [(r["end_us"] - r["send_us"]) / 1e6 for r in done]
-    span = (max(r["end_us"] for r in done) - min(r["send_us"] for r in done)) / 1e6 if done else float("nan")
+    span = (
+        (max(r["end_us"] for r in done) - min(r["send_us"] for r in done)) / 1e6
+        if done
+        else float("nan")
+    )
     toks = sum(r["output_tokens"] for r in done)
     return dict(
-        requests=len(records), finished=len(done), wall_s=round(wall_s, 2),
-        ttft_mean_ms=float(np.mean(ttft)) if ttft else None, ttft_p99_ms=float(np.percentile(ttft, 99)) if ttft else None,
-        tpot_mean_ms=float(np.mean(tpot)) if tpot else None, tpot_p99_ms=float(np.percentile(tpot, 99)) if tpot else None,
-        e2e_mean_s=float(np.mean(e2e)) if e2e else None, throughput_tok_s=toks / span if done else None,
-        steps=len(steps), captures_serving=int(sum(s.get("graph_captures", 0) for s in steps)),
+        requests=len(records),
+        finished=len(done),
+        wall_s=round(wall_s, 2),
+        ttft_mean_ms=float(np.mean(ttft)) if ttft else None,
+        ttft_p99_ms=float(np.percentile(ttft, 99)) if ttft else None,
+        tpot_mean_ms=float(np.mean(tpot)) if tpot else None,
+        tpot_p99_ms=float(np.percentile(tpot, 99)) if tpot else None,
+        e2e_mean_s=float(np.mean(e2e)) if e2e else None,
+        throughput_tok_s=toks / span if done else None,
+        steps=len(steps),
+        captures_serving=int(sum(s.get("graph_captures", 0) for s in steps)),
         soft_resets=int(sum(r["num_soft_resets"] for r in records)),
         cpu_swaps=int(sum(r["num_cpu_swaps"] for r in records)),
-        step_ms_p50=float(np.median([(s["end_us"] - s["start_us"]) / 1e3 for s in steps])) if steps else None,
-        gpu_ms_p50=float(np.median([s["gpu_us"] / 1e3 for s in steps if "gpu_us" in s])) if steps else None,
+        step_ms_p50=float(np.median([(s["end_us"] - s["start_us"]) / 1e3 for s in steps]))
+        if steps
+        else None,
+        gpu_ms_p50=float(np.median([s["gpu_us"] / 1e3 for s in steps if "gpu_us" in s]))
+        if steps
+        else None,
     )
 
 
@@ -854,11 +1009,21 @@ class Session:
     seed: int = 1234
     summaries: dict = field(default_factory=dict)
 
-    def capture(self, mgr: Any, rec: Recorder, spec: EngineSpec, info: dict, name: str, reqs: list[Req],
-                runs: int = 2, limit_s: float = 120.0, meta: dict | None = None,
-                run_ids: tuple[int, ...] | None = None) -> list[dict]:
-        """Run `reqs` once per run id on this engine (scheduler, cache, prefix cache and offload state reset
-        before each run; the pre-captured graphs are kept) and write one ground-truth folder per run."""
+    def capture(
+        self,
+        mgr: Any,
+        rec: Recorder,
+        spec: EngineSpec,
+        info: dict,
+        name: str,
+        reqs: list[Req],
+        runs: int = 2,
+        limit_s: float = 120.0,
+        meta: dict | None = None,
+        run_ids: tuple[int, ...] | None = None,
+    ) -> list[dict]:
+        """Run `reqs` once per run id on this engine (scheduler, cache, prefix cache and offload
+        state reset before each run; pre-captured graphs kept); one ground-truth folder per run."""
         results = []
         for run in run_ids or tuple(range(1, runs + 1)):
             if mgr.is_running():
@@ -866,24 +1031,39 @@ class Session:
             clear_prefix_cache(mgr)
             mgr.start()
             res = run_requests(mgr, rec, reqs, self.seed, self.smoke, limit_s)
-            mgr.stop(block=True, timeout=60, keep_for_next_session=True, hard_stop=len(
-                [r for r in res["records"] if r["status"] == "missing"]) > 0)
+            mgr.stop(
+                block=True,
+                timeout=60,
+                keep_for_next_session=True,
+                hard_stop=len([r for r in res["records"] if r["status"] == "missing"]) > 0,
+            )
             resolve_gpu_times(rec)
             folder = self.stage / name / f"run{run}"
             folder.mkdir(parents=True, exist_ok=True)
             write_table(res["records"], REQUEST_TYPES, folder / "requests")
             write_table(rec.steps, STEP_TYPES, folder / "steps")
             eng = engine_config(mgr, spec, info, self.smoke)
-            eng.update(workload=name, run=run, captured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       workload_meta=meta or {}, wall_s=round(res["wall_s"], 3),
-                       graph_captures_during_run=rec.captures, preemption_events=rec.preemptions,
-                       prefix_cache_cleared_before_run=True,
-                       command=" ".join(sys.argv))
+            eng.update(
+                workload=name,
+                run=run,
+                captured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                workload_meta=meta or {},
+                wall_s=round(res["wall_s"], 3),
+                graph_captures_during_run=rec.captures,
+                preemption_events=rec.preemptions,
+                prefix_cache_cleared_before_run=True,
+                command=" ".join(sys.argv),
+            )
             (folder / "engine.json").write_text(json.dumps(eng, indent=1, default=str))
             summ = summarize(res["records"], rec.steps, res["wall_s"])
             self.summaries[f"{name}/run{run}"] = summ
-            print(f"[{name} run{run}] " + json.dumps({k: (round(v, 2) if isinstance(v, float) else v)
-                                                    for k, v in summ.items()}), flush=True)
+            print(
+                f"[{name} run{run}] "
+                + json.dumps(
+                    {k: (round(v, 2) if isinstance(v, float) else v) for k, v in summ.items()}
+                ),
+                flush=True,
+            )
             pack(self.stage, self.out, "gt")
             (self.out / "summary.json").write_text(json.dumps(self.summaries, indent=1))
             results.append(summ)
@@ -894,7 +1074,7 @@ class Session:
 # Phases                                                                                        #
 # --------------------------------------------------------------------------------------------- #
 def phase_explore(s: Session, args: argparse.Namespace) -> None:
-    """Fast-path check, pre-capture cost, and graphs-vs-eager run-to-run spread on a short Poisson list."""
+    """Fast-path check, pre-capture cost, graphs-vs-eager run-to-run spread (short Poisson list)."""
     print(json.dumps(check_fast_path("cuda")), flush=True)
     rec = Recorder(use_cuda=True)
     g = EngineSpec("graphs_precaptured", num_blocks=320)
@@ -907,11 +1087,17 @@ def phase_explore(s: Session, args: argparse.Namespace) -> None:
     s.capture(mgr, rec, g, info, "capacity_probe_b96", probe, runs=1)
     cap = capacity_rps(s.stage / "capacity_probe_b96" / "run1" / "requests.parquet")
     rate = 0.5 * cap
-    print(f"[explore] closed-batch capacity {cap:.2f} req/s -> explore rate {rate:.2f} req/s", flush=True)
+    print(
+        f"[explore] closed-batch capacity {cap:.2f} req/s -> explore rate {rate:.2f} req/s",
+        flush=True,
+    )
     reqs = w_poisson("explore_poisson", 80, rate, seed=11)
     s.capture(mgr, rec, g, info, "explore_graphs", reqs, runs=2, limit_s=60)
     destroy_engine(mgr)
-    print(f"[explore] free GPU memory after destroy: {torch.cuda.mem_get_info()[0] / 2**30:.1f} GiB", flush=True)
+    print(
+        f"[explore] free GPU memory after destroy: {torch.cuda.mem_get_info()[0] / 2**30:.1f} GiB",
+        flush=True,
+    )
     e = EngineSpec("eager_async", num_blocks=320, use_cuda_graph=False, precapture_max_seqlen_k=0)
     rec = Recorder(use_cuda=True)
     mgr, info = make_engine(s.model, e, rec, s.smoke)
@@ -938,28 +1124,81 @@ def main_plan(args: argparse.Namespace) -> list[tuple[str, list[Req], dict]]:
     window_rate = (len(rows) - 1) / (rows[-1][0] - rows[0][0])
     stretch = window_rate / args.azure_rate
     plan: list[tuple[str, list[Req], dict]] = [
-        ("closed_b16", w_closed("closed_b16", 16, 1024, 128), {"kind": "closed", "batch": 16, "prompt": 1024,
-                                                               "output": 128}),
-        ("closed_b64", w_closed("closed_b64", 64, 512, 128), {"kind": "closed", "batch": 64, "prompt": 512,
-                                                              "output": 128}),
-        ("poisson_r3", w_poisson("poisson_r3", 75, 3.0, seed=31), {"kind": "poisson", "rate_rps": 3.0, **MIXED}),
-        ("poisson_r6", w_poisson("poisson_r6", 150, 6.0, seed=32), {"kind": "poisson", "rate_rps": 6.0, **MIXED}),
-        ("poisson_r9", w_poisson("poisson_r9", 220, 9.0, seed=33), {"kind": "poisson", "rate_rps": 9.0, **MIXED}),
-        ("multiturn", w_multiturn("multiturn", 24, 4, 1.5, 1.5, seed=41),
-         {"kind": "multiturn", "sessions": 24, "turns": 4, "session_rate_rps": 1.5, "think_mean_s": 1.5,
-          "first_prompt": [384, 768], "new_tokens_per_turn": [64, 256], "output": [64, 192]}),
-        ("burst_4x", w_burst("burst_4x", 2.5, seed=51), {"kind": "burst", "base_rate_rps": 2.5,
-                                                         "phases_s_mult": [[10, 1], [5, 4], [10, 1]], **MIXED}),
-        ("azure_conv_sample", w_azure("azure_conv_sample", rows, stretch),
-         {"kind": "trace", **azure["meta"], "num": len(rows), "window_rate_rps": window_rate,
-          "time_stretch": stretch, "target_rate_rps": args.azure_rate}),
+        (
+            "closed_b16",
+            w_closed("closed_b16", 16, 1024, 128),
+            {"kind": "closed", "batch": 16, "prompt": 1024, "output": 128},
+        ),
+        (
+            "closed_b64",
+            w_closed("closed_b64", 64, 512, 128),
+            {"kind": "closed", "batch": 64, "prompt": 512, "output": 128},
+        ),
+        (
+            "poisson_r3",
+            w_poisson("poisson_r3", 75, 3.0, seed=31),
+            {"kind": "poisson", "rate_rps": 3.0, **MIXED},
+        ),
+        (
+            "poisson_r6",
+            w_poisson("poisson_r6", 150, 6.0, seed=32),
+            {"kind": "poisson", "rate_rps": 6.0, **MIXED},
+        ),
+        (
+            "poisson_r9",
+            w_poisson("poisson_r9", 220, 9.0, seed=33),
+            {"kind": "poisson", "rate_rps": 9.0, **MIXED},
+        ),
+        (
+            "multiturn",
+            w_multiturn("multiturn", 24, 4, 1.5, 1.5, seed=41),
+            {
+                "kind": "multiturn",
+                "sessions": 24,
+                "turns": 4,
+                "session_rate_rps": 1.5,
+                "think_mean_s": 1.5,
+                "first_prompt": [384, 768],
+                "new_tokens_per_turn": [64, 256],
+                "output": [64, 192],
+            },
+        ),
+        (
+            "burst_4x",
+            w_burst("burst_4x", 2.5, seed=51),
+            {
+                "kind": "burst",
+                "base_rate_rps": 2.5,
+                "phases_s_mult": [[10, 1], [5, 4], [10, 1]],
+                **MIXED,
+            },
+        ),
+        (
+            "azure_conv_sample",
+            w_azure("azure_conv_sample", rows, stretch),
+            {
+                "kind": "trace",
+                **azure["meta"],
+                "num": len(rows),
+                "window_rate_rps": window_rate,
+                "time_stretch": stretch,
+                "target_rate_rps": args.azure_rate,
+            },
+        ),
     ]
-    print(f"[main] capacity {args.capacity_rps} req/s (explore); azure gaps x{stretch:.2f}", flush=True)
+    print(
+        f"[main] capacity {args.capacity_rps} req/s (explore); azure gaps x{stretch:.2f}",
+        flush=True,
+    )
     return plan
 
 
-def phase_main(s: Session, args: argparse.Namespace, run_ids: tuple[int, ...] = (1, 2),
-               only: list[str] | None = None) -> None:
+def phase_main(
+    s: Session,
+    args: argparse.Namespace,
+    run_ids: tuple[int, ...] = (1, 2),
+    only: list[str] | None = None,
+) -> None:
     """Validation workloads below memory pressure, each run twice on one pre-captured engine."""
     skip = set(args.skip.split(","))
     rec = Recorder(use_cuda=True)
@@ -973,8 +1212,16 @@ def phase_main(s: Session, args: argparse.Namespace, run_ids: tuple[int, ...] = 
     destroy_engine(mgr)
 
 
-PRESSURE_LEN = dict(prompt_median=640, prompt_sigma=0.4, prompt_lo=256, prompt_hi=1024,
-                    out_median=200, out_sigma=0.4, out_lo=64, out_hi=384)
+PRESSURE_LEN = dict(
+    prompt_median=640,
+    prompt_sigma=0.4,
+    prompt_lo=256,
+    prompt_hi=1024,
+    out_median=200,
+    out_sigma=0.4,
+    out_lo=64,
+    out_hi=384,
+)
 
 
 def phase_pressure(s: Session, args: argparse.Namespace) -> None:
@@ -986,21 +1233,51 @@ def phase_pressure(s: Session, args: argparse.Namespace) -> None:
     spec_q = EngineSpec("pressure_queue", num_blocks=PRESSURE_BLOCKS)
     mgr, info = make_engine(s.model, spec_q, rec, s.smoke)
     if "pressure_queue" not in skip:
-        s.capture(mgr, rec, spec_q, info, "pressure_queue", rename(reqs, "pressure_queue"), limit_s=45,
-                  meta={**meta, "safety_margin": 0.15})
+        s.capture(
+            mgr,
+            rec,
+            spec_q,
+            info,
+            "pressure_queue",
+            rename(reqs, "pressure_queue"),
+            limit_s=45,
+            meta={**meta, "safety_margin": 0.15},
+        )
     if "pressure_soft_reset" not in skip:
         spec_r = EngineSpec("pressure_soft_reset", num_blocks=PRESSURE_BLOCKS, safety_margin=0.0)
-        mgr.batch_processor.scheduler.safety_margin = 0.0  # same engine and graphs; only the margin differs
-        s.capture(mgr, rec, spec_r, info, "pressure_soft_reset", rename(reqs, "pressure_soft_reset"), limit_s=45,
-                  meta={**meta, "safety_margin": 0.0})
+        mgr.batch_processor.scheduler.safety_margin = (
+            0.0  # same engine and graphs; only the margin differs
+        )
+        s.capture(
+            mgr,
+            rec,
+            spec_r,
+            info,
+            "pressure_soft_reset",
+            rename(reqs, "pressure_soft_reset"),
+            limit_s=45,
+            meta={**meta, "safety_margin": 0.0},
+        )
     destroy_engine(mgr)
     if "pressure_cpu_swap" not in skip:
         rec = Recorder(use_cuda=True)
-        spec_c = EngineSpec("pressure_cpu_swap", num_blocks=PRESSURE_BLOCKS, safety_margin=0.0,
-                            cpu_offload_space_gib=1.0)
+        spec_c = EngineSpec(
+            "pressure_cpu_swap",
+            num_blocks=PRESSURE_BLOCKS,
+            safety_margin=0.0,
+            cpu_offload_space_gib=1.0,
+        )
         mgr, info = make_engine(s.model, spec_c, rec, s.smoke)
-        s.capture(mgr, rec, spec_c, info, "pressure_cpu_swap", rename(reqs, "pressure_cpu_swap"), limit_s=45,
-                  meta={**meta, "safety_margin": 0.0, "cpu_offload_space_gib": 1.0})
+        s.capture(
+            mgr,
+            rec,
+            spec_c,
+            info,
+            "pressure_cpu_swap",
+            rename(reqs, "pressure_cpu_swap"),
+            limit_s=45,
+            meta={**meta, "safety_margin": 0.0, "cpu_offload_space_gib": 1.0},
+        )
         destroy_engine(mgr)
     if "microbench" not in skip:
         microbench(s, args)
@@ -1010,31 +1287,63 @@ def phase_pressure(s: Session, args: argparse.Namespace) -> None:
 
 
 def rename(reqs: list[Req], name: str) -> list[Req]:
-    return [Req(**{**asdict(r), "request_id": name + r.request_id[r.request_id.index("-"):]}) for r in reqs]
+    return [
+        Req(**{**asdict(r), "request_id": name + r.request_id[r.request_id.index("-") :]})
+        for r in reqs
+    ]
 
 
 MICRO_SPEC = EngineSpec("microbench_lazy_graphs", num_blocks=2200, precapture_max_seqlen_k=0)
 
 
 def microbench_plan() -> list[tuple[dict, list[Req]]]:
-    """Closed batches for the per-step cost fit: prefill (batch x prompt, long prompts chunked by the
+    """Closed batches for the per-step cost fit: prefill (batch x prompt, long prompts chunked by
     token budget) and decode (batch x context; the context is one shared prefix, computed once by a
     primer request, so each decode step reads batch x context tokens of KV)."""
     plan = []
     for b in (1, 4, 16):
         for p in (256, 1024, 2048):
-            plan.append(({"bench": "prefill", "batch_size": b, "cfg_prompt_tokens": p, "context_tokens": 0},
-                         [Req(f"mb-pf-b{b}-p{p}-{i:03d}", p, 2, send_s=0.0) for i in range(b)]))
+            plan.append(
+                (
+                    {
+                        "bench": "prefill",
+                        "batch_size": b,
+                        "cfg_prompt_tokens": p,
+                        "context_tokens": 0,
+                    },
+                    [Req(f"mb-pf-b{b}-p{p}-{i:03d}", p, 2, send_s=0.0) for i in range(b)],
+                )
+            )
     for p in (4096, 8192):
-        plan.append(({"bench": "prefill_chunked", "batch_size": 1, "cfg_prompt_tokens": p, "context_tokens": 0},
-                     [Req(f"mb-pfc-p{p}-000", p, 2, send_s=0.0)]))
+        plan.append(
+            (
+                {
+                    "bench": "prefill_chunked",
+                    "batch_size": 1,
+                    "cfg_prompt_tokens": p,
+                    "context_tokens": 0,
+                },
+                [Req(f"mb-pfc-p{p}-000", p, 2, send_s=0.0)],
+            )
+        )
     for c in (512, 2048, 4096):
         for b in (1, 8, 32, 64, 128):
             primer = Req(f"mb-dec-b{b}-c{c}-primer", c, 1, send_s=0.0)
-            batch = [Req(f"mb-dec-b{b}-c{c}-{i:03d}", 15, 32, parent_id=primer.request_id, think_s=0.0)
-                     for i in range(b)]
-            plan.append(({"bench": "decode", "batch_size": b, "cfg_prompt_tokens": 16, "context_tokens": c},
-                         [primer, *batch]))
+            batch = [
+                Req(f"mb-dec-b{b}-c{c}-{i:03d}", 15, 32, parent_id=primer.request_id, think_s=0.0)
+                for i in range(b)
+            ]
+            plan.append(
+                (
+                    {
+                        "bench": "decode",
+                        "batch_size": b,
+                        "cfg_prompt_tokens": 16,
+                        "context_tokens": c,
+                    },
+                    [primer, *batch],
+                )
+            )
     return plan
 
 
@@ -1047,23 +1356,46 @@ def microbench(s: Session, args: argparse.Namespace) -> None:
     all_steps, all_reqs, configs = [], [], []
     for rep in (1, 2):
         for cfg, reqs in microbench_plan():
-            reqs = [Req(**{**asdict(r), "request_id": f"{r.request_id}-r{rep}",
-                           "parent_id": f"{r.parent_id}-r{rep}" if r.parent_id else None}) for r in reqs]
+            reqs = [
+                Req(
+                    **{
+                        **asdict(r),
+                        "request_id": f"{r.request_id}-r{rep}",
+                        "parent_id": f"{r.parent_id}-r{rep}" if r.parent_id else None,
+                    }
+                )
+                for r in reqs
+            ]
             res = run_requests(mgr, rec, reqs, s.seed, s.smoke, limit_s=30)
             resolve_gpu_times(rec)
             tag = {**cfg, "rep": rep, "config_id": len(configs)}
-            configs.append({**tag, "wall_s": round(res["wall_s"], 3), "steps": len(rec.steps),
-                            "graph_captures": len(rec.captures)})
+            configs.append(
+                {
+                    **tag,
+                    "wall_s": round(res["wall_s"], 3),
+                    "steps": len(rec.steps),
+                    "graph_captures": len(rec.captures),
+                }
+            )
             all_steps += [{**st, **tag} for st in rec.steps]
             all_reqs += [{**r, **tag} for r in res["records"]]
         print(f"[microbench] rep {rep}: {len(configs)} configs, {len(all_steps)} steps", flush=True)
-        tag_types = {"bench": "string", "batch_size": "int32", "cfg_prompt_tokens": "int32",
-                     "context_tokens": "int32", "rep": "int32", "config_id": "int32"}
+        tag_types = {
+            "bench": "string",
+            "batch_size": "int32",
+            "cfg_prompt_tokens": "int32",
+            "context_tokens": "int32",
+            "rep": "int32",
+            "config_id": "int32",
+        }
         write_table(all_steps, {**STEP_TYPES, **tag_types}, folder / "steps")
         write_table(all_reqs, {**REQUEST_TYPES, **tag_types}, folder / "micro_requests")
         eng = engine_config(mgr, MICRO_SPEC, info, s.smoke)
-        eng.update(configs=configs, note="cost micro-runs; rep 1 may capture graphs lazily (graph_captures > 0 "
-                   "on those steps), rep 2 replays them")
+        eng.update(
+            configs=configs,
+            note="cost micro-runs; rep 1 may capture graphs lazily (graph_captures > 0 "
+            "on those steps), rep 2 replays them",
+        )
         (folder / "microbench.json").write_text(json.dumps(eng, indent=1, default=str))
         pack(s.stage, s.out, "gt")
     destroy_engine(mgr)
@@ -1071,12 +1403,35 @@ def microbench(s: Session, args: argparse.Namespace) -> None:
 
 def phase_smoke(s: Session, args: argparse.Namespace) -> None:
     rec = Recorder(use_cuda=False)
-    spec = EngineSpec("smoke", num_blocks=64, block_size=32, max_batch_tokens=256, use_cuda_graph=False,
-                      use_async_batching=False, precapture_max_seqlen_k=0)
+    spec = EngineSpec(
+        "smoke",
+        num_blocks=64,
+        block_size=32,
+        max_batch_tokens=256,
+        use_cuda_graph=False,
+        use_async_batching=False,
+        precapture_max_seqlen_k=0,
+    )
     mgr, info = make_engine(s.model, spec, rec, s.smoke)
-    small = dict(prompt_median=64, prompt_sigma=0.5, prompt_lo=8, prompt_hi=200, out_median=8, out_sigma=0.3,
-                 out_lo=2, out_hi=16)
-    s.capture(mgr, rec, spec, info, "smoke_poisson", w_poisson("smoke_poisson", 12, 20.0, 3, small), runs=2)
+    small = dict(
+        prompt_median=64,
+        prompt_sigma=0.5,
+        prompt_lo=8,
+        prompt_hi=200,
+        out_median=8,
+        out_sigma=0.3,
+        out_lo=2,
+        out_hi=16,
+    )
+    s.capture(
+        mgr,
+        rec,
+        spec,
+        info,
+        "smoke_poisson",
+        w_poisson("smoke_poisson", 12, 20.0, 3, small),
+        runs=2,
+    )
     mt = w_multiturn("smoke_mt", 3, 3, 5.0, 0.05, 5)
     for r in mt:
         r.prompt_tokens = max(4, r.prompt_tokens // 8)
@@ -1084,8 +1439,16 @@ def phase_smoke(s: Session, args: argparse.Namespace) -> None:
     s.capture(mgr, rec, spec, info, "smoke_multiturn", mt, runs=1)
     destroy_engine(mgr)
     rec = Recorder(use_cuda=False)
-    spec = EngineSpec("smoke_pressure", num_blocks=6, block_size=32, max_batch_tokens=256, use_cuda_graph=False,
-                      use_async_batching=False, safety_margin=0.0, precapture_max_seqlen_k=0)
+    spec = EngineSpec(
+        "smoke_pressure",
+        num_blocks=6,
+        block_size=32,
+        max_batch_tokens=256,
+        use_cuda_graph=False,
+        use_async_batching=False,
+        safety_margin=0.0,
+        precapture_max_seqlen_k=0,
+    )
     mgr, info = make_engine(s.model, spec, rec, s.smoke)
     press = [Req(f"smoke_press-{i}", 40, 30, send_s=0.01 * i) for i in range(8)]
     s.capture(mgr, rec, spec, info, "smoke_pressure", press, runs=1)
@@ -1093,17 +1456,27 @@ def phase_smoke(s: Session, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--phase", required=True, choices=["explore", "main", "pressure", "smoke"])
     ap.add_argument("--cpu-smoke", action="store_true")
     ap.add_argument("--explore-rate", type=float, default=6.0)
-    ap.add_argument("--capacity-rps", type=float, default=11.7, help="closed-batch capacity measured in explore")
-    ap.add_argument("--azure", type=Path, default=Path(__file__).with_name("azure_conv_window.json"))
+    ap.add_argument(
+        "--capacity-rps", type=float, default=11.7, help="closed-batch capacity measured in explore"
+    )
+    ap.add_argument(
+        "--azure", type=Path, default=Path(__file__).with_name("azure_conv_window.json")
+    )
     ap.add_argument("--azure-num", type=int, default=80)
-    ap.add_argument("--azure-rate", type=float, default=2.4, help="target mean arrival rate after scaling")
+    ap.add_argument(
+        "--azure-rate", type=float, default=2.4, help="target mean arrival rate after scaling"
+    )
     ap.add_argument("--skip", default="", help="comma-separated workload names to skip")
-    ap.add_argument("--rerun", default="", help="pressure phase: main workloads to capture again as run 2")
+    ap.add_argument(
+        "--rerun", default="", help="pressure phase: main workloads to capture again as run 2"
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     stage = Path("/tmp/cp_capture") / "gt"
@@ -1111,7 +1484,10 @@ def main() -> None:
     stage.mkdir(parents=True)
     t = perf_counter()
     model = build_model(args.cpu_smoke)
-    print(f"[model] built in {perf_counter() - t:.1f} s; attn={model.config._attn_implementation}", flush=True)
+    print(
+        f"[model] built in {perf_counter() - t:.1f} s; attn={model.config._attn_implementation}",
+        flush=True,
+    )
     s = Session(out=args.out, stage=stage, model=model, smoke=args.cpu_smoke)
     if args.phase == "smoke":
         phase_smoke(s, args)
