@@ -87,8 +87,9 @@ def _kind_ok(dtype: pl.DataType, kind: str) -> bool:
     if kind == _STR:
         return dtype in (pl.String, pl.Categorical, pl.Null)
     if kind == _INT_LIST:
-        inner_ok = isinstance(dtype, pl.List) and (dtype.inner.is_integer() or dtype.inner == pl.Null)
-        return inner_ok or dtype == pl.Null
+        if dtype == pl.Null:  # an all-null column
+            return True
+        return isinstance(dtype, pl.List) and (dtype.inner.is_integer() or dtype.inner == pl.Null)
     raise AssertionError(kind)
 
 
