@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config import register_configs, to_config
 from cachepilot_sim.experiment.runner import run_experiment
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = CONF_DIR
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 
 register_configs()
@@ -92,7 +93,7 @@ def test_cli_rejects_unknown_policy(tmp_path: Path) -> None:
 def _kv_tier_variants() -> dict[str, list[str]]:
     import importlib.util
 
-    path = CONF.parent / "experiments" / "kv_tier.py"
+    path = CONF.parents[1] / "experiments" / "kv_tier.py"
     spec = importlib.util.spec_from_file_location("kv_tier", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -104,8 +105,17 @@ def _kv_tier_variants() -> dict[str, list[str]]:
 def test_every_kv_tier_variant_runs_at_tiny_size(
     name: str, overrides: list[str], tmp_path: Path
 ) -> None:
-    cfg = to_config(compose_run(["+experiment=mixed_spike", "compare_policies=[perc]", "seeds=1",
-                                 "workload.num_requests=25", "workload.max_active_sessions=6",
-                                 *overrides]))
+    cfg = to_config(
+        compose_run(
+            [
+                "+experiment=mixed_spike",
+                "compare_policies=[perc]",
+                "seeds=1",
+                "workload.num_requests=25",
+                "workload.max_active_sessions=6",
+                *overrides,
+            ]
+        )
+    )
     report = run_experiment(cfg, tmp_path)
     assert report["cells"][0]["completed"] + report["cells"][0]["rejected"] == 25, name

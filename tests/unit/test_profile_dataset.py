@@ -44,12 +44,11 @@ def test_sharegpt_export_counts_skipped_messages_by_reason(tmp_path: Path) -> No
     summary = profile(DATA / "sharegpt_tiny.json", "auto", "estimate", tmp_path, "s", 0)
     assert summary["format"] == "sharegpt"
     assert summary["requests"] == 5 and summary["conversations"] == 3
-    assert summary["skipped_messages"] == {"empty or missing text": 1,
-                                           "unknown role 'narrator'": 1}
+    assert summary["skipped_messages"] == {"empty or missing text": 1, "unknown role 'narrator'": 1}
     # The system prompt counts as prompt: c2's one request has system + user tokens.
     assert summary["distributions"]["new_prompt_tokens"]["max"] >= estimate_tokens(
-        "You are a concise assistant.") + estimate_tokens(
-        "Summarize the plot of Hamlet in two sentences.")
+        "You are a concise assistant."
+    ) + estimate_tokens("Summarize the plot of Hamlet in two sentences.")
 
 
 def test_alpaca_records_are_single_turns_with_instruction_and_input(tmp_path: Path) -> None:
@@ -60,7 +59,8 @@ def test_alpaca_records_are_single_turns_with_instruction_and_input(tmp_path: Pa
     second = estimate_tokens("Write a haiku about autumn.")
     third = estimate_tokens("Add the numbers.\n\n17 and 25")
     assert summary["distributions"]["prompt_tokens"]["mean"] == pytest.approx(
-        (first + second + third) / 3)
+        (first + second + third) / 3
+    )
 
 
 def test_the_workload_written_is_valid_and_the_simulator_runs_it(tmp_path: Path) -> None:
@@ -73,8 +73,13 @@ def test_the_workload_written_is_valid_and_the_simulator_runs_it(tmp_path: Path)
     assert cls.prompt_tokens_mean == pytest.approx(d["new_prompt_tokens"]["mean"], abs=0.05)
     assert cls.output_tokens_mean == pytest.approx(d["response_tokens"]["mean"], abs=0.05)
     assert cls.turns_mean == pytest.approx(5 / 3, abs=1e-3)
-    result = build(make_sim_config(workload=WorkloadConfig(
-        name="chats", classes=classes, num_requests=20, max_active_sessions=4))).run()
+    result = build(
+        make_sim_config(
+            workload=WorkloadConfig(
+                name="chats", classes=classes, num_requests=20, max_active_sessions=4
+            )
+        )
+    ).run()
     assert result.metrics["completed"] == 20
     svg = (tmp_path / "tokens.svg").read_text()
     assert svg.startswith("<svg") and svg.count("<rect") > 3
@@ -83,17 +88,18 @@ def test_the_workload_written_is_valid_and_the_simulator_runs_it(tmp_path: Path)
 
 
 def test_bad_input_exits_2_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    assert main([f"path={tmp_path / 'nope.json'}"]) == 2
+    assert main(["--path", str(tmp_path / "nope.json")]) == 2
     assert "nope.json: no such file" in capsys.readouterr().err
     odd = tmp_path / "odd.csv"
     odd.write_text("a,b\n1,2\n")
-    assert main([f"path={odd}", f"out={tmp_path / 'o'}"]) == 2
+    assert main(["--path", str(odd), "--out", str(tmp_path / "o")]) == 2
     assert "odd.csv: columns ['a', 'b'] match no known layout" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
-    assert main(["pth=x"]) == 2
+    with pytest.raises(SystemExit):  # argparse: --path is required, "pth=x" is not an option
+        main(["pth=x"])
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"instruction": "a", "output": "b"}\n{"instruction": "c", "output": \n')
-    assert main([f"path={broken}", f"out={tmp_path / 'o'}"]) == 2
+    assert main(["--path", str(broken), "--out", str(tmp_path / "o")]) == 2
     assert "broken.jsonl:2: not a valid JSON record" in capsys.readouterr().err
 
 
