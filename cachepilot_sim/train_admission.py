@@ -25,7 +25,7 @@ from hydra import compose, initialize_config_dir
 from cachepilot_sim.admission import AdmissionController, AdmissionView, Decision, features
 from cachepilot_sim.admission.controllers import Learned, Threshold, allowed
 from cachepilot_sim.admission.mlp import Mlp
-from cachepilot_sim.config import AdmissionConfig, SimConfig, register_configs, to_config
+from cachepilot_sim.config import SimConfig, admission_config, register_configs, to_config
 from cachepilot_sim.sim import build
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -47,7 +47,7 @@ def base_config(overrides: list[str], experiment: str = "mixed_spike") -> SimCon
 
 def with_admission(cfg: SimConfig, seed: int, **admission: Any) -> SimConfig:
     values = {"name": "threshold", **admission}
-    return replace(cfg, seed=seed, admission=AdmissionConfig(**values))
+    return replace(cfg, seed=seed, admission=admission_config(**values))
 
 
 class Recording:

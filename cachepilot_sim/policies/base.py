@@ -9,9 +9,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
-from cachepilot_sim.config import PolicyConfig
+from cachepilot_sim.config.policy import POLICIES, PolicyConfig
 from cachepilot_sim.policies.reuse import GapEstimator
 
 
@@ -161,30 +161,25 @@ def greedy_on_chains(rank: Sequence[Any], entries: Sequence[CacheEntry], chains:
 
 
 PolicyFactory = Callable[[PolicyConfig, GapEstimator], EvictionPolicy]
-_REGISTRY: dict[str, PolicyFactory] = {}
 
 
-def register(name: str) -> Callable[[PolicyFactory], PolicyFactory]:
-    """Class decorator: make a policy available as `policy=<name>`. Duplicates are an error."""
+def register(
+    name: str, config: type[PolicyConfig] = PolicyConfig
+) -> Callable[[PolicyFactory], PolicyFactory]:
+    """Class decorator: make a policy available as `policy=<name>`, reading `config` (a
+    PolicyConfig subclass declared beside it when it has knobs of its own). Duplicates are an
+    error. The registry is config's (config/registry.py), so configs validate names without
+    importing policies."""
 
     def wrap(factory: PolicyFactory) -> PolicyFactory:
-        if name in _REGISTRY:
-            raise ValueError(f"eviction policy {name!r} is already registered")
-        _REGISTRY[name] = factory
+        POLICIES.add(name, factory, config)
         return factory
 
     return wrap
 
 
-def known_policies() -> list[str]:
-    return sorted(_REGISTRY)
-
-
 def make_policy(cfg: PolicyConfig, estimator: GapEstimator) -> EvictionPolicy:
-    try:
-        factory = _REGISTRY[cfg.name]
-    except KeyError:
-        raise ValueError(
-            f"unknown eviction policy {cfg.name!r}; known: {known_policies()}"
-        ) from None
-    return factory(cfg, estimator)
+    """The registered policy `cfg.name`, built from `cfg` (a ValueError lists the known names)."""
+    factory = POLICIES.entry(cfg.name).factory
+    return cast(EvictionPolicy, factory(cfg, estimator))
+

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from cachepilot_sim.config import PolicyConfig
+from cachepilot_sim.config import PolicyConfig, bounded
 from cachepilot_sim.policies.base import CacheEntry, RankingPolicy, register
 from cachepilot_sim.policies.reuse import GapEstimator
 
@@ -65,7 +66,15 @@ class LfuPolicy(RankingPolicy):
         return (entry.num_uses, entry.last_used_us, entry.entry_id)
 
 
-@register("slru")
+@dataclass
+class SlruConfig(PolicyConfig):
+    """SLRU's knob: the share of the idle KV bytes the protected (reused) segment may hold."""
+
+    name: str = "slru"
+    slru_protected_fraction: float = bounded(0.8, ge=0, le=1)
+
+
+@register("slru", config=SlruConfig)
 class SlruPolicy(_TracksEvictions):
     """A hit promotes to the protected segment (at most `slru_protected_fraction` of the idle bytes;
     its least recent overflow is demoted); probationary entries go first, each segment LRU."""
@@ -74,6 +83,8 @@ class SlruPolicy(_TracksEvictions):
 
     def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
         super().__init__(cfg, estimator)
+        assert isinstance(cfg, SlruConfig), type(cfg)  # the registry pairs them
+        self.protected_fraction = cfg.slru_protected_fraction
         self.protected: set[int] = set()
 
     def on_access(self, entry: CacheEntry, now_us: int) -> None:
@@ -87,7 +98,7 @@ class SlruPolicy(_TracksEvictions):
         self.protected.discard(entry.entry_id)
 
     def order(self, entries: Sequence[CacheEntry], now_us: int) -> list[CacheEntry]:
-        room = self.cfg.slru_protected_fraction * sum(e.num_bytes for e in entries)
+        room = self.protected_fraction * sum(e.num_bytes for e in entries)
         prot = sorted((e for e in entries if e.entry_id in self.protected),
                       key=lambda e: (-e.last_used_us, e.entry_id))
         kept: list[CacheEntry] = []

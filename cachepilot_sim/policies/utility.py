@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from cachepilot_sim.config import PolicyConfig
+from cachepilot_sim.config import PolicyConfig, bounded
 from cachepilot_sim.policies.base import (
     CacheEntry,
     Chains,
@@ -37,14 +38,27 @@ def _minmax(v: np.ndarray) -> np.ndarray:
     return np.zeros_like(v) if span <= 0 else (v - v.min()) / span
 
 
-@register("marconi")
+@dataclass
+class MarconiConfig(PolicyConfig):
+    """Marconi's knob: the weight of FLOP efficiency against recency in the utility."""
+
+    name: str = "marconi"
+    flop_weight: float = bounded(1.0, ge=0)
+
+
+@register("marconi", config=MarconiConfig)
 class MarconiPolicy(RankingPolicy):
     name = "marconi"
+
+    def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
+        super().__init__(cfg, estimator)
+        assert isinstance(cfg, MarconiConfig), type(cfg)  # the registry pairs them
+        self.flop_weight = cfg.flop_weight
 
     def utilities(self, entries: Sequence[CacheEntry]) -> np.ndarray:
         recency = np.array([e.last_used_us for e in entries], dtype=np.float64)
         flops = np.array([e.recompute_us / max(e.num_bytes, 1) for e in entries])
-        return _minmax(recency) + self.cfg.flop_weight * _minmax(flops)
+        return _minmax(recency) + self.flop_weight * _minmax(flops)
 
     def order(self, entries: Sequence[CacheEntry], now_us: int) -> list[CacheEntry]:
         u = self.utilities(entries)
@@ -100,14 +114,28 @@ class WildPolicy(RankingPolicy):
         return (self.reuse_probability(entry, now_us), entry.last_used_us, entry.entry_id)
 
 
-@register("tlru")
+@dataclass
+class TlruConfig(PolicyConfig):
+    """T-LRU's knob: restore time (ms) under which losing a session's KV cannot breach the TTFT
+    tail target."""
+
+    name: str = "tlru"
+    tlru_threshold_ms: float = bounded(200.0, ge=0)
+
+
+@register("tlru", config=TlruConfig)
 class TailLruPolicy(RankingPolicy):
     """Entries whose restore fits within `tlru_threshold_ms` first, each group LRU."""
 
     name = "tlru"
 
+    def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
+        super().__init__(cfg, estimator)
+        assert isinstance(cfg, TlruConfig), type(cfg)  # the registry pairs them
+        self.threshold_us = cfg.tlru_threshold_ms * 1000.0
+
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
-        matters = int(entry.restore_us > self.cfg.tlru_threshold_ms * 1000.0)
+        matters = int(entry.restore_us > self.threshold_us)
         return (matters, entry.last_used_us, entry.entry_id)
 
     def select_victims(self, entries: Sequence[CacheEntry], bytes_needed: int, now_us: int,
@@ -118,7 +146,7 @@ class TailLruPolicy(RankingPolicy):
         through the chains below); excess tails go first, each class LRU."""
         if chains is None or bytes_needed <= 0:
             return super().select_victims(entries, bytes_needed, now_us, chains, parents)
-        limit_us = self.cfg.tlru_threshold_ms * 1000.0
+        limit_us = self.threshold_us
         below_us = [0.0] * len(chains)  # longest restore path through the chains below g
         for g in _bottom_up(parents, len(chains)):
             path_us = below_us[g] + sum(entries[i].restore_us for i in chains[g])

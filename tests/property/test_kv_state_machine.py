@@ -15,7 +15,7 @@ from cachepilot_sim.components.kv_manager import Admit, KvManager, Tier
 from cachepilot_sim.components.pcie_link import PcieLink
 from cachepilot_sim.components.request import Request
 from cachepilot_sim.components.vram_pool import VramPool
-from cachepilot_sim.config import HardwareConfig, KVConfig, ModelConfig, PolicyConfig
+from cachepilot_sim.config import HardwareConfig, KVConfig, ModelConfig, policy_config
 from cachepilot_sim.cost import compute_fit, transfer_fits
 from cachepilot_sim.policies import GapEstimator, make_policy
 from cachepilot_sim.trace.recorder import TraceRecorder
@@ -47,7 +47,7 @@ class KvMachine(RuleBasedStateMachine):
             cfg,
             self.pool,
             PcieLink(self.env, h2d, d2h),
-            make_policy(PolicyConfig(name="perc"), est),
+            make_policy(policy_config("perc"), est),
             est,
             compute_fit(cfg.hardware),
             TraceRecorder(),

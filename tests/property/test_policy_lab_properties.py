@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachepilot_sim.config import PolicyConfig
+from cachepilot_sim.config import policy_config
 from cachepilot_sim.policies import CacheEntry, GapEstimator, known_policies, make_policy
 from cachepilot_sim.policies.oracle import OraclePolicy, expected_costs
 
@@ -33,7 +33,7 @@ def decisions(draw: st.DrawFn) -> tuple[list[CacheEntry], int]:
 
 
 def fresh(name: str) -> tuple[object, GapEstimator]:
-    cfg = PolicyConfig(name=name)
+    cfg = policy_config(name)
     est = GapEstimator(cfg.ema_weight, cfg.prior_gap_s * 1e6, cfg.delta_s * 1e6)
     return make_policy(cfg, est), est
 

@@ -26,10 +26,10 @@ from cachepilot_sim.components.vram_pool import VramPool
 from cachepilot_sim.config import (
     KVConfig,
     ModelConfig,
-    PolicyConfig,
     ReplayConfig,
     TraceConfig,
     TraceFormat,
+    policy_config,
 )
 from cachepilot_sim.cost import compute_fit, transfer_fits
 from cachepilot_sim.sim import build
@@ -68,7 +68,7 @@ def make_kv(chains: list[list[int]], policy: str, cap: int, folder: Path,
                             for i, c in enumerate(chains)))
     cfg = make_sim_config(
         vram_gb=141.0, model=ModelConfig(max_context_tokens=65_536),
-        policy=PolicyConfig(name=policy), trace=TraceConfig(enabled=False),
+        policy=policy_config(policy), trace=TraceConfig(enabled=False),
         kv=KVConfig(offload_enabled=cpu_blocks >= 0,
                     cpu_store_bytes=max(cpu_blocks, 0) * B * 131_072),
         replay=ReplayConfig(format=TraceFormat.MOONCAKE, path=str(path),

@@ -9,7 +9,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachepilot_sim.config import PolicyConfig
+from cachepilot_sim.config import policy_config
 from cachepilot_sim.policies import CacheEntry, GapEstimator, known_policies, make_policy
 from cachepilot_sim.policies.knapsack import CoverProblem, solve_dp, solve_milp
 from cachepilot_sim.policies.oracle import expected_costs
@@ -48,7 +48,7 @@ def forests(draw: st.DrawFn, equal_sizes: bool = False) -> Forest:
 
 
 def fresh(name: str) -> tuple[object, GapEstimator]:
-    cfg = PolicyConfig(name=name)
+    cfg = policy_config(name)
     est = GapEstimator(cfg.ema_weight, cfg.prior_gap_s * 1e6, cfg.delta_s * 1e6)
     return make_policy(cfg, est), est
 

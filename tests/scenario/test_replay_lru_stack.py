@@ -19,10 +19,10 @@ from cachepilot_sim.config import (
     KVConfig,
     ModelConfig,
     OnError,
-    PolicyConfig,
     ReplayConfig,
     TraceConfig,
     TraceFormat,
+    policy_config,
 )
 from cachepilot_sim.sim import build
 from cachepilot_sim.workloads.traces import TraceTable, read_trace
@@ -53,7 +53,7 @@ def lru_stack_hits(table: TraceTable, capacity: int) -> tuple[int, int]:
 def replay_sequential(capacity: int, policy: str = "lru") -> tuple[dict, pl.DataFrame]:
     cfg = make_sim_config(
         vram_gb=141.0, model=ModelConfig(max_context_tokens=262_144),
-        policy=PolicyConfig(name=policy), trace=TraceConfig(enabled=False),
+        policy=policy_config(policy), trace=TraceConfig(enabled=False),
         batcher=BatcherConfig(throughput_max_seqs=1, latency_max_seqs=1),
         kv=KVConfig(offload_enabled=False),  # one tier, as the LRU stack
         replay=ReplayConfig(format=TraceFormat.MOONCAKE, path=SAMPLE,

@@ -10,10 +10,10 @@ import pytest
 from cachepilot_sim.config import (
     KVConfig,
     ModelConfig,
-    PolicyConfig,
     ReplayConfig,
     TraceConfig,
     TraceFormat,
+    policy_config,
 )
 from cachepilot_sim.policies import CacheEntry
 from cachepilot_sim.policies.classic import ArcPolicy, GdsfPolicy
@@ -28,7 +28,7 @@ def make_replay(policy: str, offload: bool = True, shadow: bool = False) -> Simu
     """The Mooncake sample with a 96-block prefix cache: hundreds of chained eviction decisions."""
     cfg = make_sim_config(
         vram_gb=141.0, model=ModelConfig(max_context_tokens=262_144),
-        policy=PolicyConfig(name=policy, shadow_oracle=shadow), trace=TraceConfig(enabled=False),
+        policy=policy_config(policy, shadow_oracle=shadow), trace=TraceConfig(enabled=False),
         kv=KVConfig(offload_enabled=offload, cpu_store_bytes=32 * 64 * 1024 * 1024),
         replay=ReplayConfig(format=TraceFormat.MOONCAKE, path=SAMPLE,
                             prefix_cache_max_blocks=96),

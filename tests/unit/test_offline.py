@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachepilot_sim.config import PolicyConfig
+from cachepilot_sim.config import policy_config
 from cachepilot_sim.offline import (
     AccessSequence,
     IdleGap,
@@ -86,7 +86,7 @@ def test_lp_bound_is_zero_with_room_and_everything_with_none() -> None:
 
 @pytest.mark.parametrize("policy", ["lru", "perc"])
 def test_lp_bound_never_exceeds_the_restore_cost_a_run_paid(policy: str) -> None:
-    cfg = make_sim_config(policy=PolicyConfig(name=policy))
+    cfg = make_sim_config(policy=policy_config(policy))
     result = build(cfg).run()
     seq = access_sequence(cfg, result.requests)
     bound = lp_lower_bound(seq)
@@ -96,7 +96,7 @@ def test_lp_bound_never_exceeds_the_restore_cost_a_run_paid(policy: str) -> None
 
 
 def test_integral_optimum_lies_between_the_lp_bound_and_what_the_run_paid() -> None:
-    cfg = make_sim_config(policy=PolicyConfig(name="lru"))
+    cfg = make_sim_config(policy=policy_config("lru"))
     result = build(cfg).run()
     seq = access_sequence(cfg, result.requests)
     lp, opt = lp_lower_bound(seq), integral_optimum(seq, time_limit_s=20.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cachepilot_sim.config import PolicyConfig
+from cachepilot_sim.config import policy_config
 from cachepilot_sim.policies import CacheEntry, GapEstimator, make_policy
 from cachepilot_sim.policies.base import RankingPolicy
 from cachepilot_sim.policies.classic import ArcPolicy, GdsfPolicy, SlruPolicy
@@ -16,7 +16,7 @@ from tests.unit.test_policies import make_entry
 
 
 def make(name: str, **kw: object) -> RankingPolicy:
-    cfg = PolicyConfig(name=name, **kw)  # type: ignore[arg-type]
+    cfg = policy_config(name, **kw)  # type: ignore[arg-type]
     est = GapEstimator(cfg.ema_weight, cfg.prior_gap_s * 1e6, cfg.delta_s * 1e6)
     policy = make_policy(cfg, est)
     assert isinstance(policy, RankingPolicy)
@@ -144,7 +144,7 @@ def test_clairvoyant_evicts_sessions_that_never_return_then_the_latest_returning
 
 
 def run_shadowed(policy: str) -> dict[str, float]:
-    cfg = make_sim_config(policy=PolicyConfig(name=policy, shadow_oracle=True))
+    cfg = make_sim_config(policy=policy_config(policy, shadow_oracle=True))
     return build(cfg).run().metrics
 
 
@@ -163,7 +163,7 @@ def test_shadowed_perc_plus1_stays_within_twice_the_oracle_on_every_decision() -
 
 
 def test_shadow_does_not_change_the_policy_decisions() -> None:
-    plain = build(make_sim_config(policy=PolicyConfig(name="lru"))).run().metrics
+    plain = build(make_sim_config(policy=policy_config("lru"))).run().metrics
     shadowed = run_shadowed("lru")
     for key in ("realized_restore_s", "evictions", "ttft_p99_s", "completed"):
         assert plain[key] == shadowed[key], key
@@ -196,7 +196,7 @@ def test_oracle_cuts_only_chain_tails_when_entries_form_a_prefix_chain() -> None
 
 @pytest.mark.parametrize("policy", ["arc", "slru", "gdsf", "perc_hazard", "wild"])
 def test_stateful_policies_give_identical_runs_on_one_seed(policy: str) -> None:
-    cfg = make_sim_config(policy=PolicyConfig(name=policy))
+    cfg = make_sim_config(policy=policy_config(policy))
     first, second = build(cfg).run(), build(cfg).run()
     assert first.requests.equals(second.requests)
     assert first.metrics["evictions"] > 0

@@ -12,7 +12,7 @@ from cachepilot_sim.components.kv_manager import Admit
 from cachepilot_sim.components.prefix_cache import PrefixKvManager
 from cachepilot_sim.components.request import KvSource, Request
 from cachepilot_sim.components.vram_pool import VramPool
-from cachepilot_sim.config import ModelConfig, PolicyConfig, ReplayConfig, TraceConfig, TraceFormat
+from cachepilot_sim.config import ModelConfig, ReplayConfig, TraceConfig, TraceFormat, policy_config
 from cachepilot_sim.cost import compute_fit, recompute_us
 from cachepilot_sim.sim import Simulation, build
 from cachepilot_sim.trace.recorder import NullRecorder
@@ -31,7 +31,7 @@ def make_sim(tmp_path: Path, policy: str = "lru") -> Simulation:
                     "hash_ids": ids}) + "\n" for t, ids in ROWS))
     cfg = make_sim_config(
         vram_gb=141.0, model=ModelConfig(max_context_tokens=65_536),
-        policy=PolicyConfig(name=policy), trace=TraceConfig(enabled=False),
+        policy=policy_config(policy), trace=TraceConfig(enabled=False),
         replay=ReplayConfig(format=TraceFormat.MOONCAKE, path=str(path)),
     )
     return build(cfg)

@@ -17,10 +17,10 @@ from cachepilot_sim.components.vram_pool import VramPool
 from cachepilot_sim.config import (
     KVConfig,
     ModelConfig,
-    PolicyConfig,
     ReplayConfig,
     TraceConfig,
     TraceFormat,
+    policy_config,
 )
 from cachepilot_sim.cost import compute_fit, recompute_us, transfer_fits, transfer_us
 from cachepilot_sim.sim import build
@@ -39,7 +39,7 @@ def make_kv(tmp_path: Path, cpu_blocks: int = 100, lru_store: bool = True
                             for i, ids in enumerate(ROWS)))
     cfg = make_sim_config(
         vram_gb=141.0, model=ModelConfig(max_context_tokens=65_536),
-        policy=PolicyConfig(name="lru"), trace=TraceConfig(enabled=False),
+        policy=policy_config("lru"), trace=TraceConfig(enabled=False),
         kv=KVConfig(cpu_store_bytes=cpu_blocks * B * 131_072, cpu_store_evicts_lru=lru_store),
         replay=ReplayConfig(format=TraceFormat.MOONCAKE, path=str(path)),
     )

@@ -15,11 +15,11 @@ from cachepilot_sim.components.prefix_cache import PrefixKvManager
 from cachepilot_sim.config import (
     ModelConfig,
     OnError,
-    PolicyConfig,
     ReplayConfig,
     RunConfig,
     TraceConfig,
     TraceFormat,
+    policy_config,
 )
 from cachepilot_sim.policies import known_policies
 from cachepilot_sim.runner import run_experiment
@@ -59,7 +59,7 @@ def test_sharegpt_lengths_get_poisson_arrivals_that_depend_on_the_seed() -> None
 
 
 def test_inferred_session_gaps_feed_the_perc_estimate() -> None:
-    sim = build(make_sim_config(policy=PolicyConfig(name="perc"),
+    sim = build(make_sim_config(policy=policy_config("perc"),
                                 **replay_config(format=TraceFormat.MOONCAKE, path=MOONCAKE)))
     result = sim.run()
     kv = sim.kv
@@ -80,7 +80,7 @@ def test_inferred_session_gaps_feed_the_perc_estimate() -> None:
 
 
 def test_same_config_and_seed_replay_identically() -> None:
-    cfg = make_sim_config(policy=PolicyConfig(name="perc"), **replay_config(
+    cfg = make_sim_config(policy=policy_config("perc"), **replay_config(
         format=TraceFormat.MOONCAKE, path=MOONCAKE, limit=120, time_scale=0.5))
     runs = [build(cfg).run() for _ in range(2)]
     assert runs[0].requests.equals(runs[1].requests)
