@@ -78,7 +78,15 @@ class EvictionPolicy(Protocol):
 
 
 class RankingPolicy:
-    """Greedy by key until `bytes_needed` are freed. Keys must end with the unique entry_id."""
+    """The key is the ranking: greedy by key until `bytes_needed` are freed.
+
+    Keys must end with the unique entry_id. A rule stated relative to the candidates (SLRU's and
+    ARC's segment shares of the idle bytes, Marconi's min-max normalisation) reads them in
+    `prepare`, once per decision; the key then ranks each entry alone, as SGLang's one-method
+    strategies do, and sorting by it gives the decision exactly (tests/property checks every
+    registered ranking policy). Outside a decision (a trace score, say) a key uses the state of
+    the last one.
+    """
 
     name = "ranking"
 
@@ -86,11 +94,17 @@ class RankingPolicy:
         self.cfg = cfg
         self.estimator = estimator
 
+    def prepare(self, entries: Sequence[CacheEntry], now_us: int) -> None:
+        """Read what a rule relative to the candidates needs, before any key of this decision;
+        most policies need nothing."""
+
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
         raise NotImplementedError
 
     def order(self, entries: Sequence[CacheEntry], now_us: int) -> list[CacheEntry]:
-        """All entries, first victim first."""
+        """All entries, first victim first: `prepare`, then sorted by key. Override only to get
+        the same order faster (PERC vectorises its keys)."""
+        self.prepare(entries, now_us)
         return sorted(entries, key=lambda e: self.key(e, now_us))
 
     def select_victims(

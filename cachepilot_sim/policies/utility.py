@@ -20,8 +20,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from cachepilot_sim.config import PolicyConfig, bounded
 from cachepilot_sim.policies.base import (
     CacheEntry,
@@ -31,11 +29,6 @@ from cachepilot_sim.policies.base import (
     register,
 )
 from cachepilot_sim.policies.reuse import GapEstimator
-
-
-def _minmax(v: np.ndarray) -> np.ndarray:
-    span = float(v.max() - v.min()) if v.size else 0.0
-    return np.zeros_like(v) if span <= 0 else (v - v.min()) / span
 
 
 @dataclass
@@ -54,20 +47,33 @@ class MarconiPolicy(RankingPolicy):
         super().__init__(cfg, estimator)
         assert isinstance(cfg, MarconiConfig), type(cfg)  # the registry pairs them
         self.flop_weight = cfg.flop_weight
+        self.recency_range = self.flops_range = (0.0, 0.0)  # (min, span) over the candidates
 
-    def utilities(self, entries: Sequence[CacheEntry]) -> np.ndarray:
-        recency = np.array([e.last_used_us for e in entries], dtype=np.float64)
-        flops = np.array([e.recompute_us / max(e.num_bytes, 1) for e in entries])
-        return _minmax(recency) + self.flop_weight * _minmax(flops)
-
-    def order(self, entries: Sequence[CacheEntry], now_us: int) -> list[CacheEntry]:
-        u = self.utilities(entries)
-        ranked = sorted(range(len(entries)), key=lambda i: (u[i], entries[i].entry_id))
-        return [entries[i] for i in ranked]
+    def prepare(self, entries: Sequence[CacheEntry], now_us: int) -> None:
+        """Both terms are min-max normalised over the candidates: record their ranges."""
+        self.recency_range = _range([float(e.last_used_us) for e in entries])
+        self.flops_range = _range([_flops(e) for e in entries])
 
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
-        # Alone, an entry has no normalisation range: report its raw FLOP efficiency.
-        return (entry.recompute_us / max(entry.num_bytes, 1), entry.entry_id)
+        """Lowest utility first: normalised recency + flop_weight x normalised FLOP efficiency."""
+        recency = _scaled(float(entry.last_used_us), self.recency_range)
+        flops = _scaled(_flops(entry), self.flops_range)
+        return (recency + self.flop_weight * flops, entry.entry_id)
+
+
+def _flops(entry: CacheEntry) -> float:
+    """Recompute work saved per byte kept (recompute_us stands in for FLOPs)."""
+    return entry.recompute_us / max(entry.num_bytes, 1)
+
+
+def _range(values: list[float]) -> tuple[float, float]:
+    """(minimum, span) of `values`; span 0 when empty or constant."""
+    return (min(values), max(values) - min(values)) if values else (0.0, 0.0)
+
+
+def _scaled(value: float, value_range: tuple[float, float]) -> float:
+    low, span = value_range
+    return 0.0 if span <= 0 else (value - low) / span
 
 
 class _ClassReuse:
