@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import is_dataclass
 from typing import TYPE_CHECKING, Any
 
-from omegaconf import OmegaConf
-
 from cachepilot_sim.config.admission import ADMISSION
 from cachepilot_sim.config.engine import BatcherConfig
 from cachepilot_sim.config.hardware import HardwareConfig
@@ -25,8 +23,13 @@ from cachepilot_sim.config.workload import WorkloadConfig
 if TYPE_CHECKING:
     from hydra.core.config_store import ConfigStore
 
+# Hydra and OmegaConf are imported inside the functions below: only the entry points that
+# compose configs pay for them, not every import of a config class.
+
 
 def _store_choices(cs: ConfigStore, registry: Registry[Any, Any]) -> None:
+    from omegaconf import OmegaConf
+
     for name in registry.names():
         node = OmegaConf.structured(registry.entry(name).config)
         node.name = name
@@ -35,7 +38,8 @@ def _store_choices(cs: ConfigStore, registry: Registry[Any, Any]) -> None:
 
 def register_configs() -> None:
     """Register the schema with Hydra's ConfigStore (the entry points call it once)."""
-    from hydra.core.config_store import ConfigStore  # only entry points pay for importing Hydra
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
 
     cs = ConfigStore.instance()
     node = OmegaConf.structured(RunConfig)
@@ -56,6 +60,8 @@ def register_configs() -> None:
 
 def to_config(cfg: Any) -> RunConfig:
     """DictConfig (from Hydra) -> validated, sealed RunConfig."""
+    from omegaconf import OmegaConf
+
     obj = OmegaConf.to_object(cfg)
     assert is_dataclass(obj) and isinstance(obj, RunConfig), type(obj)
     return obj
