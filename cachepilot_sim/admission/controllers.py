@@ -51,7 +51,6 @@ def make_controller(cfg: AdmissionConfig, feature_names: list[str]) -> Admission
     return factory(cfg, feature_names)
 
 
-
 class AdmitAll:
     def decide(self, view: AdmissionView) -> Decision:
         return Decision.ADMIT
@@ -128,8 +127,12 @@ class LearnedAdmissionConfig(AdmissionConfig):
 
     def validate(self, prefix: str) -> None:
         super().validate(prefix)
-        require(bool(self.weights), f"{prefix}.weights", self.weights,
-                "admission=learned needs admission.weights=PATH (an .npz from train_admission)")
+        require(
+            bool(self.weights),
+            f"{prefix}.weights",
+            self.weights,
+            "admission=learned needs admission.weights=PATH (an .npz from train_admission)",
+        )
 
 
 @register("learned", config=LearnedAdmissionConfig)
