@@ -49,4 +49,4 @@ BENCH_OUT ?= outputs/gpu
 .PHONY: bench-gpu
 bench-gpu:  ## on a GPU host (python3 with torch, cupy, triton): check + time all kernels, then calibrate
 	python3 -m cachepilot_sim.kernels.bench --out $(BENCH_OUT)/bench
-	python3 -m cachepilot_sim.calibrate --out $(BENCH_OUT)/calibration
+	python3 -m cachepilot_sim.tools.calibrate --out $(BENCH_OUT)/calibration

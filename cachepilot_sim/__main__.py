@@ -15,7 +15,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from cachepilot_sim.config import ConfigError, register_configs, to_config
-from cachepilot_sim.runner import run_experiment
+from cachepilot_sim.experiment.runner import run_experiment
 from cachepilot_sim.workloads.traces import TraceError
 
 register_configs()
@@ -26,7 +26,7 @@ def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
     if hydra_cfg.mode == RunMode.MULTIRUN:
-        from cachepilot_sim.sweep import run_job
+        from cachepilot_sim.experiment.sweep import run_job
 
         overrides = [str(o) for o in OmegaConf.to_container(hydra_cfg.overrides.task) or []]
         run_job(cfg, out_dir, overrides, int(hydra_cfg.job.num))

@@ -3,7 +3,8 @@
 TTFT runs from the moment a turn was sent to its first token (a new session's wait for a front-end
 slot is reported apart, as session_wait); TPOT is (finish - first token) / (tokens - 1); a request
 meets its SLA when both are within its class's targets. Goodput counts only completed requests that
-met their SLA.
+met their SLA. The one implementation: `Simulation.metrics` applies it to the requests it
+collected, `trace/derive.py` to the per-request table it rebuilds from a trace.
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ def latency_metrics(frame: pl.DataFrame) -> dict[str, float]:
 
 
 def outcome_metrics(frame: pl.DataFrame, duration_us: int) -> dict[str, float | int]:
+    """Counts, throughput and goodput over a served span of `duration_us` (at least 1 us)."""
     done = frame.filter(pl.col("outcome") == "completed")
     seconds = max(duration_us, 1) / 1e6
     met = done.filter(pl.col("sla_met"))
@@ -135,3 +137,8 @@ def outcome_metrics(frame: pl.DataFrame, duration_us: int) -> dict[str, float | 
         "turns_reload": int(by_source.get("reload", 0)),
         "turns_recompute": int(by_source.get("recompute", 0)),
     }
+
+
+def request_metrics(frame: pl.DataFrame, duration_us: int) -> dict[str, float | int]:
+    """`outcome_metrics` then `latency_metrics`: every run metric the per-request table gives."""
+    return outcome_metrics(frame, duration_us) | latency_metrics(frame)

@@ -12,15 +12,13 @@ import polars as pl
 import simpy
 
 from cachepilot_sim.clock import SimEnvironment, ms_to_us, s_to_us
-from cachepilot_sim.components.batcher import Batcher
+from cachepilot_sim.components.batcher import Batcher, EnginePorts
 from cachepilot_sim.components.clients import Clients
-from cachepilot_sim.components.kv_manager import KvManager
+from cachepilot_sim.components.kv import KvDeps, make_kv_manager
 from cachepilot_sim.components.pcie_link import PcieLink
-from cachepilot_sim.components.prefix_cache import PrefixKvManager
-from cachepilot_sim.components.prefix_offload import OffloadingPrefixKvManager
 from cachepilot_sim.components.replay_clients import ReplayClients
-from cachepilot_sim.components.request import Outcome, Request
-from cachepilot_sim.components.scheduler import Scheduler
+from cachepilot_sim.components.request import Outcome
+from cachepilot_sim.components.scheduler import RequestQueue, Scheduler
 from cachepilot_sim.components.signal import Signal
 from cachepilot_sim.components.vram_pool import VramPool
 from cachepilot_sim.config import SimConfig, TraceFormat
@@ -29,6 +27,7 @@ from cachepilot_sim.metrics import latency_metrics, outcome_metrics, request_fra
 from cachepilot_sim.policies import GapEstimator, make_policy
 from cachepilot_sim.policies.oracle import ShadowOracle
 from cachepilot_sim.rng import make_streams
+from cachepilot_sim.trace.events import TraceEvents
 from cachepilot_sim.trace.recorder import make_recorder
 from cachepilot_sim.workloads.replay import ReplayWorkload, load_replay
 
@@ -75,32 +74,27 @@ class Simulation:
         self.policy = make_policy(p, self.estimator)
         if p.shadow_oracle:
             self.policy = ShadowOracle(self.policy, self.estimator, p)
+        events = TraceEvents(self.recorder)
+        # The constructors below are the process diagram (docs/architecture.md): each component
+        # gets the ports it talks through, nothing is wired afterwards.
         wake = Signal(env)
-        self.scheduler = Scheduler(env, cfg.scheduler, wake, self.recorder)
+        self.queue = RequestQueue(env, cfg.scheduler, wake)
+        deps = KvDeps(env, self.pool, self.link, self.policy, self.estimator, fit, events,
+                      self.queue, wake)
+        self.kv = make_kv_manager(cfg, deps)
+        self.scheduler = Scheduler(env, self.queue, self.kv, events)
         self.replay: ReplayWorkload | None = None
         self.clients: Clients | ReplayClients
         if cfg.replay.format == TraceFormat.NONE:
-            self.kv = KvManager(env, cfg, self.pool, self.link, self.policy, self.estimator, fit,
-                                self.recorder)
-            self.clients = Clients(env, cfg, streams, self.scheduler.inbox, self.recorder)
+            self.clients = Clients(env, cfg, streams, self.scheduler.inbox, events)
         else:  # trace replay: requests at trace times, KV shared by prefix hash
             self.replay = load_replay(cfg, streams.arrivals)
-            manager = OffloadingPrefixKvManager if cfg.kv.offload_enabled else PrefixKvManager
-            self.kv = manager(env, cfg, self.pool, self.link, self.policy, self.estimator, fit,
-                              self.recorder, self.replay)
             self.clients = ReplayClients(env, cfg, self.replay, self.scheduler.inbox)
-        self.batcher = Batcher(env, cfg, self.scheduler, self.kv, fit, self.recorder, wake)
-        self.kv.on_ready = self.scheduler.requeue_front
-        self.kv.on_memory = wake.notify
-        self.scheduler.on_arrival = self.kv.on_arrival
-        self.scheduler.on_timeout = self._give_up
+        ports = EnginePorts(env, self.queue, self.kv, self.pool, fit, events, wake)
+        self.batcher = Batcher(cfg, ports)
+        self.events = events
         for process in (self.clients.arrivals(), self.scheduler.run(), self.batcher.run()):
             env.process(process)
-
-    def _give_up(self, req: Request) -> None:
-        """A request timed out in the queue: the KV manager lets go, the batcher rejects it."""
-        self.kv.abandon(req)
-        self.batcher.reject(req, "queue_timeout")
 
     def run(
         self, on_progress: Callable[[int], None] | None = None, every_events: int = 50_000
@@ -120,7 +114,7 @@ class Simulation:
         if not self.pool.conserved():
             raise SimulationError("VRAM pool accounting broken at the end of the run")
         # The closing row carries the simulated duration (stale timers can outlive the last event).
-        self.recorder.emit(int(self.env.now), "sim", "run_end")
+        self.events.run_end(int(self.env.now))
         self.recorder.close(self.trace_meta())
         requests = self.requests()
         return SimResult(self.metrics(requests), requests, self.recorder.frame)
@@ -192,6 +186,8 @@ class Simulation:
             "evicted_gb": (kv.evicted_bytes_offload + kv.evicted_bytes_drop) / 1e9,
             # GPU time converting KV for a quantized CPU tier (kv.offload_dtype_bytes); 0 otherwise.
             "kv_convert_s": kv.convert_us / 1e6,
+            # KV the CPU store dropped to make room: restored by recompute when needed again.
+            "cpu_drops": kv.cpu_drops,
         }
         out |= {k: v for k, v in asdict(kv).items() if k.startswith(("evictions_", "evicted_"))}
         out |= {
@@ -199,7 +195,7 @@ class Simulation:
             "reloads": kv.reloads,
             "recomputes": kv.recomputes,
             "preemptions": kv.preemptions,
-            "promoted": self.scheduler.num_promoted,
+            "promoted": self.queue.num_promoted,
             "sessions": self.clients.num_sessions,
             "vram_kv_util_mean": eng.kv_byte_us / duration / self.pool.capacity_bytes,
             "vram_kv_util_peak": eng.kv_peak_bytes / self.pool.capacity_bytes,
@@ -215,8 +211,8 @@ class Simulation:
         if gate is not None:
             out |= {"admission_deferred": gate.num_deferred,
                     "admission_rejected": gate.num_rejected}
-        if isinstance(self.kv, PrefixKvManager) and self.replay is not None:
-            out |= self.kv.prefix_metrics()
+        out |= self.kv.metrics()
+        if self.replay is not None:
             out |= {"trace_rows_skipped": self.replay.table.num_skipped}
         return out
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from cachepilot_sim.config import register_configs, to_config
-from cachepilot_sim.runner import run_cells
+from cachepilot_sim.experiment.runner import run_cells
 
 
 def main() -> None:

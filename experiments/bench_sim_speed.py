@@ -36,7 +36,7 @@ def run_case(overrides: list[str]) -> dict[str, float]:
     from hydra import compose, initialize_config_dir
 
     from cachepilot_sim.config import register_configs, to_config
-    from cachepilot_sim.runner import run_cells
+    from cachepilot_sim.experiment.runner import run_cells
 
     num_events = 0
     schedule = simpy.Environment.schedule

@@ -16,7 +16,7 @@ import numpy as np
 from hydra import compose, initialize_config_dir
 
 from cachepilot_sim.config import register_configs, to_config
-from cachepilot_sim.runner import run_cells
+from cachepilot_sim.experiment.runner import run_cells
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 VARIANTS = {

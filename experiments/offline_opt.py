@@ -16,7 +16,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from cachepilot_sim.config import register_configs, to_config
-from cachepilot_sim.offline import access_sequence, integral_optimum, lp_lower_bound
+from cachepilot_sim.experiment.offline import access_sequence, integral_optimum, lp_lower_bound
 from cachepilot_sim.sim import build
 
 CONF = Path(__file__).resolve().parents[1] / "conf"

@@ -15,7 +15,7 @@ import numpy as np
 from hydra import compose, initialize_config_dir
 
 from cachepilot_sim.config import register_configs, to_config
-from cachepilot_sim.runner import run_cells
+from cachepilot_sim.experiment.runner import run_cells
 
 DELTAS_S = (5.0, 15.0, 30.0, 60.0, 120.0, 600.0)
 EMA_WEIGHTS = (0.1, 0.3, 0.6, 1.0)

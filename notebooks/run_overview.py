@@ -17,8 +17,8 @@
 #
 # Set `CACHEPILOT_RUN_DIR` to a run folder (`outputs/<date>/<time>` of
 # `python -m cachepilot_sim`); without it the notebook simulates a tiny run first. The figures are
-# the ones `python -m cachepilot_sim.plot <dir>` writes; the tables come from the documented polars
-# queries in `cachepilot_sim/trace/derive.py`.
+# the ones `python -m cachepilot_sim.tools.plot <dir>` writes (drawn by `tools/figures.py`); the
+# tables come from the documented polars queries in `cachepilot_sim/trace/derive.py`.
 
 # %%
 import os
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import polars as pl
 
-from cachepilot_sim.plot import (
+from cachepilot_sim.tools.figures import (
     load_runs,
     plot_gap_estimates,
     plot_latency_cdfs,
@@ -40,7 +40,7 @@ if run_dir is None:
     from dataclasses import fields
 
     from cachepilot_sim.config import RunConfig, SimConfig
-    from cachepilot_sim.runner import run_experiment
+    from cachepilot_sim.experiment.runner import run_experiment
 
     base = SimConfig(vram_gb=10.0)
     values = {f.name: getattr(base, f.name) for f in fields(SimConfig)}

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import polars as pl
 
-from cachepilot_sim.collect import collect, default_param
-from cachepilot_sim.plot import fig_metric_vs_param
+from cachepilot_sim.tools.collect import collect, default_param
+from cachepilot_sim.tools.figures import fig_metric_vs_param
 
 sweep_dir = os.environ.get("CACHEPILOT_SWEEP_DIR")
 if sweep_dir is None:

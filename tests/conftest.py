@@ -95,3 +95,78 @@ def make_sim_config(**overrides: Any) -> SimConfig:
 @pytest.fixture
 def sim_config() -> SimConfig:
     return make_sim_config()
+
+
+class ListQueue:
+    """An engine queue that records what a KV manager hands back (tests drive the manager)."""
+
+    def __init__(self) -> None:
+        self.handed_back: list[Any] = []
+
+    def requeue_front(self, req: Any) -> None:
+        self.handed_back.append(req)
+
+
+def make_kv(cfg: SimConfig, policy: Any = None, estimator: Any = None) -> Any:
+    """A KV manager for `cfg` on its own clock, with no processes, driven call by call.
+
+    Its queue (`kv.queue`) is a `ListQueue`; the pool is `kv.pool`.
+    """
+    from cachepilot_sim.clock import SimEnvironment, s_to_us
+    from cachepilot_sim.components.kv import KvDeps, make_kv_manager
+    from cachepilot_sim.components.pcie_link import PcieLink
+    from cachepilot_sim.components.signal import Signal
+    from cachepilot_sim.components.vram_pool import VramPool
+    from cachepilot_sim.cost import compute_fit, transfer_fits
+    from cachepilot_sim.policies import GapEstimator, make_policy
+    from cachepilot_sim.trace.events import TraceEvents
+    from cachepilot_sim.trace.recorder import NullRecorder
+
+    env = SimEnvironment()
+    p = cfg.policy
+    if estimator is None:
+        estimator = GapEstimator(p.ema_weight, s_to_us(p.prior_gap_s), s_to_us(p.delta_s))
+    if policy is None:
+        policy = make_policy(p, estimator)
+    deps = KvDeps(
+        env,
+        VramPool(cfg),
+        PcieLink(env, *transfer_fits(cfg.hardware)),
+        policy,
+        estimator,
+        compute_fit(cfg.hardware),
+        TraceEvents(NullRecorder()),
+        ListQueue(),
+        Signal(env),
+    )
+    return make_kv_manager(cfg, deps)
+
+
+def make_replay_requests(env: Any, workload: Any, priority: int = 1) -> list[Any]:
+    """Every request of a replay workload, as the replay clients would send them (arrival now)."""
+    from cachepilot_sim.components.request import Request
+
+    t, sessions = workload.table, workload.sessions
+    out: list[Any] = []
+    for i in range(workload.num_requests):
+        req = Request(
+            env,
+            i,
+            i,
+            int(sessions.turn[i]),
+            0,
+            0,
+            priority,
+            int(env.now),
+            10**12,
+            10**9,
+            0,
+            int(t.input_tokens[i]),
+            int(t.output_tokens[i]),
+        )
+        req.hash_ids = t.hash_ids(i).tolist()
+        req.group_id = int(sessions.session[i])
+        parent = int(sessions.parent[i])
+        req.parent = out[parent] if parent >= 0 else None
+        out.append(req)
+    return out

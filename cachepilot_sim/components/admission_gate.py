@@ -14,32 +14,39 @@ from collections.abc import Callable
 from cachepilot_sim.admission import AdmissionController, AdmissionView, Decision, make_controller
 from cachepilot_sim.admission.features import feature_names
 from cachepilot_sim.clock import SimEnvironment, ms_to_us, s_to_us
-from cachepilot_sim.components.kv_manager import KvManager
+from cachepilot_sim.components.kv import KvManager
 from cachepilot_sim.components.request import Request
-from cachepilot_sim.components.scheduler import Scheduler
+from cachepilot_sim.components.scheduler import RequestQueue
+from cachepilot_sim.components.vram_pool import PoolView
 from cachepilot_sim.config import SimConfig
 
 EVICTION_RATE_TAU_US = s_to_us(1.0)  # time constant of the eviction-rate EMA
 
 
 class AdmissionGate:
+    """Admit, defer or reject a new session's first turn; its ports are handed in: the queue
+    (pop, requeue), the KV manager (sizes, stats, evictable bytes), a read-only pool view, the
+    engine's reject and its running fraction (running sequences over the sequence limit)."""
+
     def __init__(
         self,
         env: SimEnvironment,
         cfg: SimConfig,
-        scheduler: Scheduler,
+        queue: RequestQueue,
         kv: KvManager,
+        pool: PoolView,
         reject: Callable[[Request, str], None],
+        running_fraction: Callable[[], float],
     ) -> None:
         a = cfg.admission
-        self.env, self.scheduler, self.kv, self.reject = env, scheduler, kv, reject
+        self.env, self.queue, self.kv, self.pool, self.reject = env, queue, kv, pool, reject
+        self.running_fraction = running_fraction
         self.class_names = list(cfg.workload.classes) if cfg.replay.format == "none" else ["trace"]
         self.feature_names = feature_names(self.class_names)
         self.controller: AdmissionController = make_controller(a, self.feature_names)
         self.defer_us = ms_to_us(a.defer_ms)
         self.max_defers = a.max_defers
         self.pressure_queue_depth = a.pressure_queue_depth
-        self.running_fraction: Callable[[], float] = lambda: 0.0
         self._cleared: set[int] = set()  # req ids already let through: never asked twice
         self._defers: dict[int, int] = {}
         self._rate_per_s = 0.0
@@ -60,10 +67,10 @@ class AdmissionGate:
         return self._rate_per_s
 
     def view(self, req: Request) -> AdmissionView:
-        pool = self.kv.pool
+        pool = self.pool
         need = self.kv.blocks_for(req.context_tokens + req.prompt_tokens)
         return AdmissionView(
-            queue_depth=len(self.scheduler),
+            queue_depth=len(self.queue),
             pool_bytes=pool.capacity_bytes,
             free_bytes=pool.free_bytes,
             evictable_bytes=self.kv.evictable_bytes(),
@@ -91,7 +98,7 @@ class AdmissionGate:
         if decision == Decision.ADMIT:
             self._cleared.add(req.req_id)
             return True
-        self.scheduler.pop(req)
+        self.queue.pop(req)
         if decision == Decision.REJECT:
             self.num_rejected += 1
             self._defers.pop(req.req_id, None)
@@ -100,9 +107,6 @@ class AdmissionGate:
         self.num_deferred += 1
         self._defers[req.req_id] = v.num_defers + 1
         timer = self.env.timeout(self.defer_us)
-        timer.callbacks.append(lambda _: self._requeue(req))
+        timer.callbacks.append(lambda _: self.queue.requeue(req))
         return False
 
-    def _requeue(self, req: Request) -> None:
-        self.scheduler.push(req)
-        self.scheduler.wake_batcher.notify()

@@ -21,19 +21,32 @@ import simpy
 
 from cachepilot_sim.clock import SimEnvironment, ceil_us, ms_to_us
 from cachepilot_sim.components.admission_gate import AdmissionGate
-from cachepilot_sim.components.kv_manager import Admit, KvManager
+from cachepilot_sim.components.kv import Admit, KvManager
 from cachepilot_sim.components.request import Outcome, Request
-from cachepilot_sim.components.scheduler import Scheduler
+from cachepilot_sim.components.scheduler import RequestQueue
 from cachepilot_sim.components.signal import Signal
+from cachepilot_sim.components.vram_pool import PoolView
 from cachepilot_sim.config import BatchMode, SimConfig
 from cachepilot_sim.cost import ComputeFit, decode_step_slope_us, iteration_us
-from cachepilot_sim.trace.recorder import TraceRecorder
-from cachepilot_sim.trace.schema import REJECT_REASONS
+from cachepilot_sim.trace.events import TraceEvents
 
 # Rows of the packed per-sequence state array.
 CTX, PREFILL_LEFT, DECODE_LEFT, BLOCKS, BLOCK_BYTES, TOKEN_BYTES, MODEL, ORDER, PRIO, GENERATED = (
     range(10)
 )
+
+
+@dataclass(frozen=True, slots=True)
+class EnginePorts:
+    """What the batcher talks to, handed in at construction."""
+
+    env: SimEnvironment
+    queue: RequestQueue  # peek/pop in scheduling order; preempted requests go back to the front
+    kv: KvManager
+    pool: PoolView  # read-only: free and held bytes
+    fit: ComputeFit
+    events: TraceEvents
+    wake: Signal  # an arrival, a landed copy or a hand-back: re-check admission
 
 
 @dataclass
@@ -47,18 +60,13 @@ class EngineStats:
 
 
 class Batcher:
-    def __init__(
-        self,
-        env: SimEnvironment,
-        cfg: SimConfig,
-        scheduler: Scheduler,
-        kv: KvManager,
-        fit: ComputeFit,
-        recorder: TraceRecorder,
-        wake: Signal,
-    ) -> None:
-        self.env, self.cfg, self.scheduler, self.kv = env, cfg.batcher, scheduler, kv
-        self.fit, self.recorder, self.wake = fit, recorder, wake
+    """The engine loop: admission at iteration boundaries, one timeout per iteration or run."""
+
+    def __init__(self, cfg: SimConfig, ports: EnginePorts) -> None:
+        self.env, self.cfg, self.queue, self.kv = ports.env, cfg.batcher, ports.queue, ports.kv
+        self.pool, self.fit = ports.pool, ports.fit
+        self.events, self.wake = ports.events, ports.wake
+        env = self.env
         self.trace_every = cfg.trace.iteration_every
         self.max_decode_run = cfg.batcher.max_decode_run
         self.adaptive_slack_us = ms_to_us(cfg.batcher.adaptive_slack_ms)
@@ -88,8 +96,12 @@ class Batcher:
         # Admission control of new sessions under pressure; None (`all`): every request admitted.
         self.gate: AdmissionGate | None = None
         if cfg.admission.name != "all":
-            self.gate = AdmissionGate(env, cfg, scheduler, kv, self.reject)
-            self.gate.running_fraction = lambda: self.n / max(1, self.limits()[1])
+            self.gate = AdmissionGate(env, cfg, self.queue, self.kv, self.pool, self.reject,
+                                      self.running_fraction)
+
+    def running_fraction(self) -> float:
+        """Running sequences over the current sequence limit (an admission feature)."""
+        return self.n / max(1, self.limits()[1])
 
     # -- limits and admission --------------------------------------------------------------
     def limits(self) -> tuple[int, int]:
@@ -101,29 +113,34 @@ class Batcher:
             return throughput
         if c.mode == BatchMode.LOW_LATENCY:
             return latency
-        if len(self.scheduler) >= c.adaptive_queue_depth:
+        if len(self.queue) >= c.adaptive_queue_depth:
             return throughput
-        slack = self.scheduler.min_slack_us()
+        slack = self.queue.min_slack_us()
         if slack is not None and slack < self.adaptive_slack_us:
             return throughput
         return latency
 
     def admit(self, budget: int, max_seqs: int) -> None:
         """Take queued requests while sequences and token budget remain and their KV fits."""
-        if not len(self.scheduler):
+        if not len(self.queue):
             return
         n = self.n
         wanted = int(self.prefill_left[:n].sum()) + n
         while self.n < max_seqs and wanted < budget:
-            req = self.scheduler.peek()
+            req = self.queue.peek()
             if req is None:
                 return
+            if self.queue.expired(req):  # the client gave up waiting
+                self.queue.pop(req)
+                self.kv.abandon(req)
+                self.reject(req, "queue_timeout")
+                continue
             if self.gate is not None and not self.gate.passes(req):
                 continue  # deferred or rejected by admission control
             result = self.kv.admit(req)
             if result == Admit.BLOCKED:
                 return
-            self.scheduler.pop(req)
+            self.queue.pop(req)
             if result == Admit.REJECT:
                 self.reject(req, "exceeds_kv_capacity")
             elif result == Admit.READY:
@@ -153,16 +170,7 @@ class Batcher:
         self._admit_seq += 1
         if req.admitted_us < 0:
             req.admitted_us = self.env.now
-        self.recorder.emit(
-            self.env.now,
-            "batcher",
-            "admit",
-            req.session_id,
-            req.req_id,
-            m,
-            int(self.blocks[i]),
-            value=req.prefill_tokens,
-        )
+        self.events.admit(self.env.now, req, int(self.blocks[i]))
 
     def _remove(self, i: int) -> Request:
         """Swap-remove column i; callers removing several go in descending column order."""
@@ -180,15 +188,7 @@ class Batcher:
     def reject(self, req: Request, reason: str) -> None:
         req.outcome, req.reject_reason = Outcome.REJECTED, reason
         req.finish_us = self.env.now
-        self.recorder.emit(
-            self.env.now,
-            "batcher",
-            "reject",
-            req.session_id,
-            req.req_id,
-            req.model_index,
-            value=REJECT_REASONS.index(reason),
-        )
+        self.events.reject(self.env.now, req, reason)
         req.done.succeed()
 
     # -- the engine loop ---------------------------------------------------------------------
@@ -280,7 +280,7 @@ class Batcher:
         if not need.any():
             return k
         num_bytes = int(np.dot(need, self.block_bytes[:n]))
-        if num_bytes <= self.kv.pool.free_bytes:
+        if num_bytes <= self.pool.free_bytes:
             idx = np.flatnonzero(need)
             grown = self._grow(idx, need[idx])
             assert grown
@@ -321,7 +321,7 @@ class Batcher:
         tokens = int(self.ctx[victim])
         req = self._remove(victim)
         self.kv.preempt(req, tokens)
-        self.scheduler.requeue_front(req)
+        self.queue.requeue_front(req)
 
     def _plan_prefill(self, tokens_left: int) -> tuple[np.ndarray, np.ndarray]:
         """Chunked prefill: sequences in admission order share what is left of the token budget."""
@@ -367,14 +367,12 @@ class Batcher:
         before = st.iterations
         st.iterations += steps
         st.busy_us += duration
-        pool = self.kv.pool
+        pool = self.pool
         held = pool.used_bytes + pool.in_flight_bytes
         st.kv_byte_us += held * duration
         st.kv_peak_bytes = max(st.kv_peak_bytes, held)
         if st.iterations // self.trace_every > before // self.trace_every:
-            self.recorder.emit(
-                self.env.now, "batcher", "iteration", -1, -1, 0, self.n, held, "gpu", value=duration
-            )
+            self.events.iteration(self.env.now, self.n, held, duration)
 
     def _advance(self, decode: np.ndarray, chunk_idx: np.ndarray, chunks: np.ndarray) -> None:
         now = self.env.now
@@ -396,15 +394,7 @@ class Batcher:
             assert req is not None
             if req.first_token_us < 0:
                 req.first_token_us = now
-                self.recorder.emit(
-                    now,
-                    "batcher",
-                    "first_token",
-                    req.session_id,
-                    req.req_id,
-                    req.model_index,
-                    value=now - req.arrival_us,
-                )
+                self.events.first_token(now, req)
         self._finish_done()
 
     def _advance_decode(self, n: int, steps: int, finished: bool) -> None:
@@ -425,14 +415,5 @@ class Batcher:
             req = self._remove(i)
             req.outcome, req.finish_us = Outcome.COMPLETED, self.env.now
             self.kv.finish(req, tokens)
-            self.recorder.emit(
-                self.env.now,
-                "batcher",
-                "finish",
-                req.session_id,
-                req.req_id,
-                req.model_index,
-                blocks,
-                value=req.generated,
-            )
+            self.events.finish(self.env.now, req, blocks)
             req.done.succeed()

@@ -17,21 +17,24 @@ from cachepilot_sim.clock import SimEnvironment, ms_to_us, s_to_us
 from cachepilot_sim.components.request import Outcome, Request
 from cachepilot_sim.config import SimConfig
 from cachepilot_sim.rng import RngStreams
-from cachepilot_sim.trace.recorder import NullRecorder, TraceRecorder
+from cachepilot_sim.trace.events import TraceEvents
+from cachepilot_sim.trace.recorder import NullRecorder
 from cachepilot_sim.workloads.synthetic import SessionFactory, SessionSpec
 
 
 class Clients:
+    """Synthetic sessions: Poisson arrivals, front-end slots, turns separated by think times."""
+
     def __init__(
         self,
         env: SimEnvironment,
         cfg: SimConfig,
         streams: RngStreams,
         inbox: simpy.Store,
-        recorder: TraceRecorder | None = None,
+        events: TraceEvents | None = None,
     ) -> None:
         self.env = env
-        self.recorder = recorder if recorder is not None else NullRecorder()
+        self.events = events if events is not None else TraceEvents(NullRecorder())
         self.wl = cfg.workload
         self.inbox = inbox
         self.streams = streams
@@ -73,16 +76,8 @@ class Clients:
             yield slot
             # The session's turn 0 will be request `first` (-1: the request budget is spent).
             first = self.num_issued if self.num_issued < self.wl.num_requests else -1
-            self.recorder.emit(
-                self.env.now,
-                "client",
-                "session_start",
-                spec.session_id,
-                first,
-                spec.model_index,
-                value=self.env.now - arrived_us,
-                class_index=spec.class_index,
-            )
+            self.events.session_start(self.env.now, spec.session_id, first, spec.model_index,
+                                      self.env.now - arrived_us, spec.class_index)
             context = 0
             for turn in range(spec.num_turns):
                 if self.num_issued >= self.wl.num_requests:

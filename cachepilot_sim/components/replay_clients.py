@@ -19,6 +19,8 @@ from cachepilot_sim.workloads.replay import ReplayWorkload
 
 
 class ReplayClients:
+    """Open-loop replay of a trace's requests at their (scaled) recorded times."""
+
     def __init__(
         self, env: SimEnvironment, cfg: SimConfig, workload: ReplayWorkload, inbox: simpy.Store
     ) -> None:
@@ -39,6 +41,7 @@ class ReplayClients:
         arrival = wl.arrival_us.tolist()
         inputs, outputs = wl.table.input_tokens.tolist(), wl.table.output_tokens.tolist()
         turns = wl.sessions.turn.tolist()
+        groups, parents = wl.sessions.session.tolist(), wl.sessions.parent.tolist()
         for i, t in enumerate(arrival):
             if t > int(self.env.now):
                 yield self.env.timeout(t - int(self.env.now))
@@ -48,5 +51,10 @@ class ReplayClients:
                 deadline_us=int(self.env.now) + self.ttft_slo_us[0], tpot_slo_us=self.tpot_slo_us,
                 context_tokens=0, prompt_tokens=inputs[i], output_tokens=outputs[i],
             )
+            # What the prefix KV manager reads: the prompt's block hashes, the inferred session,
+            # and the earlier request this one continues (parents come first in the trace).
+            req.hash_ids = wl.table.hash_ids(i).tolist()
+            req.group_id = groups[i]
+            req.parent = self.requests[parents[i]] if parents[i] >= 0 else None
             self.requests.append(req)
             self.inbox.put(req)  # unbounded Store: succeeds at once

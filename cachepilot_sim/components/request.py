@@ -54,6 +54,9 @@ class Request:
         "prefill_tokens",
         "session_wait_us",
         "next_gap_us",
+        "hash_ids",
+        "group_id",
+        "parent",
     )
 
     def __init__(
@@ -99,6 +102,11 @@ class Request:
         # The think time after this turn, known to the client only (-1: last turn). The KV manager
         # passes it on solely for clairvoyant policies (an upper bound on what prediction can buy).
         self.next_gap_us = -1
+        # Trace replay: the prompt's prefix-block hashes, the inferred session (group) and the
+        # earlier request this one continues (None: none). What the prefix KV manager reads.
+        self.hash_ids: list[int] = []
+        self.group_id = session_id
+        self.parent: Request | None = None
         self.done = env.event()
 
     @property

@@ -3,13 +3,17 @@
 Order: requests handed back by the KV manager or preempted (front queue, FIFO) first; then requests
 within `promote_slack_ms` of their TTFT deadline, earliest deadline first; then by class priority
 (higher first), arrival time, and request id. Removed entries are deleted lazily from both heaps.
+
+`RequestQueue` is the queue (the port the KV manager, the batcher and the admission gate are
+given); `Scheduler` is the process that takes arrivals from its inbox into the queue.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Generator
+from typing import Protocol
 
 import simpy
 
@@ -17,58 +21,44 @@ from cachepilot_sim.clock import SimEnvironment, ms_to_us, s_to_us
 from cachepilot_sim.components.request import Request
 from cachepilot_sim.components.signal import Signal
 from cachepilot_sim.config import SchedulerConfig
-from cachepilot_sim.trace.recorder import TraceRecorder
+from cachepilot_sim.trace.events import TraceEvents
 
 
-class Scheduler:
-    def __init__(
-        self,
-        env: SimEnvironment,
-        cfg: SchedulerConfig,
-        wake_batcher: Signal,
-        recorder: TraceRecorder,
-    ) -> None:
+class ArrivalListener(Protocol):
+    """Told of every request as it reaches the scheduler, before it is queued."""
+
+    def on_arrival(self, req: Request) -> None: ...
+
+
+class RequestQueue:
+    """The engine's queue: push, requeue-front, peek/pop in scheduling order; every hand-back
+    wakes the engine through the signal it was given."""
+
+    def __init__(self, env: SimEnvironment, cfg: SchedulerConfig, wake: Signal) -> None:
         self.env = env
-        self.inbox: simpy.Store = simpy.Store(env)
+        self.wake = wake
         self.promote_slack_us = ms_to_us(cfg.promote_slack_ms)
         self.queue_timeout_us = s_to_us(cfg.queue_timeout_s)
-        self.wake_batcher = wake_batcher
-        self.recorder = recorder
-        self.on_arrival: Callable[[Request], None] = lambda req: None
-        self.on_timeout: Callable[[Request], None] = lambda req: None
         self._front: deque[Request] = deque()
         self._by_priority: list[tuple[int, int, int]] = []
         self._by_deadline: list[tuple[int, int]] = []
         self._queued: dict[int, Request] = {}
         self.num_promoted = 0
 
-    def run(self) -> Generator[simpy.Event, Request, None]:
-        """Process: take arrivals from the inbox Store, queue them, wake the batcher."""
-        while True:
-            req = yield self.inbox.get()
-            self.recorder.emit(
-                self.env.now,
-                "scheduler",
-                "arrive",
-                req.session_id,
-                req.req_id,
-                req.model_index,
-                value=req.context_tokens + req.prompt_tokens,
-                class_index=req.class_index,
-            )
-            self.on_arrival(req)
-            self.push(req)
-            self.wake_batcher.notify()
-
     def push(self, req: Request) -> None:
         self._queued[req.req_id] = req
         heapq.heappush(self._by_priority, (-req.priority, req.arrival_us, req.req_id))
         heapq.heappush(self._by_deadline, (req.deadline_us, req.req_id))
 
+    def requeue(self, req: Request) -> None:
+        """Queue `req` again in its normal place (a deferred admission) and wake the engine."""
+        self.push(req)
+        self.wake.notify()
+
     def requeue_front(self, req: Request) -> None:
         """A request whose KV just landed, or that was preempted: it goes before everything else."""
         self._front.append(req)
-        self.wake_batcher.notify()
+        self.wake.notify()
 
     def __len__(self) -> int:
         return len(self._front) + len(self._queued)
@@ -84,23 +74,16 @@ class Scheduler:
         while heap and heap[0][id_pos] not in self._queued:
             heapq.heappop(heap)
 
-    def peek(self) -> Request | None:
-        """The next request to admit, without removing it; gives up expired ones on the way."""
-        while True:
-            req = self._peek_once()
-            if req is None or not self._expired(req):
-                return req
-            self.pop(req)
-            self.on_timeout(req)
-
-    def _expired(self, req: Request) -> bool:
+    def expired(self, req: Request) -> bool:
+        """True when `req` waited past `scheduler.queue_timeout_s` without a first token."""
         return (
             self.queue_timeout_us > 0
             and req.first_token_us < 0
             and self.env.now - req.arrival_us > self.queue_timeout_us
         )
 
-    def _peek_once(self) -> Request | None:
+    def peek(self) -> Request | None:
+        """The next request to admit, without removing it."""
         if self._front:
             return self._front[0]
         self._clean(self._by_deadline, 1)
@@ -123,3 +106,23 @@ class Scheduler:
         ):
             self.num_promoted += 1
         del self._queued[req.req_id]
+
+
+class Scheduler:
+    """Process: take arrivals from the inbox Store, tell the arrival listener, queue them."""
+
+    def __init__(self, env: SimEnvironment, queue: RequestQueue, arrivals: ArrivalListener,
+                 events: TraceEvents) -> None:
+        self.env = env
+        self.inbox: simpy.Store = simpy.Store(env)
+        self.queue = queue
+        self.arrivals = arrivals
+        self.events = events
+
+    def run(self) -> Generator[simpy.Event, Request, None]:
+        """Yields one inbox get per arrival; wakes the engine after queueing each request."""
+        while True:
+            req = yield self.inbox.get()
+            self.events.arrive(self.env.now, req)
+            self.arrivals.on_arrival(req)
+            self.queue.requeue(req)

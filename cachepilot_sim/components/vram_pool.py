@@ -6,7 +6,25 @@ always sum to the pool's capacity. Weights are pinned at construction and no ope
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from cachepilot_sim.config import SimConfig
+
+
+class PoolView(Protocol):
+    """A read-only view of the pool's counters (what the batcher and the admission gate read)."""
+
+    @property
+    def capacity_bytes(self) -> int: ...
+
+    @property
+    def free_bytes(self) -> int: ...
+
+    @property
+    def used_bytes(self) -> int: ...
+
+    @property
+    def in_flight_bytes(self) -> int: ...
 
 
 class VramPool:

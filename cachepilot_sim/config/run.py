@@ -130,7 +130,7 @@ class RunConfig(SimConfig):
     write_requests: bool = True
     jobs: int = bounded(0, ge=0)  # worker processes for the (policy, seed) cells; 0: one per core
     # Policy lab: after each cell, the offline LP lower bound on restore cost over its recorded
-    # access sequence (cachepilot_sim/offline.py).
+    # access sequence (cachepilot_sim/experiment/offline.py).
     offline_bound: bool = False
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 

@@ -9,29 +9,8 @@ of the two binds. Derivation and units: docs/roofline.md. Pure functions; no fil
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
 from cachepilot_sim.config import PCIE_GBPS_PER_LANE, GpuSpecConfig, ModelConfig
-
-# INT8 per-token quantization (the project's kernels, kernels/reference.py) keeps one float32
-# scale per token per (layer, K|V) row of num_kv_heads x head_dim values.
-INT8_SCALE_BYTES = 4
-
-
-class KvDtype(StrEnum):
-    FP16 = "fp16"  # bf16/fp16: 2 bytes a value
-    FP8 = "fp8"  # e4m3 with one scale per tensor (vLLM's fp8 KV cache): 1 byte a value
-    INT8 = "int8"  # 1 byte a value plus a float32 scale per token and (layer, K|V) row
-
-
-def kv_bytes_per_token(model: ModelConfig, dtype: KvDtype) -> int:
-    """K and V of one token in every layer: 2 x layers x kv_heads x head_dim x bytes (+ scales)."""
-    values = 2 * model.num_layers * model.num_kv_heads * model.head_dim
-    if dtype == KvDtype.FP16:
-        return 2 * values
-    if dtype == KvDtype.FP8:
-        return values
-    return values + 2 * model.num_layers * INT8_SCALE_BYTES
 
 
 def kv_pool_bytes(gpu: GpuSpecConfig, model: ModelConfig, reserve_bytes: int) -> int:

@@ -163,66 +163,37 @@ class CudaBackend(TorchBackend):
         dl = [self.dev(a) for a in layers]
         hp = self.host(host_pool)
         ptrs, di, hi = self._ptr_table(dl), self.dev(device_ids), self.dev(host_ids)
+        kv = self.k.DeviceKv(ptrs.data_ptr(), geom, layers[0].shape[1])
+        pairs = self.k.BlockPairs(di.data_ptr(), hi.data_ptr(), len(device_ids))
         if not out and self.swap_in != "zero_copy":
-            self._swap_in_variant(ptrs, di, hi, host_ids, geom, layers[0].shape[1], hp)
+            self._swap_in_variant(kv, pairs, host_ids, hp)
             self.sync()
             return [t.cpu().numpy() for t in dl], hp.numpy()
-        self.k.swap(
-            ptrs.data_ptr(),
-            di.data_ptr(),
-            hi.data_ptr(),
-            len(device_ids),
-            geom,
-            layers[0].shape[1],
-            hp.data_ptr(),
-            out,
-        )
+        self.k.swap(kv, pairs, hp.data_ptr(), out)
         self.sync()
         return [t.cpu().numpy() for t in dl], hp.numpy()
 
-    def _swap_in_variant(
-        self,
-        ptrs: Any,
-        di: Any,
-        hi: Any,
-        host_ids: I64,
-        geom: KvGeometry,
-        num_device_blocks: int,
-        hp: Any,
-    ) -> None:
+    def _swap_in_variant(self, kv: Any, pairs: Any, host_ids: I64, hp: Any) -> None:
         n = len(host_ids)
         if self.swap_in.split(":")[0] in ("staged", "flagged", "hybrid"):
             kind, num, *rest = self.swap_in.split(":")
             staging = self.torch.full(
-                (n * geom.block_bytes,), POISON_BYTE, dtype=self.torch.uint8, device=self.device
+                (n * kv.geom.block_bytes,), POISON_BYTE, dtype=self.torch.uint8, device=self.device
             )
             slots = self.torch.arange(n, dtype=self.torch.int64, device=self.device)
-            args = (host_ids.tolist(), geom, num_device_blocks, hp.data_ptr(), staging.data_ptr())
+            job = self.k.SwapInJob(
+                pairs, host_ids.tolist(), hp.data_ptr(), slots.data_ptr(), staging.data_ptr()
+            )
             cb = max(1, -(-n // int(num)))  # num = pieces
             if kind == "staged":
-                self.k.swap_in_staged(
-                    ptrs.data_ptr(), di.data_ptr(), slots.data_ptr(), *args, cb, *rest
-                )
+                self.k.swap_in_staged(kv, job, cb, *rest)
             elif kind == "flagged":
-                self.k.swap_in_staged_flagged(
-                    ptrs.data_ptr(), di.data_ptr(), slots.data_ptr(), *args, cb
-                )
+                self.k.swap_in_staged_flagged(kv, job, cb)
             else:  # num = blocks through the copy engine
-                self.k.swap_in_hybrid(
-                    ptrs.data_ptr(), di.data_ptr(), hi.data_ptr(), slots.data_ptr(), *args, int(num)
-                )
+                self.k.swap_in_hybrid(kv, job, int(num))
             self.sync()  # staging must outlive the side-stream copies and the scatters
         else:
-            self.k.swap_split(
-                self.swap_in,
-                ptrs.data_ptr(),
-                di.data_ptr(),
-                hi.data_ptr(),
-                n,
-                geom,
-                num_device_blocks,
-                hp.data_ptr(),
-            )
+            self.k.swap_split(self.swap_in, kv, pairs, hp.data_ptr())
 
     def quantize(
         self, bits: U16, half: HalfFormat, fmt: QuantFormat, per_token: bool
@@ -230,31 +201,15 @@ class CudaBackend(TorchBackend):
         x = self.halves(bits, half)
         rows, row_len = bits.shape
         codes = self.out_codes(bits.shape)
+        scales = self.out_f32((rows,) if per_token else (row_len,))
+        mats = self.k.QuantRows(
+            x.data_ptr(), codes.data_ptr(), scales.data_ptr(), rows, row_len, half, fmt
+        )
         if per_token:
-            scales = self.out_f32((rows,))
-            self.k.quantize_per_token(
-                x.data_ptr(),
-                codes.data_ptr(),
-                scales.data_ptr(),
-                rows,
-                row_len,
-                half,
-                fmt,
-                self.quant_variant,
-            )
+            self.k.quantize_per_token(mats, self.quant_variant)
         else:
-            scales = self.out_f32((row_len,))
             amax = self.torch.zeros(row_len, dtype=self.torch.float32, device=self.device)
-            self.k.quantize_per_channel(
-                x.data_ptr(),
-                codes.data_ptr(),
-                amax.data_ptr(),
-                scales.data_ptr(),
-                rows,
-                row_len,
-                half,
-                fmt,
-            )
+            self.k.quantize_per_channel(mats, amax.data_ptr())
         self.sync()
         return codes.cpu().numpy(), scales.cpu().numpy()
 
@@ -263,16 +218,11 @@ class CudaBackend(TorchBackend):
     ) -> U16:
         out = self.halves(np.full(codes.shape, 0xA5A5, np.uint16), half)
         c, s = self.dev(codes), self.dev(scales)
-        self.k.dequantize(
-            c.data_ptr(),
-            s.data_ptr(),
-            out.data_ptr(),
-            codes.shape[0],
-            codes.shape[1],
-            half,
-            fmt,
-            per_token,
+        rows, row_len = codes.shape
+        mats = self.k.QuantRows(
+            out.data_ptr(), c.data_ptr(), s.data_ptr(), rows, row_len, half, fmt
         )
+        self.k.dequantize(mats, per_token)
         self.sync()
         return self.bits(out)
 
@@ -293,16 +243,10 @@ class CudaBackend(TorchBackend):
         ptrs, di, hi = self._ptr_table(dl), self.dev(device_ids), self.dev(host_ids)
         fn = self.k.swap_out_quant if out else self.k.swap_in_dequant
         fn(
-            ptrs.data_ptr(),
-            di.data_ptr(),
-            hi.data_ptr(),
-            len(device_ids),
-            geom,
-            layers[0].shape[1],
-            hc.data_ptr(),
-            hs.data_ptr(),
+            self.k.DeviceKv(ptrs.data_ptr(), geom, layers[0].shape[1]),
+            self.k.BlockPairs(di.data_ptr(), hi.data_ptr(), len(device_ids)),
+            self.k.QuantPool(hc.data_ptr(), hs.data_ptr(), fmt),
             half,
-            fmt,
         )
         self.sync()
         return [self.bits(t) for t in dl], hc.numpy(), hs.numpy()

@@ -246,22 +246,11 @@ def verify_swap(s: Any, n: int = 16) -> dict[str, Any]:
     h = torch.arange(n, device="cuda")
     want = torch.stack([layer.index_select(1, d).transpose(0, 1) for layer in s.layers], 1)
     elems = n * g.block_bytes // 2
+    kv, hp = s.device_kv, s.host_pool.data_ptr()
     res: dict[str, Any] = {}
     for name, run in (
-        (
-            "cuda",
-            lambda: ck.swap(
-                s.ptr_table.data_ptr(),
-                d.data_ptr(),
-                h.data_ptr(),
-                n,
-                g,
-                s.num_device_blocks,
-                s.host_pool.data_ptr(),
-                True,
-            ),
-        ),
-        ("triton", lambda: tk.swap(s.tri_table, g, d, h, s.host_pool.data_ptr(), True)),
+        ("cuda", lambda: ck.swap(kv, ck.BlockPairs(d.data_ptr(), h.data_ptr(), n), hp, True)),
+        ("triton", lambda: tk.swap(s.tri_table, g, d, h, hp, True)),
     ):
         s.host_pool[:elems].fill_(7.0)
         run()
@@ -272,82 +261,24 @@ def verify_swap(s: Any, n: int = 16) -> dict[str, Any]:
     target = torch.randperm(s.num_device_blocks, device="cuda")[:n]
     for layer in s.layers:
         layer[:, target] = 0.5
-    ck.swap(
-        s.ptr_table.data_ptr(),
-        target.data_ptr(),
-        h.data_ptr(),
-        n,
-        g,
-        s.num_device_blocks,
-        s.host_pool.data_ptr(),
-        False,
-    )
+    back_in = ck.BlockPairs(target.data_ptr(), h.data_ptr(), n)
+    ck.swap(kv, back_in, hp, False)
     back = torch.stack([layer.index_select(1, target).transpose(0, 1) for layer in s.layers], 1)
     res["cuda_swap_in_exact"] = bool(torch.equal(back, want))
-    hl = h.tolist()
+    # host ids are 0..n-1: the staging slots too
+    job = ck.SwapInJob(back_in, h.tolist(), hp, h.data_ptr(), s.staging.data_ptr())
     paths = {
-        "staged_4pieces": lambda: ck.swap_in_staged(
-            s.ptr_table.data_ptr(),
-            target.data_ptr(),
-            h.data_ptr(),
-            hl,
-            g,
-            s.num_device_blocks,
-            s.host_pool.data_ptr(),
-            s.staging.data_ptr(),
-            4,
-        ),
-        "swap_in_auto": lambda: ck.swap_in(
-            s.ptr_table.data_ptr(),
-            target.data_ptr(),
-            h.data_ptr(),
-            h.data_ptr(),
-            hl,
-            g,
-            s.num_device_blocks,
-            s.host_pool.data_ptr(),
-            s.staging.data_ptr(),
-        ),
+        "staged_4pieces": lambda: ck.swap_in_staged(kv, job, 4),
+        "swap_in_auto": lambda: ck.swap_in(kv, job),
     }
     for pieces in (1, 4, 16):
         paths[f"flagged_{pieces}pieces"] = functools.partial(
-            ck.swap_in_staged_flagged,
-            s.ptr_table.data_ptr(),
-            target.data_ptr(),
-            h.data_ptr(),
-            hl,
-            g,
-            s.num_device_blocks,
-            s.host_pool.data_ptr(),
-            s.staging.data_ptr(),
-            -(-n // pieces),
+            ck.swap_in_staged_flagged, kv, job, -(-n // pieces)
         )
     for k in (4, 8, 12):
-        paths[f"hybrid_{k}of{n}"] = functools.partial(
-            ck.swap_in_hybrid,
-            s.ptr_table.data_ptr(),
-            target.data_ptr(),
-            h.data_ptr(),
-            h.data_ptr(),
-            hl,
-            g,
-            s.num_device_blocks,
-            s.host_pool.data_ptr(),
-            s.staging.data_ptr(),
-            k,
-        )
+        paths[f"hybrid_{k}of{n}"] = functools.partial(ck.swap_in_hybrid, kv, job, k)
     for name in ("swap_in_p4_u2", "swap_in_p1_u8_pf", "swap_in_p4_u2_pf"):
-        paths[name] = functools.partial(
-            ck.swap_split,
-            name,
-            s.ptr_table.data_ptr(),
-            target.data_ptr(),
-            h.data_ptr(),
-            n,
-            g,
-            s.num_device_blocks,
-            s.host_pool.data_ptr(),
-        )
+        paths[name] = functools.partial(ck.swap_split, name, kv, back_in, hp)
     for name, run in paths.items():
         for layer in s.layers:
             layer[:, target] = 0.5
@@ -361,16 +292,10 @@ def verify_swap(s: Any, n: int = 16) -> dict[str, Any]:
         s.host_codes.fill_(0xA5)
         if backend == "cuda":
             ck.swap_out_quant(
-                s.ptr_table.data_ptr(),
-                d.data_ptr(),
-                h.data_ptr(),
-                n,
-                g,
-                s.num_device_blocks,
-                s.host_codes.data_ptr(),
-                s.host_scales.data_ptr(),
+                kv,
+                ck.BlockPairs(d.data_ptr(), h.data_ptr(), n),
+                ck.QuantPool(s.host_codes.data_ptr(), s.host_scales.data_ptr(), QuantFormat.INT8),
                 HalfFormat.BF16,
-                QuantFormat.INT8,
             )
         else:
             tk.swap_out_quant(

@@ -76,10 +76,10 @@ def quant_variants(
     bf16 = HalfFormat.BF16
     v: dict[str, Callable[[int], object]] = {}
 
+    mats = ck.QuantRows(x.data_ptr(), codes.data_ptr(), scales.data_ptr(), rows, row_len, bf16, fmt)
+
     def cuda_tok(i: int, variant: ck.TokVariant) -> None:
-        ck.quantize_per_token(
-            x.data_ptr(), codes.data_ptr(), scales.data_ptr(), rows, row_len, bf16, fmt, variant
-        )
+        ck.quantize_per_token(mats, variant)
 
     for variant in TOK_VARIANTS:
         v[f"cuda_tok_{fmt.value}_{variant.label()}"] = functools.partial(cuda_tok, variant=variant)
@@ -135,7 +135,10 @@ def _agreement(x: Any, fmt: QuantFormat) -> dict[str, Any]:
         c.fill_(0xA5)
         s.fill_(float("nan"))
         ck.quantize_per_token(
-            x.data_ptr(), c.data_ptr(), s.data_ptr(), rows, row_len, HalfFormat.BF16, fmt, variant
+            ck.QuantRows(
+                x.data_ptr(), c.data_ptr(), s.data_ptr(), rows, row_len, HalfFormat.BF16, fmt
+            ),
+            variant,
         )
         key = "default" if variant is None else variant.label()
         res[key] = {
@@ -156,33 +159,25 @@ def _dequant_and_channel(
     codes = torch.empty(rows, row_len, dtype=torch.uint8, device="cuda")
     scales = torch.empty(rows, dtype=torch.float32, device="cuda")
     ck.quantize_per_token(
-        x.data_ptr(), codes.data_ptr(), scales.data_ptr(), rows, row_len, bf16, fmt
+        ck.QuantRows(x.data_ptr(), codes.data_ptr(), scales.data_ptr(), rows, row_len, bf16, fmt)
     )
     y = torch.empty_like(x)
     amax = torch.zeros(row_len, dtype=torch.float32, device="cuda")
     cscales = torch.empty(row_len, dtype=torch.float32, device="cuda")
     nbytes = rows * row_len * 3 + rows * 4
+    dequant = ck.QuantRows(
+        y.data_ptr(), codes.data_ptr(), scales.data_ptr(), rows, row_len, bf16, fmt
+    )
+    channel = ck.QuantRows(
+        x.data_ptr(), codes.data_ptr(), cscales.data_ptr(), rows, row_len, bf16, fmt
+    )
 
     def cuda_chan(i: int) -> None:
         amax.zero_()
-        ck.quantize_per_channel(
-            x.data_ptr(),
-            codes.data_ptr(),
-            amax.data_ptr(),
-            cscales.data_ptr(),
-            rows,
-            row_len,
-            bf16,
-            fmt,
-        )
+        ck.quantize_per_channel(channel, amax.data_ptr())
 
     variants: dict[str, tuple[str, Callable[[int], object]]] = {
-        f"cuda_dequant_tok_{fmt.value}": (
-            "dequantize",
-            lambda i: ck.dequantize(
-                codes.data_ptr(), scales.data_ptr(), y.data_ptr(), rows, row_len, bf16, fmt
-            ),
-        ),
+        f"cuda_dequant_tok_{fmt.value}": ("dequantize", lambda i: ck.dequantize(dequant)),
         f"triton_dequant_tok_{fmt.value}": (
             "dequantize",
             lambda i: tk.dequantize(codes, scales, fmt, torch.bfloat16, True, y),

@@ -44,6 +44,11 @@ class SwapSetup:
     staging_codes: Any
     staging_scales: Any
 
+    @property
+    def device_kv(self) -> ck.DeviceKv:
+        """The device layers as the CUDA launchers address them."""
+        return ck.DeviceKv(self.ptr_table.data_ptr(), self.geom, self.num_device_blocks)
+
 
 def make_setup(
     geom: KvGeometry = LLAMA3_8B, num_device_blocks: int = 4096, max_blocks: int = 1024
@@ -192,11 +197,18 @@ def _label(n: int) -> str:
     return f"{n}blk"
 
 
+def pairs_of(sets: list[tuple[Any, Any]], n: int) -> list[ck.BlockPairs]:
+    """The CUDA launchers' view of each (device ids, host ids) set: raw addresses, so the caller
+    keeps `sets` alive while the pairs are used."""
+    return [ck.BlockPairs(d.data_ptr(), h.data_ptr(), n) for d, h in sets]
+
+
 def swap_variants(
     s: SwapSetup, n: int, sets: list[tuple[Any, Any]], out: bool
 ) -> dict[str, Callable[[int], object]]:
     """Name -> fn(rep) for every swap path of n blocks in one direction."""
-    g, ndb = s.geom, s.num_device_blocks
+    g = s.geom
+    kv, pairs = s.device_kv, pairs_of(sets, n)
     elems = n * g.block_bytes // 2
     pool, staging = s.host_pool[:elems], s.staging[:elems]
     hp = s.host_pool.data_ptr()
@@ -205,19 +217,7 @@ def swap_variants(
     for u, t in [(u, t) for u, t in CUDA_VARIANTS if u in unrolls]:
 
         def zero_copy(i: int, u: int = u, t: int = t) -> None:
-            d, h = sets[i % 4]
-            ck.swap(
-                s.ptr_table.data_ptr(),
-                d.data_ptr(),
-                h.data_ptr(),
-                n,
-                g,
-                ndb,
-                hp,
-                out,
-                unroll=u,
-                threads=t,
-            )
+            ck.swap(kv, pairs[i % 4], hp, out, unroll=u, threads=t)
 
         v[f"cuda_zero_copy_u{u}_t{t}"] = zero_copy
     for p in TRITON_PROGRAMS:
@@ -228,25 +228,13 @@ def swap_variants(
 
         v[f"triton_persistent_p{min(p, n * g.num_layers * 2)}"] = triton_copy
 
-    def staged(i: int) -> None:
-        d, h = sets[i % 4]
+    def staged(i: int) -> None:  # host ids are 0..n-1: the staging slots too
         if out:
-            ck.gather(
-                s.ptr_table.data_ptr(), d.data_ptr(), h.data_ptr(), n, g, ndb, s.staging.data_ptr()
-            )
+            ck.gather(kv, pairs[i % 4], s.staging.data_ptr())
             pool.copy_(staging, non_blocking=True)
         else:
             staging.copy_(pool, non_blocking=True)
-            ck.gather(
-                s.ptr_table.data_ptr(),
-                d.data_ptr(),
-                h.data_ptr(),
-                n,
-                g,
-                ndb,
-                s.staging.data_ptr(),
-                inverse=True,
-            )
+            ck.gather(kv, pairs[i % 4], s.staging.data_ptr(), inverse=True)
 
     v["cuda_gather_kernel_then_one_copy" if out else "one_copy_then_cuda_scatter"] = staged
     if not out:
@@ -287,34 +275,25 @@ def swap_in_variants(
 ) -> dict[str, Callable[[int], object]]:
     """The 2026-11-29 afternoon swap-in paths: split zero-copy kernels (4 CTAs per chunk, L2
     prefetch hints) and the copy engine into a staging buffer + scatter, pipelined in chunks."""
-    g, ndb = s.geom, s.num_device_blocks
+    kv, pairs = s.device_kv, pairs_of(sets, n)
     hp, st = s.host_pool.data_ptr(), s.staging.data_ptr()
-    host_lists = [h.tolist() for _, h in sets]
+    # host ids are 0..n-1: the staging slots too
+    jobs = [
+        ck.SwapInJob(p, h.tolist(), hp, h.data_ptr(), st)
+        for p, (_, h) in zip(pairs, sets, strict=True)
+    ]
     v: dict[str, Callable[[int], object]] = {}
     for name in ("swap_in_p4_u2", "swap_in_p1_u8_pf", "swap_in_p4_u2_pf"):
 
         def split(i: int, name: str = name) -> None:
-            d, h = sets[i % 4]
-            ck.swap_split(name, s.ptr_table.data_ptr(), d.data_ptr(), h.data_ptr(), n, g, ndb, hp)
+            ck.swap_split(name, kv, pairs[i % 4], hp)
 
         v[f"cuda_zero_copy_{name.removeprefix('swap_in_')}"] = split
     for pieces in sorted({min(p, n) for p in STAGED_PIECES}):
         for scatter in ("scatter_p4_u2", "scatter_p8_u1") if pieces == 1 else ("scatter_p4_u2",):
 
             def staged(i: int, pieces: int = pieces, scatter: str = scatter) -> None:
-                d, h = sets[i % 4]
-                ck.swap_in_staged(
-                    s.ptr_table.data_ptr(),
-                    d.data_ptr(),
-                    h.data_ptr(),  # host ids are 0..n-1: the staging slots too
-                    host_lists[i % 4],
-                    g,
-                    ndb,
-                    hp,
-                    st,
-                    staged_chunk_blocks(n, pieces),
-                    scatter,
-                )
+                ck.swap_in_staged(kv, jobs[i % 4], staged_chunk_blocks(n, pieces), scatter)
 
             tag = "" if scatter == "scatter_p4_u2" else "_scatter_p8"
             v[f"cuda_staged_copy_scatter_{pieces}pieces{tag}"] = staged
@@ -322,18 +301,7 @@ def swap_in_variants(
     for pieces in sorted({min(p, n) for p in STAGED_PIECES}):
 
         def flagged(i: int, pieces: int = pieces) -> None:
-            d, h = sets[i % 4]
-            ck.swap_in_staged_flagged(
-                s.ptr_table.data_ptr(),
-                d.data_ptr(),
-                h.data_ptr(),
-                host_lists[i % 4],
-                g,
-                ndb,
-                hp,
-                st,
-                staged_chunk_blocks(n, pieces),
-            )
+            ck.swap_in_staged_flagged(kv, jobs[i % 4], staged_chunk_blocks(n, pieces))
 
         v[f"cuda_staged_epoch_flag_scatter_{pieces}pieces"] = flagged
     for frac in HYBRID_COPY_FRACTIONS:
@@ -342,28 +310,12 @@ def swap_in_variants(
             continue
 
         def hybrid(i: int, k: int = k) -> None:
-            d, h = sets[i % 4]
-            ck.swap_in_hybrid(
-                s.ptr_table.data_ptr(),
-                d.data_ptr(),
-                h.data_ptr(),
-                h.data_ptr(),
-                host_lists[i % 4],
-                g,
-                ndb,
-                hp,
-                st,
-                k,
-            )
+            ck.swap_in_hybrid(kv, jobs[i % 4], k)
 
         v[f"cuda_hybrid_copy_engine_{round(100 * frac)}pct_zero_copy_rest"] = hybrid
 
     def auto(i: int) -> None:
-        d, h = sets[i % 4]
-        ptrs = s.ptr_table.data_ptr()
-        ck.swap_in(
-            ptrs, d.data_ptr(), h.data_ptr(), h.data_ptr(), host_lists[i % 4], g, ndb, hp, st
-        )
+        ck.swap_in(kv, jobs[i % 4])
 
     v["cuda_swap_in_dispatch"] = auto
     return v
@@ -451,34 +403,30 @@ def _safe(
 def fused_variants(
     s: SwapSetup, n: int, sets: list[tuple[Any, Any]], fmt: QuantFormat, out: bool
 ) -> dict[str, Callable[[int], object]]:
-    g, ndb, bf16 = s.geom, s.num_device_blocks, HalfFormat.BF16
+    g, bf16 = s.geom, HalfFormat.BF16
     ncode = n * g.block_bytes // 2
     nscale = n * g.num_layers * 2 * g.block_size
     hc, hs = s.host_codes.data_ptr(), s.host_scales.data_ptr()
-    dc, ds = s.staging_codes.data_ptr(), s.staging_scales.data_ptr()
-    ptrs = s.ptr_table.data_ptr()
+    host = ck.QuantPool(hc, hs, fmt)
+    device = ck.QuantPool(s.staging_codes.data_ptr(), s.staging_scales.data_ptr(), fmt)
+    kv, pairs = s.device_kv, pairs_of(sets, n)
     cuda_fn = ck.swap_out_quant if out else ck.swap_in_dequant
     tri_fn = tk.swap_out_quant if out else tk.swap_in_dequant
-
-    def ids(i: int) -> tuple[int, int]:
-        return sets[i % 4][0].data_ptr(), sets[i % 4][1].data_ptr()
 
     def staged(i: int) -> None:
         codes, scales = s.host_codes[:ncode], s.host_scales[:nscale]
         st_codes, st_scales = s.staging_codes[:ncode], s.staging_scales[:nscale]
         if out:
-            ck.swap_out_quant(ptrs, *ids(i), n, g, ndb, dc, ds, bf16, fmt)
+            ck.swap_out_quant(kv, pairs[i % 4], device, bf16)
             codes.copy_(st_codes, non_blocking=True)
             scales.copy_(st_scales, non_blocking=True)
         else:
             st_codes.copy_(codes, non_blocking=True)
             st_scales.copy_(scales, non_blocking=True)
-            ck.swap_in_dequant(ptrs, *ids(i), n, g, ndb, dc, ds, bf16, fmt)
+            ck.swap_in_dequant(kv, pairs[i % 4], device, bf16)
 
     return {
-        f"cuda_fused_{fmt.value}_zero_copy": lambda i: cuda_fn(
-            ptrs, *ids(i), n, g, ndb, hc, hs, bf16, fmt
-        ),
+        f"cuda_fused_{fmt.value}_zero_copy": lambda i: cuda_fn(kv, pairs[i % 4], host, bf16),
         f"triton_fused_{fmt.value}_zero_copy": lambda i: tri_fn(
             s.tri_table, g, sets[i % 4][0], sets[i % 4][1], hc, hs, fmt
         ),

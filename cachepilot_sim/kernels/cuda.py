@@ -1,11 +1,14 @@
 """CuPy `RawModule` loader and launchers for the CUDA kernels in `kernels_cuda/`.
 
 Launchers take raw device/host addresses (ints), so the caller may own memory through torch, CuPy or
-anything else; the host pools must be pinned (mapped) memory, which the SMs write directly. Kernels
-run on CuPy's current stream (the legacy default stream unless the caller sets one). The swap-in
-paths through the copy engine (swap_in_staged, swap_in_staged_flagged, swap_in_hybrid and the
-size-based swap_in) also use private non-blocking side streams and order the current stream
-after their work; they need a device staging buffer of num_pairs blocks.
+anything else; the host pools must be pinned (mapped) memory, which the SMs write directly. What
+every launcher shares comes in small bundles: `DeviceKv` (the paged cache on the device),
+`BlockPairs` (which blocks move), `SwapInJob` (a swap-in with its staging buffer), `QuantPool` (a
+quantized host tier) and `QuantRows` (a matrix and its codes and scales). Kernels run on CuPy's
+current stream (the legacy default stream unless the caller sets one). The swap-in paths through the
+copy engine (swap_in_staged, swap_in_staged_flagged, swap_in_hybrid and the size-based swap_in) also
+use private non-blocking side streams and order the current stream after their work; they need a
+device staging buffer of num_pairs blocks.
 """
 
 from __future__ import annotations
@@ -60,70 +63,123 @@ def num_sms() -> int:
     return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
 
 
+@dataclass(frozen=True, slots=True)
+class DeviceKv:
+    """The paged KV cache on the device as the kernels address it: `layer_ptrs_addr` is a device
+    array of geom.num_layers uint64 layer base addresses, each layer geom.layer_shape(
+    num_device_blocks)."""
+
+    layer_ptrs_addr: int
+    geom: KvGeometry
+    num_device_blocks: int
+
+
+@dataclass(frozen=True, slots=True)
+class BlockPairs:
+    """num_pairs blocks to move: device int64 arrays of device block ids and of the matching block
+    ids in a pool in host-pool layout (the pinned host pool, or a device staging buffer)."""
+
+    device_ids_addr: int
+    pool_ids_addr: int
+    num_pairs: int
+
+    def slice(self, first: int, last: int) -> BlockPairs:
+        """Pairs [first, last) of these (the ids are int64: 8 bytes each)."""
+        return BlockPairs(
+            self.device_ids_addr + 8 * first, self.pool_ids_addr + 8 * first, last - first
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SwapInJob:
+    """A swap-in of len(host_ids) blocks with what every path needs: `pairs` (device ids and host
+    ids, device int64 arrays), the same host ids on the host (to plan one bulk copy per run of
+    consecutive ids), the pinned host pool, and a device staging buffer of num_pairs blocks in
+    host-pool layout with its slot ids 0..num_pairs-1 (device int64; the zero-copy path leaves
+    both unused)."""
+
+    pairs: BlockPairs
+    host_ids: Sequence[int]
+    host_addr: int
+    staging_ids_addr: int
+    staging_addr: int
+
+    def __post_init__(self) -> None:
+        if len(self.host_ids) != self.pairs.num_pairs:
+            raise ValueError(
+                f"{len(self.host_ids)} host ids for {self.pairs.num_pairs} block pairs"
+            )
+
+    def staged(self, first: int, last: int) -> BlockPairs:
+        """Pairs [first, last) as (device block, staging slot): what a scatter reads."""
+        whole = BlockPairs(self.pairs.device_ids_addr, self.staging_ids_addr, self.pairs.num_pairs)
+        return whole.slice(first, last)
+
+
+@dataclass(frozen=True, slots=True)
+class QuantPool:
+    """A quantized KV tier's pools: one-byte `fmt` codes in host-pool layout and f32 scales per
+    (block, layer, K|V, token) (KvGeometry.host_scales_shape); pinned host memory or device."""
+
+    codes_addr: int
+    scales_addr: int
+    fmt: QuantFormat
+
+
+@dataclass(frozen=True, slots=True)
+class QuantRows:
+    """A [num_rows, row_len] matrix of 16-bit `half` values and its quantized form (device
+    addresses): one-byte `fmt` codes of the same shape and f32 scales, one per row (per-token) or
+    per column (per-channel)."""
+
+    x_addr: int
+    codes_addr: int
+    scales_addr: int
+    num_rows: int
+    row_len: int
+    half: HalfFormat
+    fmt: QuantFormat
+
+
+def _copy_args(kv: DeviceKv, pairs: BlockPairs, pool_addr: int) -> tuple[Any, ...]:
+    """The argument list every block-copy kernel of kv_swap.cu starts with."""
+    return (
+        _p(kv.layer_ptrs_addr),
+        _p(pairs.device_ids_addr),
+        _p(pairs.pool_ids_addr),
+        np.int64(pairs.num_pairs),
+        np.int32(kv.geom.num_layers),
+        np.int64(kv.num_device_blocks),
+        np.int64(kv.geom.chunk_bytes),
+        _p(pool_addr),
+    )
+
+
 def swap(
-    layer_ptrs_addr: int,
-    device_ids_addr: int,
-    host_ids_addr: int,
-    num_pairs: int,
-    geom: KvGeometry,
-    num_device_blocks: int,
+    kv: DeviceKv,
+    pairs: BlockPairs,
     host_addr: int,
     out: bool,
     unroll: int = 8,
     threads: int = 256,
     max_ctas: int = 1 << 16,
 ) -> None:
-    """Zero-copy swap-out (out=True) or swap-in of `num_pairs` blocks in one launch.
+    """Zero-copy swap-out (out=True) or swap-in of `pairs` (device ids, host ids) in one launch.
 
-    layer_ptrs_addr: device array of num_layers uint64 layer base addresses; *_ids_addr: device
-    int64 arrays of length num_pairs; host_addr: pinned pool [num_host_blocks, layers, 2, chunk].
+    host_addr: pinned pool [num_host_blocks, layers, 2, chunk].
     """
     name = f"swap_{'out' if out else 'in'}_u{unroll}"
-    num_chunks = num_pairs * geom.num_layers * 2
+    num_chunks = pairs.num_pairs * kv.geom.num_layers * 2
     grid = max(1, min(num_chunks, max_ctas))
-    _fn("kv_swap.cu", name)(
-        (grid,),
-        (threads,),
-        (
-            _p(layer_ptrs_addr),
-            _p(device_ids_addr),
-            _p(host_ids_addr),
-            np.int64(num_pairs),
-            np.int32(geom.num_layers),
-            np.int64(num_device_blocks),
-            np.int64(geom.chunk_bytes),
-            _p(host_addr),
-        ),
-    )
+    _fn("kv_swap.cu", name)((grid,), (threads,), _copy_args(kv, pairs, host_addr))
 
 
-def gather(
-    layer_ptrs_addr: int,
-    device_ids_addr: int,
-    staging_ids_addr: int,
-    num_pairs: int,
-    geom: KvGeometry,
-    num_device_blocks: int,
-    staging_addr: int,
-    inverse: bool = False,
-) -> None:
-    """Device-side gather into (or, inverse, scatter from) a staging buffer in host-pool layout."""
+def gather(kv: DeviceKv, pairs: BlockPairs, staging_addr: int, inverse: bool = False) -> None:
+    """Device-side gather of `pairs` (device ids, staging ids) into (or, inverse, scatter from) a
+    staging buffer in host-pool layout."""
     name = "scatter_u8" if inverse else "gather_u8"
-    num_chunks = num_pairs * geom.num_layers * 2
-    _fn("kv_swap.cu", name)(
-        (max(1, num_chunks),),
-        (256,),
-        (
-            _p(layer_ptrs_addr),
-            _p(device_ids_addr),
-            _p(staging_ids_addr),
-            np.int64(num_pairs),
-            np.int32(geom.num_layers),
-            np.int64(num_device_blocks),
-            np.int64(geom.chunk_bytes),
-            _p(staging_addr),
-        ),
-    )
+    num_chunks = pairs.num_pairs * kv.geom.num_layers * 2
+    _fn("kv_swap.cu", name)((max(1, num_chunks),), (256,), _copy_args(kv, pairs, staging_addr))
 
 
 SPLIT_KERNELS = {  # kv_swap.cu: name -> CTAs per 32 KiB chunk (PARTS)
@@ -135,34 +191,18 @@ SPLIT_KERNELS = {  # kv_swap.cu: name -> CTAs per 32 KiB chunk (PARTS)
 }
 
 
-def swap_split(
-    name: str,
-    layer_ptrs_addr: int,
-    device_ids_addr: int,
-    src_ids_addr: int,
-    num_pairs: int,
-    geom: KvGeometry,
-    num_device_blocks: int,
-    src_addr: int,
-) -> None:
-    """Copy num_pairs blocks from a pool in host-pool layout (mapped host memory for swap_in_*,
-    a device staging buffer for scatter_*) into device blocks, PARTS CTAs per chunk."""
+def swap_split(name: str, kv: DeviceKv, pairs: BlockPairs, src_addr: int) -> None:
+    """Copy `pairs` (device ids, source ids) from a pool in host-pool layout (mapped host memory
+    for swap_in_*, a device staging buffer for scatter_*) into device blocks, PARTS CTAs per
+    chunk."""
     parts = SPLIT_KERNELS[name]
+    geom = kv.geom
     if geom.chunk_bytes % (16 * parts):
         raise ValueError(f"chunk_bytes {geom.chunk_bytes} is not a multiple of {16 * parts}")
     _fn("kv_swap.cu", name)(
-        (max(1, num_pairs * geom.num_layers * 2 * parts),),
+        (max(1, pairs.num_pairs * geom.num_layers * 2 * parts),),
         (256,),
-        (
-            _p(layer_ptrs_addr),
-            _p(device_ids_addr),
-            _p(src_ids_addr),
-            np.int64(num_pairs),
-            np.int32(geom.num_layers),
-            np.int64(num_device_blocks),
-            np.int64(geom.chunk_bytes),
-            _p(src_addr),
-        ),
+        _copy_args(kv, pairs, src_addr),
     )
 
 
@@ -197,17 +237,20 @@ def host_runs(host_ids: Sequence[int], first: int, last: int) -> list[tuple[int,
     return runs
 
 
+def _bulk_copies(kv: DeviceKv, job: SwapInJob, first: int, last: int, stream: Any) -> None:
+    """Host blocks of pairs [first, last) -> their staging slots on `stream`: one
+    cudaMemcpyAsync (host to device) per run of consecutive host ids."""
+    import cupy
+
+    bb = kv.geom.block_bytes
+    for p, h, cnt in host_runs(job.host_ids, first, last):
+        cupy.cuda.runtime.memcpyAsync(
+            job.staging_addr + p * bb, job.host_addr + h * bb, cnt * bb, 1, stream.ptr
+        )
+
+
 def swap_in_staged(
-    layer_ptrs_addr: int,
-    device_ids_addr: int,
-    staging_ids_addr: int,
-    host_ids: Sequence[int],
-    geom: KvGeometry,
-    num_device_blocks: int,
-    host_addr: int,
-    staging_addr: int,
-    chunk_blocks: int,
-    scatter: str = "scatter_p4_u2",
+    kv: DeviceKv, job: SwapInJob, chunk_blocks: int, scatter: str = "scatter_p4_u2"
 ) -> None:
     """Swap-in through the copy engine: host blocks -> device staging buffer (one cudaMemcpyAsync
     per run of consecutive host ids, on a side stream, chunk_blocks pairs at a time), and each
@@ -215,14 +258,12 @@ def swap_in_staged(
     (an event per chunk), so the copies of later chunks overlap the scatter of earlier ones and
     only the last chunk's scatter adds to the copy time.
 
-    staging_ids_addr: device int64 [num_pairs] = 0..num_pairs-1 (slot i of the staging buffer
-    holds pair i); host_ids: the host block ids on the host (for planning the copies); staging:
-    num_pairs blocks in host-pool layout. Returns once everything is enqueued; the current stream
-    is ordered after all of it.
+    Slot i of the staging buffer holds pair i. Returns once everything is enqueued; the current
+    stream is ordered after all of it.
     """
     import cupy
 
-    n = len(host_ids)
+    n = len(job.host_ids)
     if n == 0:
         return
     main = cupy.cuda.get_current_stream()
@@ -231,25 +272,12 @@ def swap_in_staged(
     evs = _events(len(starts) + 1)
     evs[0].record(main)  # the staging buffer is free once earlier work on `main` is done
     side.wait_event(evs[0])
-    bb = geom.block_bytes
     for k, b0 in enumerate(starts):
         b1 = min(n, b0 + max(1, chunk_blocks))
-        for p, h, cnt in host_runs(host_ids, b0, b1):
-            cupy.cuda.runtime.memcpyAsync(
-                staging_addr + p * bb, host_addr + h * bb, cnt * bb, 1, side.ptr
-            )
+        _bulk_copies(kv, job, b0, b1, side)
         evs[k + 1].record(side)
         main.wait_event(evs[k + 1])
-        swap_split(
-            scatter,
-            layer_ptrs_addr,
-            device_ids_addr + 8 * b0,
-            staging_ids_addr + 8 * b0,
-            b1 - b0,
-            geom,
-            num_device_blocks,
-            staging_addr,
-        )
+        swap_split(scatter, kv, job.staged(b0, b1), job.staging_addr)
 
 
 @functools.cache
@@ -260,25 +288,15 @@ def _scatter_stream() -> Any:
 
 
 def swap_in_hybrid(
-    layer_ptrs_addr: int,
-    device_ids_addr: int,
-    host_ids_addr: int,
-    staging_ids_addr: int,
-    host_ids: Sequence[int],
-    geom: KvGeometry,
-    num_device_blocks: int,
-    host_addr: int,
-    staging_addr: int,
-    copy_blocks: int,
-    scatter: str = "scatter_p4_u2",
+    kv: DeviceKv, job: SwapInJob, copy_blocks: int, scatter: str = "scatter_p4_u2"
 ) -> None:
     """Both PCIe readers at once: the first copy_blocks pairs go through the copy engine (bulk
     copies into the staging buffer on a side stream, then a scatter on a second side stream), the
     rest through the zero-copy kernel on the current stream, concurrently. The current stream is
-    ordered after both. Arguments as swap_in_staged, plus host_ids_addr (device int64 host ids)."""
+    ordered after both."""
     import cupy
 
-    n = len(host_ids)
+    n = len(job.host_ids)
     k = max(0, min(n, copy_blocks))
     main = cupy.cuda.get_current_stream()
     if k > 0:
@@ -286,36 +304,14 @@ def swap_in_hybrid(
         ev0, ev1, ev2 = _events(3)
         ev0.record(main)
         side.wait_event(ev0)
-        bb = geom.block_bytes
-        for p, h, cnt in host_runs(host_ids, 0, k):
-            cupy.cuda.runtime.memcpyAsync(
-                staging_addr + p * bb, host_addr + h * bb, cnt * bb, 1, side.ptr
-            )
+        _bulk_copies(kv, job, 0, k, side)
         ev1.record(side)
         side2.wait_event(ev1)
         with side2:
-            swap_split(
-                scatter,
-                layer_ptrs_addr,
-                device_ids_addr,
-                staging_ids_addr,
-                k,
-                geom,
-                num_device_blocks,
-                staging_addr,
-            )
+            swap_split(scatter, kv, job.staged(0, k), job.staging_addr)
         ev2.record(side2)
     if n - k > 0:
-        swap(
-            layer_ptrs_addr,
-            device_ids_addr + 8 * k,
-            host_ids_addr + 8 * k,
-            n - k,
-            geom,
-            num_device_blocks,
-            host_addr,
-            False,
-        )
+        swap(kv, job.pairs.slice(k, n), job.host_addr, False)
     if k > 0:
         main.wait_event(ev2)
 
@@ -357,17 +353,7 @@ def _flags(n: int) -> Any:
     return _FLAGS[0]
 
 
-def swap_in_staged_flagged(
-    layer_ptrs_addr: int,
-    device_ids_addr: int,
-    staging_ids_addr: int,
-    host_ids: Sequence[int],
-    geom: KvGeometry,
-    num_device_blocks: int,
-    host_addr: int,
-    staging_addr: int,
-    chunk_blocks: int,
-) -> None:
+def swap_in_staged_flagged(kv: DeviceKv, job: SwapInJob, chunk_blocks: int) -> None:
     """As swap_in_staged, but one scatter kernel (`scatter_flag_p4_u2`) is launched up front and
     each of its CTAs waits for its piece's flag, which the copy stream sets (a 4-byte copy of
     this call's epoch from pinned memory) after the piece's bulk copies: the copy engine does all
@@ -376,7 +362,7 @@ def swap_in_staged_flagged(
     has landed."""
     import cupy
 
-    n = len(host_ids)
+    n = len(job.host_ids)
     if n == 0:
         return
     cb = max(1, chunk_blocks)
@@ -388,28 +374,17 @@ def swap_in_staged_flagged(
     ev0.record(main)  # the staging buffer is free once earlier work on `main` is done
     side.wait_event(ev0)
     _fn("kv_swap.cu", "scatter_flag_p4_u2")(
-        (max(1, n * geom.num_layers * 2 * 4),),
+        (max(1, n * kv.geom.num_layers * 2 * 4),),
         (256,),
         (
-            _p(layer_ptrs_addr),
-            _p(device_ids_addr),
-            _p(staging_ids_addr),
-            np.int64(n),
-            np.int32(geom.num_layers),
-            np.int64(num_device_blocks),
-            np.int64(geom.chunk_bytes),
-            _p(staging_addr),
+            *_copy_args(kv, job.staged(0, n), job.staging_addr),
             _p(flags.data.ptr),
             np.int32(cb),
             np.uint32(epoch),
         ),
     )
-    bb = geom.block_bytes
     for k, b0 in enumerate(starts):
-        for p, h, cnt in host_runs(host_ids, b0, min(n, b0 + cb)):
-            cupy.cuda.runtime.memcpyAsync(
-                staging_addr + p * bb, host_addr + h * bb, cnt * bb, 1, side.ptr
-            )
+        _bulk_copies(kv, job, b0, min(n, b0 + cb), side)
         cupy.cuda.runtime.memcpyAsync(flags.data.ptr + 4 * k, epoch_src, 4, 1, side.ptr)
 
 
@@ -427,42 +402,18 @@ def swap_in_plan(num_pairs: int) -> tuple[str, int]:
     return ("staged", min(16, max(2, round(num_pairs**0.5))))
 
 
-def swap_in(
-    layer_ptrs_addr: int,
-    device_ids_addr: int,
-    host_ids_addr: int,
-    staging_ids_addr: int,
-    host_ids: Sequence[int],
-    geom: KvGeometry,
-    num_device_blocks: int,
-    host_addr: int,
-    staging_addr: int,
-) -> None:
-    """Swap-in by the faster path for its size (swap_in_plan). host_ids: the same ids as
-    host_ids_addr, on the host; staging_ids_addr: device int64 0..num_pairs-1; staging: a device
-    buffer of num_pairs blocks (unused by the zero-copy path)."""
-    n = len(host_ids)
+def swap_in(kv: DeviceKv, job: SwapInJob) -> None:
+    """Swap-in by the faster path for its size (swap_in_plan)."""
+    n = len(job.host_ids)
     kind, arg = swap_in_plan(n)
     if kind == "zero_copy":
-        swap(
-            layer_ptrs_addr,
-            device_ids_addr,
-            host_ids_addr,
-            n,
-            geom,
-            num_device_blocks,
-            host_addr,
-            False,
-        )
+        swap(kv, job.pairs, job.host_addr, False)
         return
-    common = (host_ids, geom, num_device_blocks, host_addr, staging_addr)
     if kind == "hybrid":
-        swap_in_hybrid(
-            layer_ptrs_addr, device_ids_addr, host_ids_addr, staging_ids_addr, *common, arg
-        )
+        swap_in_hybrid(kv, job, arg)
         return
     fn = swap_in_staged_flagged if kind == "flagged" else swap_in_staged
-    fn(layer_ptrs_addr, device_ids_addr, staging_ids_addr, *common, max(1, -(-n // arg)))
+    fn(kv, job, max(1, -(-n // arg)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -531,178 +482,117 @@ def quant_tok_kernel(variant: TokVariant, row_len: int, half: HalfFormat, fmt: Q
     return f"{family}_{fmt.value}_{half.value}_v4_r{variant.rows_per_warp}{variant.hint}"
 
 
-def quantize_per_token(
-    x_addr: int,
-    codes_addr: int,
-    scales_addr: int,
-    num_rows: int,
-    row_len: int,
-    half: HalfFormat,
-    fmt: QuantFormat,
-    variant: TokVariant | None = None,
-) -> None:
+def quantize_per_token(rows: QuantRows, variant: TokVariant | None = None) -> None:
     """x [num_rows, row_len] 16-bit -> codes (1 byte each), f32 scales [num_rows].
 
     One warp quantizes variant.rows_per_warp rows at a time; the grid is one CTA per
     threads/32*rows_per_warp rows capped at ctas_per_sm per SM (pipelined: exactly that many).
     """
     v = DEFAULT_TOK_VARIANT if variant is None else variant
-    name = quant_tok_kernel(v, row_len, half, fmt)
+    name = quant_tok_kernel(v, rows.row_len, rows.half, rows.fmt)
     rows_per_cta = v.threads // 32 * (1 if name.endswith("_v16") else v.rows_per_warp)
-    grid = max(1, min(-(-num_rows // rows_per_cta), num_sms() * v.ctas_per_sm))
+    grid = max(1, min(-(-rows.num_rows // rows_per_cta), num_sms() * v.ctas_per_sm))
     _fn("kv_quant.cu", name)(
         (grid,),
         (v.threads,),
-        (_p(x_addr), _p(codes_addr), _p(scales_addr), np.int64(num_rows), np.int32(row_len // 8)),
+        (
+            _p(rows.x_addr),
+            _p(rows.codes_addr),
+            _p(rows.scales_addr),
+            np.int64(rows.num_rows),
+            np.int32(rows.row_len // 8),
+        ),
     )
 
 
-def quantize_per_channel(
-    x_addr: int,
-    codes_addr: int,
-    col_absmax_addr: int,
-    scales_addr: int,
-    num_rows: int,
-    row_len: int,
-    half: HalfFormat,
-    fmt: QuantFormat,
-) -> None:
-    """Two launches: column absmax (col_absmax must be zeroed f32 [row_len]), then quantize."""
-    row_vec = row_len // 8
-    col_grid = (-(-row_vec // 128), max(1, min(num_rows, 1024)))
-    _fn("kv_quant.cu", f"col_absmax_{half.value}")(
-        col_grid, (128,), (_p(x_addr), _p(col_absmax_addr), np.int64(num_rows), np.int32(row_vec))
+def quantize_per_channel(rows: QuantRows, col_absmax_addr: int) -> None:
+    """Two launches: column absmax (col_absmax must be zeroed f32 [row_len]), then quantize into
+    codes and f32 scales [row_len]."""
+    row_vec = rows.row_len // 8
+    col_grid = (-(-row_vec // 128), max(1, min(rows.num_rows, 1024)))
+    _fn("kv_quant.cu", f"col_absmax_{rows.half.value}")(
+        col_grid,
+        (128,),
+        (_p(rows.x_addr), _p(col_absmax_addr), np.int64(rows.num_rows), np.int32(row_vec)),
     )
-    grid = max(1, min(-(-num_rows * row_vec // 256), num_sms() * 16))
-    _fn("kv_quant.cu", f"quant_chan_{fmt.value}_{half.value}")(
+    grid = max(1, min(-(-rows.num_rows * row_vec // 256), num_sms() * 16))
+    _fn("kv_quant.cu", f"quant_chan_{rows.fmt.value}_{rows.half.value}")(
         (grid,),
         (256,),
         (
-            _p(x_addr),
-            _p(codes_addr),
+            _p(rows.x_addr),
+            _p(rows.codes_addr),
             _p(col_absmax_addr),
-            _p(scales_addr),
-            np.int64(num_rows),
+            _p(rows.scales_addr),
+            np.int64(rows.num_rows),
             np.int32(row_vec),
         ),
     )
 
 
-def dequantize(
-    codes_addr: int,
-    scales_addr: int,
-    x_addr: int,
-    num_rows: int,
-    row_len: int,
-    half: HalfFormat,
-    fmt: QuantFormat,
-    per_token: bool = True,
-) -> None:
-    """codes + scales (per row if per_token, else per column) -> 16-bit values, RNE."""
-    name = f"dequant_{'tok' if per_token else 'chan'}_{fmt.value}_{half.value}"
-    row_vec = row_len // 8
-    grid = max(1, min(-(-num_rows * row_vec // 256), num_sms() * 16))
+def dequantize(rows: QuantRows, per_token: bool = True) -> None:
+    """codes + scales (per row if per_token, else per column) -> 16-bit values into x, RNE."""
+    name = f"dequant_{'tok' if per_token else 'chan'}_{rows.fmt.value}_{rows.half.value}"
+    row_vec = rows.row_len // 8
+    grid = max(1, min(-(-rows.num_rows * row_vec // 256), num_sms() * 16))
     _fn("kv_quant.cu", name)(
         (grid,),
         (256,),
-        (_p(codes_addr), _p(scales_addr), _p(x_addr), np.int64(num_rows), np.int32(row_vec)),
+        (
+            _p(rows.codes_addr),
+            _p(rows.scales_addr),
+            _p(rows.x_addr),
+            np.int64(rows.num_rows),
+            np.int32(row_vec),
+        ),
     )
 
 
 def swap_out_quant(
-    layer_ptrs_addr: int,
-    device_ids_addr: int,
-    host_ids_addr: int,
-    num_pairs: int,
-    geom: KvGeometry,
-    num_device_blocks: int,
-    codes_addr: int,
-    scales_addr: int,
-    half: HalfFormat,
-    fmt: QuantFormat,
-    threads: int = 256,
+    kv: DeviceKv, pairs: BlockPairs, pool: QuantPool, half: HalfFormat, threads: int = 256
 ) -> None:
-    """Fused zero-copy swap-out with per-token quantization (codes and scales to host pools)."""
-    _fused(
-        "out",
-        layer_ptrs_addr,
-        device_ids_addr,
-        host_ids_addr,
-        num_pairs,
-        geom,
-        num_device_blocks,
-        codes_addr,
-        scales_addr,
-        half,
-        fmt,
-        threads,
-    )
+    """Fused zero-copy swap-out of `pairs` (device ids, host ids) with per-token quantization
+    (codes and scales to the pool)."""
+    _fused("out", kv, pairs, pool, half, threads)
 
 
 def swap_in_dequant(
-    layer_ptrs_addr: int,
-    device_ids_addr: int,
-    host_ids_addr: int,
-    num_pairs: int,
-    geom: KvGeometry,
-    num_device_blocks: int,
-    codes_addr: int,
-    scales_addr: int,
-    half: HalfFormat,
-    fmt: QuantFormat,
-    threads: int = 256,
+    kv: DeviceKv, pairs: BlockPairs, pool: QuantPool, half: HalfFormat, threads: int = 256
 ) -> None:
-    """Fused zero-copy reload: host codes and scales -> dequantized device blocks."""
-    _fused(
-        "in",
-        layer_ptrs_addr,
-        device_ids_addr,
-        host_ids_addr,
-        num_pairs,
-        geom,
-        num_device_blocks,
-        codes_addr,
-        scales_addr,
-        half,
-        fmt,
-        threads,
-    )
+    """Fused zero-copy reload of `pairs` (device ids, host ids): the pool's codes and scales ->
+    dequantized device blocks."""
+    _fused("in", kv, pairs, pool, half, threads)
 
 
 def _fused(
     direction: str,
-    layer_ptrs_addr: int,
-    device_ids_addr: int,
-    host_ids_addr: int,
-    num_pairs: int,
-    geom: KvGeometry,
-    num_device_blocks: int,
-    codes_addr: int,
-    scales_addr: int,
+    kv: DeviceKv,
+    pairs: BlockPairs,
+    pool: QuantPool,
     half: HalfFormat,
-    fmt: QuantFormat,
     threads: int,
 ) -> None:
+    geom, fmt = kv.geom, pool.fmt
     if geom.block_size > MAX_FUSED_BLOCK_SIZE or geom.itemsize_bytes != 2:
         raise ValueError(f"fused kernels need 16-bit KV and block_size <= {MAX_FUSED_BLOCK_SIZE}")
     if direction == "out":
         name = f"swap_out_quant_{fmt.value}_{half.value}_{_row_variant(geom.row_len)}"
     else:
         name = f"swap_in_dequant_{fmt.value}_{half.value}"
-    num_chunks = num_pairs * geom.num_layers * 2
+    num_chunks = pairs.num_pairs * geom.num_layers * 2
     _fn("kv_swap_quant.cu", name)(
         (max(1, num_chunks),),
         (threads,),
         (
-            _p(layer_ptrs_addr),
-            _p(device_ids_addr),
-            _p(host_ids_addr),
-            np.int64(num_pairs),
+            _p(kv.layer_ptrs_addr),
+            _p(pairs.device_ids_addr),
+            _p(pairs.pool_ids_addr),
+            np.int64(pairs.num_pairs),
             np.int32(geom.num_layers),
-            np.int64(num_device_blocks),
+            np.int64(kv.num_device_blocks),
             np.int32(geom.block_size),
             np.int32(geom.row_len // 8),
-            _p(codes_addr),
-            _p(scales_addr),
+            _p(pool.codes_addr),
+            _p(pool.scales_addr),
         ),
     )

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from cachepilot_sim.cost.kv_bytes import kv_bytes_per_token
+
 
 @dataclass(frozen=True, slots=True)
 class LlamaShape:
@@ -35,7 +37,7 @@ class LlamaShape:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * 2
+        return kv_bytes_per_token(self, 2)  # bf16 KV
 
 
 class LlamaTimingModel:

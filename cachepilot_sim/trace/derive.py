@@ -1,8 +1,11 @@
 """Per-request results and run metrics derived from the event trace alone (one source of truth).
 
 Each function is a documented polars query over the trace (`TRACE_SCHEMA`) and the run's
-`meta.json` (class names, SLOs, pool size). `tests/unit/test_trace_derive.py` checks that the
-derived metrics equal what the telemetry collector (`metrics.py`, `Simulation.metrics`) reports.
+`meta.json` (class names, SLOs, pool size); the metrics over the rebuilt per-request table are the
+collector's own (`metrics.py`, as `Simulation.metrics` uses them), so only the table and
+the event totals are derived here. `tests/unit/test_trace_derive.py` checks that the derived
+metrics equal what the collector reports. Unlike `schema` and `recorder`, which components use,
+this module reads traces after a run and may import above the simulation.
 Queries run lazily, so they work on a trace larger than memory (`load_trace(...)` scans the parts).
 From a session-sampled trace (`trace.session_every > 1`) the per-request rows are exact for the
 sessions kept; counts and rates then describe that sample (scale counts by `session_every`).
@@ -16,6 +19,7 @@ from typing import Any
 
 import polars as pl
 
+from cachepilot_sim.metrics import request_metrics
 from cachepilot_sim.trace.recorder import META_FILE
 from cachepilot_sim.trace.schema import REJECT_REASONS, TRACE_SCHEMA
 
@@ -179,48 +183,6 @@ def request_results(trace: Trace, meta: dict[str, Any]) -> pl.DataFrame:
         "sla_met",
         "session_wait_us",
     ).collect()
-
-
-def _pct(col: str, q: float) -> pl.Expr:
-    # numpy's default percentile (linear interpolation), as metrics.py computes it.
-    return pl.col(col).quantile(q / 100, interpolation="linear")
-
-
-def request_metrics(requests: pl.DataFrame, duration_us: int) -> dict[str, float | int]:
-    """Outcome and latency metrics from `request_results` (metrics.outcome/latency_metrics)."""
-    seconds = max(duration_us, 1) / 1e6
-    done = requests.filter(pl.col("outcome") == "completed")
-    met = done.filter(pl.col("sla_met"))
-    lat = done.select(
-        *(_pct("ttft_us", q).alias(f"ttft_p{q}_s") / 1e6 for q in (50, 95, 99)),
-        *(_pct("e2e_us", q).alias(f"e2e_p{q}_s") / 1e6 for q in (50, 99)),
-    ).row(0, named=True)
-    tpot = (
-        done.filter(pl.col("generated") > 1)
-        .select(*(_pct("tpot_us", q).alias(f"tpot_p{q}_ms") / 1e3 for q in (50, 95)))
-        .row(0, named=True)
-    )
-    wait = (
-        requests.filter(pl.col("turn") == 0)
-        .select(*(_pct("session_wait_us", q).alias(f"session_wait_p{q}_s") / 1e6 for q in (50, 95)))
-        .row(0, named=True)
-    )
-    nan = float("nan")
-    out: dict[str, float | int] = {
-        "requests": requests.height,
-        "completed": done.height,
-        "rejected": requests.height - done.height,
-        "duration_s": seconds,
-        "throughput_tok_s": float(done["generated"].sum()) / seconds,
-        "goodput_req_s": met.height / seconds,
-        "goodput_tok_s": float(met["generated"].sum()) / seconds,
-        "sla_attainment": met.height / max(requests.height, 1),
-    }
-    for source in ("hit", "reload", "recompute"):
-        out[f"turns_{source}"] = done.filter(pl.col("kv_source") == source).height
-    for stats in (lat, tpot, wait):
-        out |= {k: nan if v is None else float(v) for k, v in stats.items()}
-    return out
 
 
 def _count(when: pl.Expr) -> pl.Expr:

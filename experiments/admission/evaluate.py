@@ -1,6 +1,6 @@
 """Learned admission vs admitting everything vs the threshold rule, on held-out seeds (not a test).
 
-    python -m cachepilot_sim.train_admission --out experiments/admission/weights.npz --seed 0
+    python -m cachepilot_sim.tools.train_admission --out experiments/admission/weights.npz --seed 0
     python experiments/admission/evaluate.py [--seeds 10] [--first-seed 100]
 
 Training used seeds 1000..1002 of the overloaded variant; these seeds (100..) were never seen.
@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from cachepilot_sim.config import register_configs  # noqa: E402
-from cachepilot_sim.train_admission import (  # noqa: E402
+from cachepilot_sim.tools.train_admission import (  # noqa: E402
     OVERLOAD,
     base_config,
     run_episode,

@@ -6,7 +6,7 @@ The mixed_spike weights do not load on a trace's single class (WeightsError, by 
 row uses trace_weights.npz, trained on the first 2000 requests at x0.3 (so the evaluation's first
 2000 requests were seen in training, at another rate: this is not a held-out result):
 
-    python -m cachepilot_sim.train_admission --out experiments/admission/trace_weights.npz \
+    python -m cachepilot_sim.tools.train_admission --out experiments/admission/trace_weights.npz \
         --seed 0 --experiment azure_conv --override replay.limit=2000 \
         --override replay.time_scale=0.3 --train-seeds 1 --iterations 20 --episodes 4
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from cachepilot_sim.config import register_configs, to_config
-from cachepilot_sim.train_admission import run_episode, with_admission
+from cachepilot_sim.tools.train_admission import run_episode, with_admission
 
 HERE = Path(__file__).resolve().parent
 CONF = HERE.parents[1] / "conf"

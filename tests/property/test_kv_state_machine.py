@@ -1,134 +1,129 @@
-"""Stateful hypothesis test of the KV manager and VRAM pool against their invariants.
+"""Stateful hypothesis tests of both KV managers and the VRAM pool against their invariants.
 
-Every KV byte is free, used or in flight (never two); a session's KV sits on exactly one tier and
-the tier indexes agree with it; pinned weights never change; CPU bytes match CPU-side sessions.
+Conservation: every KV byte is free, used or in flight (never two); a unit of KV (a session's, a
+prefix block) sits on exactly one tier and the indexes agree with it; pinned weights never change;
+the CPU store's bytes match what sits on it (in its quantized form for an INT8 tier). Liveness: a
+request at the head of the queue is never BLOCKED while nothing runs and nothing is in flight, since
+then no event could ever free memory. Each machine draws its configuration (pool and CPU store
+size, watermark, policy, offload on/off, KV tier) in its `initialize` rule.
+
+Steps: `CACHEPILOT_FUZZ_STEPS` (default 50,000 per machine, 10^5 in all, which CI runs); the
+`fuzz` marker's nightly run sets it higher.
 """
 
 from __future__ import annotations
 
-from hypothesis import settings
+import os
+from collections import deque
+
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from cachepilot_sim.clock import SimEnvironment
-from cachepilot_sim.components.kv_manager import Admit, KvManager, Tier
-from cachepilot_sim.components.pcie_link import PcieLink
+from cachepilot_sim.components.kv import Admit, PrefixKvManager, SessionKvManager, Tier
 from cachepilot_sim.components.request import Request
-from cachepilot_sim.components.vram_pool import VramPool
-from cachepilot_sim.config import HardwareConfig, KVConfig, ModelConfig, policy_config
-from cachepilot_sim.cost import compute_fit, transfer_fits
-from cachepilot_sim.policies import GapEstimator, make_policy
-from cachepilot_sim.trace.recorder import TraceRecorder
-from tests.conftest import make_sim_config
+from cachepilot_sim.config import (
+    KVConfig,
+    ModelConfig,
+    ReplayConfig,
+    SimConfig,
+    TraceConfig,
+    TraceFormat,
+    policy_config,
+)
+from cachepilot_sim.policies import known_policies
+from tests.conftest import make_kv, make_sim_config
+from tests.property.prefix_checks import check
 
+STEPS = int(os.environ.get("CACHEPILOT_FUZZ_STEPS", "50000"))
+STEPS_PER_EXAMPLE = 100
 NUM_SESSIONS = 12
+# Every registered policy but the exact oracle (a MILP per decision; its liveness is covered by the
+# whole-simulation tests in tests/scenario/test_liveness.py).
+POLICIES = [p for p in known_policies() if p != "oracle"]
+MODEL = ModelConfig(weight_bytes=1_000_000_000, num_layers=4, max_context_tokens=65_536)
 
 
-class KvMachine(RuleBasedStateMachine):
-    hardware = HardwareConfig()
+def machine_settings() -> settings:
+    return settings(
+        max_examples=max(1, STEPS // STEPS_PER_EXAMPLE),
+        stateful_step_count=STEPS_PER_EXAMPLE,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
 
-    def __init__(self) -> None:
-        super().__init__()
-        model = ModelConfig(weight_bytes=1_000_000_000, num_layers=4, max_context_tokens=4096)
-        block = model.kv_bytes_per_token * 16
-        kv = KVConfig(
-            activation_reserve_bytes=0, cpu_store_bytes=40 * block, watermark_fraction=0.05
-        )
-        cfg = make_sim_config(
-            model=model, kv=kv, vram_gb=(1e9 + 100 * block) / 1e9, hardware=self.hardware
-        )
-        self.env = SimEnvironment()
-        self.pool = VramPool(cfg)
-        self.weights = self.pool.pinned_weight_bytes
-        h2d, d2h = transfer_fits(cfg.hardware)
-        est = GapEstimator(0.3, 20e6, 30e6)
-        self.kv = KvManager(
-            self.env,
-            cfg,
-            self.pool,
-            PcieLink(self.env, h2d, d2h),
-            make_policy(policy_config("perc"), est),
-            est,
-            compute_fit(cfg.hardware),
-            TraceRecorder(),
-        )
-        self.handed_back: list[Request] = []
-        self.kv.on_ready = self.handed_back.append
-        self.running: dict[int, tuple[Request, int, int]] = {}  # session -> (req, tokens, blocks)
-        self.outstanding: set[int] = set()
-        self.context = [0] * NUM_SESSIONS
-        self.turns = [0] * NUM_SESSIONS
+
+class QueueMachine(RuleBasedStateMachine):
+    """The engine's queue discipline around a KV manager: handed-back requests first, then
+    arrivals in order; a BLOCKED head stops admission until something changes."""
+
+    kv: SessionKvManager | PrefixKvManager
+
+    def setup(self, cfg: SimConfig) -> None:
+        self.kv = make_kv(cfg)
+        self.weights = 1_000_000_000
+        self.queue: deque[Request] = deque()
+        self.running: dict[int, tuple[Request, int, int]] = {}  # key -> (req, tokens, blocks)
         self.next_req = 0
 
-    def _request(self, sid: int, prompt: int) -> Request:
-        self.next_req += 1
-        return Request(
-            self.env,
-            self.next_req,
-            sid,
-            self.turns[sid],
-            0,
-            0,
-            1,
-            self.env.now,
-            self.env.now + 1,
-            1,
-            self.context[sid],
-            prompt,
-            8,
-        )
+    def engine_idle(self) -> bool:
+        return not self.running and self.kv.pool.in_flight_bytes == 0
 
-    def _admit(self, req: Request) -> None:
+    def on_ready(self, req: Request) -> None:
+        """Hook: a request became running."""
+
+    @rule()
+    def admit_next(self) -> None:
+        handed = self.kv.queue.handed_back  # type: ignore[attr-defined]
+        while handed:  # a request whose KV landed goes before everything else
+            self.queue.appendleft(handed.pop())
+        if not self.queue:
+            return
+        req = self.queue[0]
         result = self.kv.admit(req)
+        if result == Admit.BLOCKED:
+            # Waiting is fine while something runs or a copy (maybe started just now) is in
+            # flight: either will wake the engine. Otherwise nothing ever would.
+            assert not self.engine_idle(), "BLOCKED with nothing running or in flight: a deadlock"
+            return
+        self.queue.popleft()
         if result == Admit.READY:
             tokens = req.context_tokens + req.prompt_tokens
             self.running[req.session_id] = (req, tokens, self.kv.blocks_for(tokens))
-        elif result in (Admit.BLOCKED, Admit.REJECT):
-            self.outstanding.discard(req.session_id)
-        # WAIT: the manager hands it back through on_ready
+            self.on_ready(req)
+        elif result == Admit.REJECT:
+            self.on_done(req)
+        # WAIT: the manager hands it back through its queue when the copy lands
 
-    @rule(sid=st.integers(0, NUM_SESSIONS - 1), prompt=st.integers(1, 600))
-    def arrive(self, sid: int, prompt: int) -> None:
-        if sid in self.outstanding:
-            return
-        self.outstanding.add(sid)
-        req = self._request(sid, prompt)
-        self.kv.on_arrival(req)
-        self._admit(req)
-
-    @precondition(lambda self: self.handed_back)
-    @rule()
-    def readmit(self) -> None:
-        self._admit(self.handed_back.pop(0))
+    def on_done(self, req: Request) -> None:
+        """Hook: the request left for good (finished or rejected)."""
 
     @precondition(lambda self: self.running)
     @rule(pick=st.integers(0, 10**6))
     def grow(self, pick: int) -> None:
-        sid = sorted(self.running)[pick % len(self.running)]
-        req, tokens, blocks = self.running[sid]
-        if tokens + 1 > blocks * 16:
-            if not self.kv.grow([sid], [1]):
+        key = sorted(self.running)[pick % len(self.running)]
+        req, tokens, blocks = self.running[key]
+        if tokens + 1 > blocks * self.kv.block_tokens:
+            if not self.kv.grow([key], [1]):
                 return
             blocks += 1
-        self.running[sid] = (req, tokens + 1, blocks)
+        self.running[key] = (req, tokens + 1, blocks)
 
     @precondition(lambda self: self.running)
     @rule(pick=st.integers(0, 10**6), preempt=st.booleans())
     def leave(self, pick: int, preempt: bool) -> None:
-        sid = sorted(self.running)[pick % len(self.running)]
-        req, tokens, blocks = self.running.pop(sid)
-        self.outstanding.discard(sid)
+        key = sorted(self.running)[pick % len(self.running)]
+        req, tokens, _ = self.running.pop(key)
         if preempt:
             self.kv.preempt(req, tokens)
+            self.queue.appendleft(req)  # as the batcher does: preempted requests go first
         else:
-            assert self.kv.sessions[sid].num_blocks == blocks
             self.kv.finish(req, tokens)
-            self.context[sid] = tokens
-            self.turns[sid] += 1
+            self.on_done(req)
 
     @rule(dt=st.integers(1, 5_000))
     def advance(self, dt: int) -> None:
-        self.env.run(until=self.env.now + dt)
+        self.kv.env.run(until=self.kv.env.now + dt)
 
     @rule()
     def watermark(self) -> None:
@@ -136,63 +131,204 @@ class KvMachine(RuleBasedStateMachine):
 
     @invariant()
     def bytes_are_conserved(self) -> None:
-        assert self.pool.conserved()
-        assert self.pool.pinned_weight_bytes == self.weights
+        if hasattr(self, "kv"):
+            assert self.kv.pool.conserved()
+            assert self.kv.pool.pinned_weight_bytes == self.weights
+
+
+class SessionKvMachine(QueueMachine):
+    @initialize(
+        pool_blocks=st.sampled_from([66, 100, 200]),
+        cpu_blocks=st.sampled_from([0, 10, 40, 400]),
+        watermark=st.sampled_from([0.0, 0.05, 0.2, 0.45]),
+        policy=st.sampled_from(POLICIES),
+        offload=st.booleans(),
+        int8_cpu=st.booleans(),
+        lru_store=st.booleans(),
+    )
+    def build(
+        self,
+        pool_blocks: int,
+        cpu_blocks: int,
+        watermark: float,
+        policy: str,
+        offload: bool,
+        int8_cpu: bool,
+        lru_store: bool,
+    ) -> None:
+        block = MODEL.kv_bytes_per_token * 16
+        kv = KVConfig(
+            activation_reserve_bytes=0,
+            cpu_store_bytes=cpu_blocks * block,
+            watermark_fraction=watermark,
+            offload_enabled=offload,
+            offload_dtype_bytes=1 if int8_cpu else 0,
+            cpu_store_evicts_lru=lru_store,
+        )
+        self.setup(
+            make_sim_config(
+                model=MODEL,
+                kv=kv,
+                policy=policy_config(policy),
+                vram_gb=(1e9 + pool_blocks * block) / 1e9,
+            )
+        )
+        self.outstanding: set[int] = set()
+        self.context = [0] * NUM_SESSIONS
+        self.turns = [0] * NUM_SESSIONS
+
+    @rule(sid=st.integers(0, NUM_SESSIONS - 1), prompt=st.integers(1, 1200))
+    def arrive(self, sid: int, prompt: int) -> None:
+        if sid in self.outstanding:
+            return
+        self.outstanding.add(sid)
+        self.next_req += 1
+        now = self.kv.env.now
+        req = Request(
+            self.kv.env,
+            self.next_req,
+            sid,
+            self.turns[sid],
+            0,
+            0,
+            1,
+            now,
+            now + 1,
+            1,
+            self.context[sid],
+            prompt,
+            8,
+        )
+        self.kv.on_arrival(req)
+        self.queue.append(req)
+
+    def on_done(self, req: Request) -> None:
+        self.outstanding.discard(req.session_id)
+        if (
+            req.session_id in self.kv.sessions
+            and self.kv.sessions[req.session_id].tier != Tier.NONE
+        ):
+            s = self.kv.sessions[req.session_id]
+            self.context[req.session_id] = s.entry.num_tokens or self.context[req.session_id]
+            self.turns[req.session_id] += 1
+
+    def on_ready(self, req: Request) -> None:
+        s = self.kv.sessions[req.session_id]
+        assert s.active and s.tier == Tier.GPU
 
     @invariant()
     def tiers_agree_with_pool_and_indexes(self) -> None:
+        if not hasattr(self, "kv"):
+            return
+        kv = self.kv
+        assert isinstance(kv, SessionKvManager)
         by_tier = {t: 0 for t in Tier}
-        for s in self.kv.sessions.values():
+        cpu_side = 0
+        for s in kv.sessions.values():
             by_tier[s.tier] += s.num_bytes
-            assert (s.entry.entry_id in self.kv.idle) == (s.tier == Tier.GPU and not s.active)
-            assert (s.entry.entry_id in self.kv.cpu_lru) == (s.tier == Tier.CPU)
+            assert (s.entry.entry_id in kv.idle) == (s.tier == Tier.GPU and not s.active)
             if s.tier == Tier.NONE:
                 assert s.num_blocks == 0
-        assert by_tier[Tier.GPU] == self.pool.used_bytes
-        assert by_tier[Tier.FLIGHT_IN] + by_tier[Tier.FLIGHT_OUT] == self.pool.in_flight_bytes
-        cpu_side = by_tier[Tier.CPU] + by_tier[Tier.FLIGHT_OUT] + by_tier[Tier.FLIGHT_IN]
-        assert cpu_side == self.kv.cpu_used_bytes <= self.kv.cpu_capacity_bytes
+            if s.tier in (Tier.CPU, Tier.FLIGHT_OUT, Tier.FLIGHT_IN):
+                cpu_side += s.cpu_bytes
+        assert by_tier[Tier.GPU] == kv.pool.used_bytes
+        assert by_tier[Tier.FLIGHT_IN] + by_tier[Tier.FLIGHT_OUT] == kv.pool.in_flight_bytes
+        assert cpu_side == kv.cpu.used_bytes <= kv.cpu.capacity_bytes
+        assert kv.evictable_bytes() == sum(s.num_bytes for s in kv.idle.values())
+        assert kv.num_active == sum(s.active for s in kv.sessions.values()) == len(self.running)
 
 
-KvMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=60, deadline=None)
-TestKvManagerInvariants = KvMachine.TestCase
+SessionKvMachine.TestCase.settings = machine_settings()
+TestSessionKvManager = SessionKvMachine.TestCase
 
 
-class ReferenceHardwareKvMachine(KvMachine):
-    """The machine with the transfer times the failing sequence below was found with."""
+HASH_TOKENS = 512
+CHAINS = [
+    [1, 2, 3, 4],
+    [1, 2, 3, 4, 5, 6],
+    [1, 2, 7],
+    [8],
+    [8, 9, 10],
+    [1, 2, 3, 4, 5, 11],
+    [12, 13, 14, 15, 16, 17, 18, 19],
+    [8, 9, 20],
+]
 
-    hardware = HardwareConfig(
-        name="h200_reference",
-        hbm_bytes_per_us=4.196e6,
-        prefill_token_us=25.97,
-        attention_token2_us=9.47e-4,
-        step_overhead_us=0.0,
-        pcie_h2d_latency_us=9.0,
-        pcie_h2d_bytes_per_us=55.2e3,
-        pcie_d2h_latency_us=9.0,
-        pcie_d2h_bytes_per_us=55.0e3,
+
+class PrefixKvMachine(QueueMachine):
+    @initialize(
+        pool_hash_blocks=st.sampled_from([10, 16, 40]),
+        cpu_blocks=st.sampled_from([0, 2, 6, 100]),
+        watermark=st.sampled_from([0.0, 0.05, 0.2, 0.45]),
+        policy=st.sampled_from(POLICIES),
+        offload=st.booleans(),
+        lru_store=st.booleans(),
+        cap=st.sampled_from([0, 6]),
     )
+    def build(
+        self,
+        pool_hash_blocks: int,
+        cpu_blocks: int,
+        watermark: float,
+        policy: str,
+        offload: bool,
+        lru_store: bool,
+        cap: int,
+    ) -> None:
+        hash_bytes = MODEL.kv_bytes_per_token * HASH_TOKENS
+        kv = KVConfig(
+            activation_reserve_bytes=0,
+            cpu_store_bytes=cpu_blocks * hash_bytes,
+            watermark_fraction=watermark,
+            offload_enabled=offload,
+            cpu_store_evicts_lru=lru_store,
+        )
+        replay = ReplayConfig(
+            format=TraceFormat.MOONCAKE, path="unused.jsonl", prefix_cache_max_blocks=cap
+        )
+        self.setup(
+            make_sim_config(
+                model=MODEL,
+                kv=kv,
+                policy=policy_config(policy),
+                trace=TraceConfig(enabled=False),
+                replay=replay,
+                vram_gb=(1e9 + pool_hash_blocks * hash_bytes) / 1e9,
+            )
+        )
+        self.in_system: set[int] = set()
+
+    @rule(chain=st.integers(0, len(CHAINS) - 1), output=st.integers(1, 600))
+    def arrive(self, chain: int, output: int) -> None:
+        self.next_req += 1
+        ids = CHAINS[chain]
+        req = Request(
+            self.kv.env,
+            self.next_req,
+            self.next_req,
+            0,
+            0,
+            0,
+            1,
+            self.kv.env.now,
+            10**12,
+            10**9,
+            0,
+            HASH_TOKENS * len(ids),
+            output,
+        )
+        req.hash_ids = list(ids)
+        req.group_id = chain
+        self.kv.on_arrival(req)
+        self.queue.append(req)
+
+    @invariant()
+    def prefix_tree_agrees_with_pool_and_store(self) -> None:
+        if not hasattr(self, "kv"):
+            return
+        assert isinstance(self.kv, PrefixKvManager)
+        check(self.kv)
 
 
-def test_reload_making_room_never_drops_its_own_cpu_copy() -> None:
-    """Found by the machine above: a returning session's reload evicts an idle victim to the CPU
-    store, which was full, and the store's LRU drop picked the returning session's own copy
-    (KeyError in _start_reload). The store must keep the KV that is about to come back."""
-    state = ReferenceHardwareKvMachine()
-    for sid, prompt in ((0, 128), (5, 398), (4, 417)):
-        state.arrive(prompt=prompt, sid=sid)
-    for _ in range(3):
-        state.leave(pick=0, preempt=False)
-    state.arrive(prompt=97, sid=0)
-    state.arrive(prompt=275, sid=5)
-    state.leave(pick=0, preempt=False)
-    for _ in range(3):
-        state.watermark()
-    state.leave(pick=0, preempt=False)
-    state.arrive(prompt=161, sid=1)
-    state.arrive(prompt=1, sid=4)
-    state.advance(dt=139)  # session 4's KV lands in the full CPU store; its turn is handed back
-    state.arrive(prompt=401, sid=1)
-    state.readmit()  # session 4 reloads: making room must not drop session 4's own CPU copy
-    state.bytes_are_conserved()
-    state.tiers_agree_with_pool_and_indexes()
+PrefixKvMachine.TestCase.settings = machine_settings()
+TestPrefixKvManager = PrefixKvMachine.TestCase

@@ -16,13 +16,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from cachepilot_sim.clock import SimEnvironment
-from cachepilot_sim.components.kv_manager import Admit, Tier
-from cachepilot_sim.components.pcie_link import PcieLink
-from cachepilot_sim.components.prefix_cache import PrefixKvManager
-from cachepilot_sim.components.prefix_offload import OffloadingPrefixKvManager
+from cachepilot_sim.components.kv import Admit, PrefixKvManager
 from cachepilot_sim.components.request import Request
-from cachepilot_sim.components.vram_pool import VramPool
 from cachepilot_sim.config import (
     KVConfig,
     ModelConfig,
@@ -31,10 +26,9 @@ from cachepilot_sim.config import (
     TraceFormat,
     policy_config,
 )
-from cachepilot_sim.cost import compute_fit, transfer_fits
-from cachepilot_sim.sim import build
-from cachepilot_sim.trace.recorder import NullRecorder
+from tests.conftest import make_kv as make_kv_for
 from tests.conftest import make_sim_config
+from tests.property.prefix_checks import check
 
 B = 512
 
@@ -74,51 +68,9 @@ def make_kv(chains: list[list[int]], policy: str, cap: int, folder: Path,
         replay=ReplayConfig(format=TraceFormat.MOONCAKE, path=str(path),
                             prefix_cache_max_blocks=cap),
     )
-    sim = build(cfg)
-    assert sim.replay is not None
-    env = SimEnvironment()
-    manager = OffloadingPrefixKvManager if cpu_blocks >= 0 else PrefixKvManager
-    return manager(env, cfg, VramPool(cfg), PcieLink(env, *transfer_fits(cfg.hardware)),
-                   sim.policy, sim.estimator, compute_fit(cfg.hardware), NullRecorder(),
-                   sim.replay)
-
-
-GPU_SIDE = (Tier.GPU, Tier.FLIGHT_IN)
-
-
-def check(kv: PrefixKvManager) -> None:
-    blocks = kv.blocks
-    resident_children: dict[int, int] = {h: 0 for h in blocks}
-    for h, b in blocks.items():
-        if b.parent is not None:
-            assert blocks.get(b.parent.hash_id) is b.parent, "a cached block lost its prefix"
-            assert b.parent.children.get(h) is b
-            if b.tier in GPU_SIDE:
-                assert b.parent.tier in GPU_SIDE, "a GPU block extends a CPU block"
-                resident_children[b.parent.hash_id] += 1
-    refs: dict[int, int] = {h: 0 for h in blocks}
-    holders = [r.chain for r in kv.running.values()]
-    holders += list(getattr(kv, "held", {}).values())
-    for chain in holders:
-        for b in chain:
-            assert blocks.get(b.hash_id) is b
-            refs[b.hash_id] += 1
-    for h, b in blocks.items():
-        assert b.num_children == resident_children[h] and b.refcount == refs[h]
-    idle_tails = {h for h, b in blocks.items()
-                  if b.tier == Tier.GPU and b.refcount == 0 and b.num_children == 0}
-    assert set(kv.evictable) == idle_tails
-    count = {t: sum(b.tier == t for b in blocks.values()) for t in Tier}
-    orphans = getattr(kv, "orphans", 0)
-    hb = kv.hash_bytes
-    private = sum(r.private_pages for r in kv.running.values()) * kv.block_bytes[0]
-    assert kv.pool.used_bytes == count[Tier.GPU] * hb + private
-    assert kv.pool.in_flight_bytes == (count[Tier.FLIGHT_OUT] + count[Tier.FLIGHT_IN]
-                                       + orphans) * hb
-    assert kv.cpu_used_bytes == (count[Tier.CPU] + count[Tier.FLIGHT_OUT] + orphans) * hb
-    assert kv.cpu_used_bytes <= kv.cpu_capacity_bytes or not kv.offload_enabled
-    assert kv.num_gpu_blocks == count[Tier.GPU] + count[Tier.FLIGHT_IN]
-    assert kv.pool.conserved()
+    kv = make_kv_for(cfg)
+    assert isinstance(kv, PrefixKvManager)
+    return kv
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -142,6 +94,7 @@ def test_prefix_cache_invariants_hold_after_every_step(  # noqa: ANN201
         if op == "admit" and i not in reqs:
             req = Request(kv.env, i, i, 0, 0, 0, 1, kv.env.now, 10**12, 10**9, 0,
                           B * len(chains[i]), 40)
+            req.hash_ids = list(chains[i])
             if kv.admit(req) == Admit.READY:
                 reqs[i] = req
         elif op == "finish" and i in reqs:
@@ -153,7 +106,7 @@ def test_prefix_cache_invariants_hold_after_every_step(  # noqa: ANN201
         elif op == "evict":
             kv._evict_blocks(k)
         check(kv)
-        if cap and not reqs and not getattr(kv, "held", None):
-            assert kv.num_gpu_blocks <= cap
+        if cap and not reqs and not kv.held:
+            assert kv.tree.num_gpu_blocks <= cap
     kv.env.run()  # every copy lands
     check(kv)

@@ -100,7 +100,7 @@ def test_learned_admission_runs_from_a_weights_file(tmp_path: Path) -> None:
 
 def test_training_is_deterministic_given_the_seed(tmp_path: Path) -> None:
     from cachepilot_sim.config import register_configs
-    from cachepilot_sim.train_admission import main
+    from cachepilot_sim.tools.train_admission import main
 
     register_configs()
     tiny = ["--train-seeds", "1", "--episode-requests", "150", "--imitation-epochs", "2",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cachepilot_sim.components.kv_manager import Tier, cpu_kv_bytes_per_token
+from cachepilot_sim.components.kv import SessionKvManager, Tier, cpu_kv_bytes_per_token
 from cachepilot_sim.config import ConfigError, KVConfig, ModelConfig, ReplayConfig, TraceFormat
 from cachepilot_sim.cost import quantize_us
 from cachepilot_sim.sim import build
@@ -40,6 +40,7 @@ def test_int8_cpu_tier_moves_half_the_bytes_and_pays_the_conversion() -> None:
     ratio = m["pcie_d2h_gb"] * 1e9 / m["evicted_bytes_offload"]
     assert ratio == pytest.approx(65_792 / 131_072, rel=0.05)
     kv = sim.kv
+    assert isinstance(kv, SessionKvManager)
     on_cpu = [s for s in kv.sessions.values()
               if s.tier in (Tier.CPU, Tier.FLIGHT_OUT, Tier.FLIGHT_IN)]
-    assert kv.cpu_used_bytes == sum(kv.cpu_bytes(s) for s in on_cpu)
+    assert kv.cpu.used_bytes == sum(s.cpu_bytes for s in on_cpu)

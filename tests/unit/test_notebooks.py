@@ -11,7 +11,7 @@ import pytest
 from nbclient import NotebookClient
 
 from cachepilot_sim.config import RunConfig
-from cachepilot_sim.runner import run_experiment
+from cachepilot_sim.experiment.runner import run_experiment
 from tests.conftest import make_sim_config, make_workload
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.py"))

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cachepilot_sim.config import policy_config
-from cachepilot_sim.offline import (
+from cachepilot_sim.experiment.offline import (
     AccessSequence,
     IdleGap,
     access_sequence,

@@ -1,4 +1,4 @@
-"""`python -m cachepilot_sim.plot` draws the run figures from the traces of a tiny run."""
+"""`python -m cachepilot_sim.tools.plot` draws the run figures from the traces of a tiny run."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 import polars as pl
 
 from cachepilot_sim.config import RunConfig, SimConfig
-from cachepilot_sim.plot import main, tier_timeline
-from cachepilot_sim.runner import run_experiment
+from cachepilot_sim.experiment.runner import run_experiment
+from cachepilot_sim.tools.figures import tier_timeline
+from cachepilot_sim.tools.plot import main
 from cachepilot_sim.trace.derive import load_trace
 from tests.conftest import make_sim_config, make_workload
 

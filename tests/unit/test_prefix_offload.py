@@ -8,12 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cachepilot_sim.clock import SimEnvironment
-from cachepilot_sim.components.kv_manager import Admit, Tier
-from cachepilot_sim.components.pcie_link import PcieLink
-from cachepilot_sim.components.prefix_offload import OffloadingPrefixKvManager
+from cachepilot_sim.components.kv import Admit, PrefixKvManager, Tier
 from cachepilot_sim.components.request import KvSource, Request
-from cachepilot_sim.components.vram_pool import VramPool
 from cachepilot_sim.config import (
     KVConfig,
     ModelConfig,
@@ -22,9 +18,8 @@ from cachepilot_sim.config import (
     TraceFormat,
     policy_config,
 )
-from cachepilot_sim.cost import compute_fit, recompute_us, transfer_fits, transfer_us
-from cachepilot_sim.sim import build
-from cachepilot_sim.trace.recorder import NullRecorder
+from cachepilot_sim.cost import recompute_us, transfer_fits, transfer_us
+from tests.conftest import make_kv as make_kv_for
 from tests.conftest import make_sim_config
 
 B = 512
@@ -32,7 +27,7 @@ ROWS = [[1, 2, 3, 4], [1, 2, 3, 4, 5]]  # the second request continues the first
 
 
 def make_kv(tmp_path: Path, cpu_blocks: int = 100, lru_store: bool = True
-            ) -> OffloadingPrefixKvManager:
+            ) -> PrefixKvManager:
     path = tmp_path / "t.jsonl"
     path.write_text("".join(json.dumps({"timestamp": i, "input_length": B * len(ids),
                                         "output_length": 4, "hash_ids": ids}) + "\n"
@@ -43,21 +38,19 @@ def make_kv(tmp_path: Path, cpu_blocks: int = 100, lru_store: bool = True
         kv=KVConfig(cpu_store_bytes=cpu_blocks * B * 131_072, cpu_store_evicts_lru=lru_store),
         replay=ReplayConfig(format=TraceFormat.MOONCAKE, path=str(path)),
     )
-    sim = build(cfg)
-    assert isinstance(sim.kv, OffloadingPrefixKvManager) and sim.replay is not None
-    env = SimEnvironment()
-    return OffloadingPrefixKvManager(
-        env, cfg, VramPool(cfg), PcieLink(env, *transfer_fits(cfg.hardware)), sim.policy,
-        sim.estimator, compute_fit(cfg.hardware), NullRecorder(), sim.replay)
+    kv = make_kv_for(cfg)
+    assert isinstance(kv, PrefixKvManager)
+    return kv
 
 
-def request(kv: OffloadingPrefixKvManager, i: int) -> Request:
-    t = kv.workload.table
-    return Request(kv.env, i, i, 0, 0, 0, 1, int(kv.env.now), 10**12, 10**9, 0,
-                   int(t.input_tokens[i]), int(t.output_tokens[i]))
+def request(kv: PrefixKvManager, i: int) -> Request:
+    ids = ROWS[i]
+    req = Request(kv.env, i, i, 0, 0, 0, 1, int(kv.env.now), 10**12, 10**9, 0, B * len(ids), 4)
+    req.hash_ids = list(ids)
+    return req
 
 
-def serve(kv: OffloadingPrefixKvManager, req: Request) -> None:
+def serve(kv: PrefixKvManager, req: Request) -> None:
     assert kv.admit(req) == Admit.READY
     kv.finish(req, req.prompt_tokens + req.output_tokens)
 
@@ -66,14 +59,14 @@ def test_evicted_tail_goes_to_cpu_and_a_continuation_reloads_it(tmp_path: Path) 
     kv = make_kv(tmp_path)
     serve(kv, request(kv, 0))
     assert kv._evict_blocks(2) == 2  # 4 then 3 start their copies out
-    assert [kv.blocks[h].tier for h in (1, 2, 3, 4)] == [Tier.GPU, Tier.GPU, Tier.FLIGHT_OUT,
+    assert [kv.tree.blocks[h].tier for h in (1, 2, 3, 4)] == [Tier.GPU, Tier.GPU, Tier.FLIGHT_OUT,
                                                           Tier.FLIGHT_OUT]
     nxt = request(kv, 1)
     assert kv.admit(nxt) == Admit.BLOCKED  # its continuation is still in flight
     kv.env.run()
-    assert kv.blocks[3].tier == Tier.CPU and kv.pool.in_flight_bytes == 0
+    assert kv.tree.blocks[3].tier == Tier.CPU and kv.pool.in_flight_bytes == 0
     assert kv.admit(nxt) == Admit.WAIT  # 3 and 4 come back over PCIe
-    assert kv.blocks[3].refcount == 1 and 3 not in kv.evictable
+    assert kv.tree.blocks[3].refcount == 1 and 3 not in kv.tree.evictable
     kv.env.run()
     assert kv.admit(nxt) == Admit.READY
     assert nxt.kv_source == KvSource.RELOAD
@@ -82,15 +75,15 @@ def test_evicted_tail_goes_to_cpu_and_a_continuation_reloads_it(tmp_path: Path) 
     assert nxt.reload_us_paid == expected == kv.stats.realized_reload_us
     assert nxt.prefill_tokens == B  # only block 5 is computed
     assert (kv.stats.hit_blocks, kv.stats.lookup_blocks, kv.stats.reload_blocks) == (4, 9, 2)
-    assert all(kv.blocks[h].refcount == 1 for h in (1, 2, 3, 4, 5))  # held pins released
+    assert all(kv.tree.blocks[h].refcount == 1 for h in (1, 2, 3, 4, 5))  # held pins released
     assert kv.stats.realized_recompute_us == 0
 
 
 def test_restore_cost_is_the_cheaper_of_reload_and_recompute(tmp_path: Path) -> None:
     kv = make_kv(tmp_path)
     serve(kv, request(kv, 0))
-    b = kv.blocks[4]
-    kv._prepare(b, int(kv.env.now))
+    b = kv.tree.blocks[4]
+    kv._prepare(b, int(kv.env.now), True)
     recompute = recompute_us(kv.fit, 4 * B) - recompute_us(kv.fit, 3 * B)
     assert b.entry.restore_us == pytest.approx(min(recompute, kv.reload_block_us))
     assert kv.reload_block_us < recompute  # a 64 MiB block: ~1.2 ms over PCIe vs ~13 ms compute
@@ -102,8 +95,8 @@ def test_a_full_store_without_lru_drops_the_tail(tmp_path: Path) -> None:
     kv._evict_blocks(2)  # 4 fits in the store, 3 does not
     kv.env.run()
     assert kv.stats.evictions_offload == 1 and kv.stats.evictions_drop == 1
-    assert 3 not in kv.blocks and 4 not in kv.blocks  # 3 dropped with its CPU child 4
-    assert kv.cpu_used_bytes == 0 and kv.pool.conserved()
+    assert 3 not in kv.tree.blocks and 4 not in kv.tree.blocks  # 3 dropped with its CPU child 4
+    assert kv.cpu.used_bytes == 0 and kv.pool.conserved()
 
 
 def test_a_full_lru_store_drops_its_oldest_cpu_tail(tmp_path: Path) -> None:
@@ -111,11 +104,11 @@ def test_a_full_lru_store_drops_its_oldest_cpu_tail(tmp_path: Path) -> None:
     serve(kv, request(kv, 0))
     kv._evict_blocks(1)
     kv.env.run()
-    assert kv.blocks[4].tier == Tier.CPU
+    assert kv.tree.blocks[4].tier == Tier.CPU
     kv._evict_blocks(1)  # 3 goes out; the store drops 4 (a CPU tail) to make room
     kv.env.run()
-    assert 4 not in kv.blocks and kv.blocks[3].tier == Tier.CPU
-    assert kv.stats.cpu_drops == 1 and kv.cpu_used_bytes == kv.hash_bytes
+    assert 4 not in kv.tree.blocks and kv.tree.blocks[3].tier == Tier.CPU
+    assert kv.stats.cpu_drops == 1 and kv.cpu.used_bytes == kv.hash_bytes
 
 
 def test_a_request_that_gives_up_after_its_reload_releases_the_pinned_blocks(
@@ -129,9 +122,9 @@ def test_a_request_that_gives_up_after_its_reload_releases_the_pinned_blocks(
     nxt = request(kv, 1)
     assert kv.admit(nxt) == Admit.WAIT
     kv.env.run()
-    assert all(kv.blocks[h].refcount == 1 for h in (1, 2, 3, 4))  # pinned for nxt
+    assert all(kv.tree.blocks[h].refcount == 1 for h in (1, 2, 3, 4))  # pinned for nxt
     kv.abandon(nxt)  # it timed out in the queue instead
     assert nxt.req_id not in kv.held
-    assert all(kv.blocks[h].refcount == 0 for h in (1, 2, 3, 4))
-    assert 4 in kv.evictable  # the chain's tail can be evicted again
+    assert all(kv.tree.blocks[h].refcount == 0 for h in (1, 2, 3, 4))
+    assert 4 in kv.tree.evictable  # the chain's tail can be evicted again
     assert kv.pool.conserved()

@@ -12,8 +12,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from cachepilot_sim.config import WorkloadClass, WorkloadConfig
-from cachepilot_sim.profile_dataset import main, profile
 from cachepilot_sim.sim import build
+from cachepilot_sim.tools.profile_dataset import main, profile
 from cachepilot_sim.workloads.tokens import estimate_tokens, make_counter
 from tests.conftest import make_sim_config
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cachepilot_sim.components.prefix_cache import PrefixKvManager
+from cachepilot_sim.components.kv import PrefixKvManager
 from cachepilot_sim.config import (
     ModelConfig,
     OnError,
@@ -21,8 +21,8 @@ from cachepilot_sim.config import (
     TraceFormat,
     policy_config,
 )
+from cachepilot_sim.experiment.runner import run_experiment
 from cachepilot_sim.policies import known_policies
-from cachepilot_sim.runner import run_experiment
 from cachepilot_sim.sim import build
 from tests.conftest import make_sim_config, make_workload
 
@@ -72,7 +72,7 @@ def test_inferred_session_gaps_feed_the_perc_estimate() -> None:
     gaps = arrival[child] - finish[s.parent[child]]
     observed = gaps[gaps >= 0]
     assert observed.size > 20
-    with_gap = [e for e in kv.session_entries.values() if e.gap_ema_us >= 0]
+    with_gap = [e for e in kv.group_entries.values() if e.gap_ema_us >= 0]
     assert len(with_gap) == len(np.unique(s.session[child[gaps >= 0]]))
     assert sim.estimator.population_gap_us != 20e6  # moved away from the prior
     # The per-request table reports the inferred session, not the engine's per-request one.

@@ -8,11 +8,9 @@ import pytest
 
 from cachepilot_sim.config import ConfigError, GpuSpecConfig, ModelConfig
 from cachepilot_sim.cost.roofline import (
-    KvDtype,
     capacity_tokens,
     decode_bound,
     flops_per_token,
-    kv_bytes_per_token,
     kv_pool_bytes,
     pcie_gbps,
     peak_tflops,
@@ -32,14 +30,6 @@ def make_model(**overrides: object) -> ModelConfig:
 
 def make_h200(**overrides: object) -> GpuSpecConfig:
     return GpuSpecConfig(**overrides)  # type: ignore[arg-type]  # defaults: H200 datasheet
-
-
-def test_kv_bytes_per_token_of_llama3_8b_per_dtype() -> None:
-    m = make_model()
-    # 2 (K, V) x 32 layers x 8 heads x 128 dims = 65,536 values a token.
-    assert kv_bytes_per_token(m, KvDtype.FP16) == 131_072 == m.kv_bytes_per_token
-    assert kv_bytes_per_token(m, KvDtype.FP8) == 65_536
-    assert kv_bytes_per_token(m, KvDtype.INT8) == 65_536 + 2 * 32 * 4  # a float32 scale a row
 
 
 def test_capacity_after_weights_and_reserve_on_h200() -> None:

@@ -2,14 +2,13 @@ from __future__ import annotations
 
 from cachepilot_sim.clock import SimEnvironment
 from cachepilot_sim.components.request import Request
-from cachepilot_sim.components.scheduler import Scheduler
+from cachepilot_sim.components.scheduler import RequestQueue
 from cachepilot_sim.components.signal import Signal
 from cachepilot_sim.config import SchedulerConfig
-from cachepilot_sim.trace.recorder import NullRecorder
 
 
-def make_scheduler(env: SimEnvironment, **kw: float) -> Scheduler:
-    return Scheduler(env, SchedulerConfig(**kw), Signal(env), NullRecorder())
+def make_scheduler(env: SimEnvironment, **kw: float) -> RequestQueue:
+    return RequestQueue(env, SchedulerConfig(**kw), Signal(env))
 
 
 def make_request(
@@ -18,7 +17,7 @@ def make_request(
     return Request(env, rid, rid, 0, 0, 0, priority, arrival, deadline, 1, 0, 10, 10)
 
 
-def drain(s: Scheduler) -> list[int]:
+def drain(s: RequestQueue) -> list[int]:
     out = []
     while (req := s.peek()) is not None:
         s.pop(req)
@@ -52,11 +51,21 @@ def test_requeued_requests_go_first() -> None:
     assert drain(s) == [1, 0]
 
 
-def test_expired_requests_are_handed_to_the_timeout_callback() -> None:
+def test_a_request_waiting_past_the_queue_timeout_is_expired() -> None:
     env = SimEnvironment()
     s = make_scheduler(env, queue_timeout_s=1.0)
-    timed_out: list[int] = []
-    s.on_timeout = lambda req: timed_out.append(req.req_id)
-    s.push(make_request(env, 0, 1, 0, 10**9))
+    req = make_request(env, 0, 1, 0, 10**9)
+    s.push(req)
+    env.run(until=1_000_000)
+    assert not s.expired(req)  # exactly at the timeout: still waiting
     env.run(until=2_000_000)
-    assert s.peek() is None and timed_out == [0]
+    assert s.peek() is req and s.expired(req)
+
+
+def test_requeue_wakes_the_engine() -> None:
+    env = SimEnvironment()
+    wake = Signal(env)
+    s = RequestQueue(env, SchedulerConfig(), wake)
+    waiting = wake.wait()
+    s.requeue(make_request(env, 0, 1, 0, 10**9))
+    assert waiting.triggered and len(s) == 1

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from cachepilot_sim import scorecard
-from cachepilot_sim.cost.roofline import KvDtype, kv_bytes_per_token
+from cachepilot_sim.cost.kv_bytes import KvDtype, kv_bytes_per_token
+from cachepilot_sim.tools import scorecard
 
 TIERS = {"a100_40gb", "a100_80gb", "h100_sxm", "h200", "b200", "l40s", "mi300x"}
 FIGURES = ("hbm_gb", "hbm_gbps", "bf16_dense_tflops", "fp8_dense_tflops", "pcie_gen")
@@ -29,8 +29,8 @@ def test_every_gpu_tier_validates_and_cites_a_source_per_figure() -> None:
                                                  ("qwen2_7b", 56)])
 def test_model_configs_give_the_hand_computed_kv_bytes_per_token(model: str, kib_fp16: int) -> None:
     m = scorecard.load_model(model)
-    assert kv_bytes_per_token(m, KvDtype.FP16) == kib_fp16 * 1024
-    assert kv_bytes_per_token(m, KvDtype.FP8) == kib_fp16 * 512
+    assert kv_bytes_per_token(m, KvDtype.FP16.value_bytes) == kib_fp16 * 1024
+    assert kv_bytes_per_token(m, KvDtype.FP8.value_bytes) == kib_fp16 * 512
 
 
 def test_scorecard_prints_every_tier_and_the_measured_h200_figures(

@@ -10,8 +10,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from cachepilot_sim.collect import collect, main, parse_override
-from cachepilot_sim.sweep import JOB_FILE
+from cachepilot_sim.experiment.sweep import JOB_FILE
+from cachepilot_sim.tools.collect import collect, main, parse_override
 
 TINY = ["workload.num_requests=20", "workload.max_active_sessions=4", "hydra.launcher.n_jobs=2"]
 
@@ -109,7 +109,7 @@ def test_a_job_that_raises_records_error_and_traceback_without_raising(tmp_path:
                                                                         capsys) -> None:  # noqa: ANN001
     from omegaconf import OmegaConf
 
-    from cachepilot_sim.sweep import is_complete, read_job, run_job
+    from cachepilot_sim.experiment.sweep import is_complete, read_job, run_job
 
     cfg = OmegaConf.create({"seed": 0})  # not a RunConfig: the job fails while building it
     assert run_job(cfg, tmp_path, ["seed=0"], 7) == "failed"

@@ -17,7 +17,7 @@ pytest.importorskip("ray", reason="Ray is an optional extra: pip install -e '.[r
 pytest.importorskip("hydra_plugins.hydra_ray_launcher",
                     reason="hydra-ray-launcher is an optional extra: pip install -e '.[ray]'")
 
-from cachepilot_sim.collect import collect  # noqa: E402
+from cachepilot_sim.tools.collect import collect  # noqa: E402
 
 
 @pytest.mark.slow

@@ -13,15 +13,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from cachepilot_sim.config import ConfigError, RunConfig, TelemetryConfig
-from cachepilot_sim.runner import run_experiment
-from cachepilot_sim.sim import build
-from cachepilot_sim.telemetry import (
+from cachepilot_sim.experiment.runner import run_experiment
+from cachepilot_sim.experiment.telemetry import (
     RunMonitor,
     Telemetry,
     grafana_dashboard,
     metric_name,
     panel_metric_names,
 )
+from cachepilot_sim.sim import build
 from tests.conftest import make_sim_config, make_workload
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "cachepilot_dashboard.json"
@@ -68,7 +68,7 @@ def test_every_grafana_panel_queries_a_metric_the_run_exports(run_dir) -> None: 
     missing = wanted - set(exposed(out / "metrics.prom"))
     assert not missing
     # The committed dashboard is the generated one (regenerate: python -m
-    # cachepilot_sim.telemetry grafana --out docs/grafana/cachepilot_dashboard.json).
+    # cachepilot_sim.experiment.telemetry grafana --out docs/grafana/cachepilot_dashboard.json).
     assert json.loads(DASHBOARD.read_text()) == dashboard
 
 

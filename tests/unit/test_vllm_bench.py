@@ -1,6 +1,6 @@
-"""`python -m cachepilot_sim.vllm_bench` without a GPU: argument handling, the engine configuration
-per policy, session loading, the summary, and the standalone job script. The engine run itself
-(integrations/vllm/engine_run.py) needs vLLM on a CUDA host and is not exercised here."""
+"""`python -m cachepilot_sim.tools.vllm_bench` without a GPU: argument handling, the engine
+configuration per policy, session loading, the summary, and the standalone job script. The engine
+run itself (integrations/vllm/engine_run.py) needs vLLM on a CUDA host and is not exercised here."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from cachepilot_sim import vllm_bench
+from cachepilot_sim.integrations.vllm.engine_run import summarize
 from cachepilot_sim.integrations.vllm.params import ENV_VAR, params_from_env
+from cachepilot_sim.tools import vllm_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -122,7 +123,7 @@ def test_summary_of_per_request_metrics() -> None:
         {"ttft_s": 0.1, "tpot_s": 0.02, "output_tokens": 10},
         {"ttft_s": 0.3, "tpot_s": float("nan"), "output_tokens": 1},
     ]
-    s = vllm_bench.summarize(records, wall_s=2.0)
+    s = summarize(records, wall_s=2.0)
     assert s["ttft_s_mean"] == pytest.approx(0.2) and s["tpot_ms_mean"] == pytest.approx(20.0)
     assert s["output_tokens_per_s"] == pytest.approx(5.5) and s["requests_per_s"] == 1.0
 
@@ -134,7 +135,9 @@ def test_standalone_script_reruns_the_same_arguments(tmp_path: Path) -> None:
     text = script.read_text()
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     line = next(
-        x for x in text.splitlines() if "cachepilot_sim.vllm_bench" in x and not x.startswith("#")
+        x
+        for x in text.splitlines()
+        if "cachepilot_sim.tools.vllm_bench" in x and not x.startswith("#")
     )
     rerun = shlex.split(line)[3:]
     assert "--emit-script" not in rerun
@@ -154,7 +157,7 @@ def test_each_policy_runs_in_its_own_process_and_the_summaries_are_collected(
     def child(cmd: list[str], check: bool, env: dict[str, str]) -> None:
         policy = cmd[cmd.index("--only") + 1]
         calls.append((policy, ENV_VAR in env))
-        assert cmd[1:3] == ["-m", "cachepilot_sim.vllm_bench"] and check
+        assert cmd[1:3] == ["-m", "cachepilot_sim.tools.vllm_bench"] and check
         summary = {"ttft_s_mean": {"lru": 1.0, "perc": 0.5}[policy]}
         (tmp_path / f"{policy}.json").write_text(json.dumps({"summary": summary}))
 

@@ -1,8 +1,9 @@
 """One vLLM engine, one cache policy: sessions in rounds, per-request TTFT and TPOT (CUDA host).
 
-Imported only by `python -m cachepilot_sim.vllm_bench` inside its per-policy process; needs vLLM
-0.33 with its CUDA dependencies, so it is not exercised by the test suite (the argument handling
-and the engine configuration are: tests/unit/test_vllm_bench.py).
+`run_one` runs inside `python -m cachepilot_sim.tools.vllm_bench`'s per-policy process and needs
+vLLM 0.33 with its CUDA dependencies (imported there, not at module level), so it is not exercised
+by the test suite (the sessions, the summary, the argument handling and the engine configuration
+are: tests/unit/test_vllm_bench.py).
 """
 
 from __future__ import annotations
@@ -10,9 +11,38 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
-from cachepilot_sim.vllm_bench import BenchSession, summarize
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class BenchSession:
+    """One conversation: the user's turns (text, or token ids) and the answer length per turn."""
+
+    session_id: str
+    turns: list[Any]
+    max_tokens: list[int]
+
+
+def summarize(records: list[dict[str, Any]], wall_s: float) -> dict[str, float]:
+    """records: per request ttft_s, tpot_s (nan for one-token answers), output_tokens."""
+    ttft = np.array([r["ttft_s"] for r in records], dtype=np.float64)
+    tpot = np.array([r["tpot_s"] for r in records], dtype=np.float64)
+    tpot = tpot[~np.isnan(tpot)]
+    tokens = sum(r["output_tokens"] for r in records)
+    return {
+        "requests": len(records),
+        "ttft_s_mean": float(ttft.mean()) if ttft.size else 0.0,
+        "ttft_s_p50": float(np.percentile(ttft, 50)) if ttft.size else 0.0,
+        "ttft_s_p99": float(np.percentile(ttft, 99)) if ttft.size else 0.0,
+        "tpot_ms_mean": float(tpot.mean() * 1e3) if tpot.size else 0.0,
+        "tpot_ms_p50": float(np.percentile(tpot, 50) * 1e3) if tpot.size else 0.0,
+        "output_tokens_per_s": tokens / wall_s if wall_s > 0 else 0.0,
+        "requests_per_s": len(records) / wall_s if wall_s > 0 else 0.0,
+        "wall_s": wall_s,
+    }
 
 
 def _prompt(context: Any, turn: Any) -> Any:

@@ -25,6 +25,7 @@ import numpy as np
 from cachepilot_sim.clock import ms_to_us
 from cachepilot_sim.config import HardwareConfig, ModelConfig, SimConfig, WorkloadConfig
 from cachepilot_sim.cost import compute_fit, recompute_us, transfer_fits, transfer_us
+from cachepilot_sim.cost.kv_bytes import kv_bytes_per_token
 from cachepilot_sim.rng import make_streams
 from cachepilot_sim.workloads.synthetic import SessionFactory
 
@@ -120,7 +121,7 @@ class Replayer:
         self.tpc = tokens_per_chunk
         self.fit = compute_fit(hw)
         self.h2d = transfer_fits(hw)[0]
-        self.bytes_per_chunk = model.kv_bytes_per_token * tokens_per_chunk
+        self.bytes_per_chunk = kv_bytes_per_token(model, model.kv_dtype_bytes) * tokens_per_chunk
         self.clock = clock  # shared one-element list: the policy's clock reads clock[0]
         self.num_resident = 0
         self.num_evictable = 0

@@ -1,4 +1,4 @@
-"""Gather a sweep's jobs into one table: `python -m cachepilot_sim.collect <sweep dir>`.
+"""Gather a sweep's jobs into one table: `python -m cachepilot_sim.tools.collect <sweep dir>`.
 
 One row per (job, policy, seed) cell of every complete job, with the job's overrides as columns
 (typed as YAML reads them; a cell's own `policy` and `seed` win over an override of the same name),
@@ -22,7 +22,8 @@ from typing import Any
 import polars as pl
 import yaml
 
-from cachepilot_sim.sweep import job_dirs, read_job
+from cachepilot_sim.experiment.sweep import job_dirs, read_job
+from cachepilot_sim.tools.figures import metric_vs_param
 
 TABLE = "collected"
 
@@ -155,14 +156,12 @@ def collect(sweep_dir: Path, out_dir: Path | None = None, metric: str = "realize
     if param is not None:
         if param not in frame.columns:
             raise CollectError(f"parameter '{param}' not in the table; overrides: {swept}")
-        from cachepilot_sim.plot import metric_vs_param
-
         result["plot"] = metric_vs_param(frame, metric, param, out_dir, fmt)
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m cachepilot_sim.collect", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m cachepilot_sim.tools.collect", description=__doc__)
     ap.add_argument("sweep_dir", type=Path)
     ap.add_argument("--out", type=Path, default=None, help="output folder (default: sweep dir)")
     ap.add_argument("--metric", default="realized_restore_s")
@@ -175,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = collect(args.sweep_dir, args.out, args.metric, args.param, args.format)
     except CollectError as err:
-        print(f"cachepilot_sim.collect: {err}", file=sys.stderr)
+        print(f"cachepilot_sim.tools.collect: {err}", file=sys.stderr)
         return 2
     n_ok = sum(j["status"] == "complete" for j in result["jobs"])
     print(f"collected {n_ok} of {len(result['jobs'])} jobs"

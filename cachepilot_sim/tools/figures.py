@@ -1,20 +1,16 @@
-"""Figures of a run or a sweep with seaborn: `python -m cachepilot_sim.plot <run-or-sweep dir>`.
+"""Figures of a run or a sweep with seaborn, from the event traces (one function per figure).
 
-From every trace folder under the directory (`.../trace/<policy>_seed<k>/` with its meta.json):
+From every trace folder under a directory (`.../trace/<policy>_seed<k>/` with its meta.json):
 VRAM by tier over time with evictions marked, TTFT and TPOT CDFs per policy, restore cost by
-workload class, and the reuse estimator's predicted gaps (1/lambda) against the true gaps. For a
-sweep folder also the collected metric-vs-parameter plot (cachepilot_sim.collect). Written to
-`<dir>/plots/`.
-The notebooks in notebooks/ draw the same figures with these functions.
+workload class, and the reuse estimator's predicted gaps (1/lambda) against the true gaps; for a
+sweep, a metric against a swept parameter. `python -m cachepilot_sim.tools.plot` and
+`cachepilot_sim.tools.collect` save them; the notebooks in notebooks/ draw them inline.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
-import matplotlib
 import matplotlib.pyplot as plt
 import polars as pl
 import seaborn as sns
@@ -180,37 +176,3 @@ def fig_metric_vs_param(frame: pl.DataFrame, metric: str, param: str,
     sns.scatterplot(data=data, x=param, y=metric, hue=hue_arg, alpha=0.35, legend=False, ax=ax)
     ax.set_title(f"{metric} vs {param} (line: mean, band: sd over seeds)")
     return fig
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m cachepilot_sim.plot", description=__doc__)
-    ap.add_argument("dir", type=Path, help="a run folder, a sweep folder or one trace folder")
-    ap.add_argument("--out", type=Path, default=None, help="default: <dir>/plots")
-    ap.add_argument("--format", default="png", choices=["png", "svg"])
-    ap.add_argument("--metric", default="realized_restore_s", help="sweeps: metric to plot")
-    ap.add_argument("--param", default=None, help="sweeps: x axis (default: first swept number)")
-    args = ap.parse_args(argv)
-    matplotlib.use("Agg")  # files only: no display needed on servers and CI
-    out = args.out or args.dir / "plots"
-    paths: list[Path] = []
-    try:
-        if any(args.dir.rglob(".hydra/overrides.yaml")) and any(args.dir.rglob("job.json")):
-            from cachepilot_sim.collect import CollectError, collect
-
-            try:
-                result = collect(args.dir, out, args.metric, args.param, args.format)
-                paths += [result["plot"]] if "plot" in result else []
-            except CollectError as err:
-                print(f"cachepilot_sim.plot: {err}", file=sys.stderr)
-                return 2
-        paths += run_figures(args.dir, out, args.format)
-    except TraceError as err:
-        print(f"cachepilot_sim.plot: {err}", file=sys.stderr)
-        return 2
-    for p in paths:
-        print(p)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

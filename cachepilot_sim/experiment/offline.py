@@ -23,6 +23,7 @@ import polars as pl
 
 from cachepilot_sim.config import SimConfig
 from cachepilot_sim.cost import compute_fit, recompute_us, transfer_fits, transfer_us
+from cachepilot_sim.cost.kv_bytes import kv_bytes_per_token
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +51,7 @@ def access_sequence(cfg: SimConfig, requests: pl.DataFrame) -> AccessSequence:
     fit = compute_fit(cfg.hardware)
     h2d, _ = transfer_fits(cfg.hardware)
     block_tokens = cfg.kv.block_tokens
-    block_bytes = [m.kv_bytes_per_token * block_tokens for m in cfg.models]
+    block_bytes = [kv_bytes_per_token(m, m.kv_dtype_bytes) * block_tokens for m in cfg.models]
     done = requests.filter(pl.col("outcome") == "completed").sort(["session", "turn"])
     running: list[tuple[int, int, int]] = []
     gaps: list[IdleGap] = []

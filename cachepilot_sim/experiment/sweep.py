@@ -61,7 +61,7 @@ def run_job(cfg: DictConfig, out_dir: Path, overrides: list[str], job_num: int) 
     """
     from rich.console import Console
 
-    from cachepilot_sim.runner import run_experiment
+    from cachepilot_sim.experiment.runner import run_experiment
 
     digest = config_hash(cfg)
     label = f"job {job_num} ({','.join(overrides) or 'no overrides'})"

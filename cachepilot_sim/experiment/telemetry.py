@@ -8,7 +8,7 @@ are updated and, when `telemetry.prometheus_port` is set, served on 127.0.0.1 on
 `grafana_dashboard()` builds a dashboard whose panels query exactly these names. Wall-clock time is
 read here, for rates shown to people, never inside the simulated model.
 
-    python -m cachepilot_sim.telemetry grafana [--out dashboard.json]
+    python -m cachepilot_sim.experiment.telemetry grafana [--out dashboard.json]
 """
 
 from __future__ import annotations
@@ -234,7 +234,8 @@ def panel_metric_names(dashboard: dict[str, Any]) -> set[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m cachepilot_sim.telemetry", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m cachepilot_sim.experiment.telemetry",
+                                 description=__doc__)
     ap.add_argument("what", choices=["grafana"])
     ap.add_argument("--out", type=Path, default=None, help="file to write (default: stdout)")
     args = ap.parse_args(argv)

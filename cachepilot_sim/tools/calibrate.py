@@ -7,8 +7,8 @@ bf16 weights over 128..32k tokens and a decode step over batch sizes and context
 cost model (`kernels/fit.py`), prints the error of every point, and writes the raw measurements
 (`<date>_h200.json`) and a conf-compatible hardware file (`h200_calibrated.yaml`) to --out.
 
-    python -m cachepilot_sim.calibrate --out experiments/calibration          # on a GPU host
-    python -m cachepilot_sim.calibrate --refit experiments/calibration/2026-11-29_h200.json
+    python -m cachepilot_sim.tools.calibrate --out experiments/calibration          # on a GPU host
+    python -m cachepilot_sim.tools.calibrate --refit experiments/calibration/2026-11-29_h200.json
 """
 
 from __future__ import annotations
@@ -123,24 +123,14 @@ def measure_pcie(log: Any) -> dict[str, list[dict[str, Any]]]:
 
     out: dict[str, list[dict[str, Any]]] = {"h2d": [], "d2h": []}
     s = bench_swap.make_setup(num_device_blocks=2048, max_blocks=max(SWAP_BLOCKS))
-    g = s.geom
+    g, kv, hp = s.geom, s.device_kv, s.host_pool.data_ptr()
     for n in SWAP_BLOCKS:
         sets = bench_swap.id_sets(s, n, seed=n)
+        pairs = bench_swap.pairs_of(sets, n)  # addresses into `sets`, which stays referenced
         for direction, to_host in (("d2h", True), ("h2d", False)):
 
-            def fn(i: int, n: int = n, to_host: bool = to_host, sets: Any = sets) -> None:
-                d, h = sets[i % len(sets)]
-                ck.swap(
-                    s.ptr_table.data_ptr(),
-                    d.data_ptr(),
-                    h.data_ptr(),
-                    n,
-                    g,
-                    s.num_device_blocks,
-                    s.host_pool.data_ptr(),
-                    to_host,
-                    unroll=4,
-                )
+            def fn(i: int, to_host: bool = to_host, pairs: Any = pairs, sets: Any = sets) -> None:
+                ck.swap(kv, pairs[i % len(pairs)], hp, to_host, unroll=4)
 
             row: dict[str, Any] = {
                 "path": fit.PCIE_PATH,
@@ -183,19 +173,14 @@ def measure_quant(log: Any) -> list[dict[str, Any]]:
         x = torch.randn(rows, 1024, dtype=torch.bfloat16, device="cuda")
         q = torch.empty(rows, 1024, dtype=torch.uint8, device="cuda")
         sc = torch.empty(rows, dtype=torch.float32, device="cuda")
+        mats = ck.QuantRows(
+            x.data_ptr(), q.data_ptr(), sc.data_ptr(), rows, 1024, HalfFormat.BF16, QuantFormat.INT8
+        )
         variants = {
             fit.QUANT_VARIANT: lambda i, x=x, q=q, sc=sc: tk.quantize_per_token(
                 x, QuantFormat.INT8, q, sc, 4, 4
             ),
-            "cuda_tok_int8_t256_r1": lambda i, x=x, q=q, sc=sc, rows=rows: ck.quantize_per_token(
-                x.data_ptr(),
-                q.data_ptr(),
-                sc.data_ptr(),
-                rows,
-                1024,
-                HalfFormat.BF16,
-                QuantFormat.INT8,
-            ),
+            "cuda_tok_int8_t256_r1": lambda i, m=mats: ck.quantize_per_token(m),
         }
         for name, fn in variants.items():
             row: dict[str, Any] = {
@@ -287,7 +272,7 @@ def write_outputs(raw: dict[str, Any], out_dir: Path, log: Any, write_raw: bool 
         json.dumps({"parameters": params, "summary": summary, "points": errs}, indent=1)
     )
     comment = (
-        f"Fitted by `python -m cachepilot_sim.calibrate` from {params['source']}.\n"
+        f"Fitted by `python -m cachepilot_sim.tools.calibrate` from {params['source']}.\n"
         f"Fit error over all points: median {100 * summary['all']['median_abs_rel']:.1f} %,"
         f" max {100 * summary['all']['max_abs_rel']:.1f} %; per point in "
         f"{raw['date']}_h200_fit.json."

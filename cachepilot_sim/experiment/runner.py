@@ -22,8 +22,8 @@ from rich.console import Console
 from rich.table import Table
 
 from cachepilot_sim.config import RunConfig, SimConfig, TraceFormat
+from cachepilot_sim.experiment.telemetry import RunMonitor
 from cachepilot_sim.sim import build
-from cachepilot_sim.telemetry import RunMonitor
 
 # (metric key, column title, format): the headline table.
 COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -119,7 +119,7 @@ def run_cells(
 
 
 def _add_offline_bound(cell: dict[str, Any], sim_cfg: SimConfig, requests: Any) -> None:
-    from cachepilot_sim.offline import offline_metrics
+    from cachepilot_sim.experiment.offline import offline_metrics
 
     cell |= offline_metrics(sim_cfg, requests)
     bound = cell["offline_lp_restore_s"]

@@ -1,6 +1,6 @@
 """Hardware scorecard: decode roofline and KV capacity of one model on every GPU tier.
 
-    python -m cachepilot_sim.scorecard [model=llama3_8b] [context_tokens=2048] [batch=0]
+    python -m cachepilot_sim.tools.scorecard [model=llama3_8b] [context_tokens=2048] [batch=0]
         [activation_reserve_gb=1.073741824] [gpus=a100_40gb,h200,...]
 
 Datasheet figures come from conf/gpu/*.yaml (each one cites its source), the model from
@@ -32,19 +32,18 @@ from cachepilot_sim.config import (
     ModelConfig,
     require,
 )
+from cachepilot_sim.cost.kv_bytes import KvDtype, kv_bytes_per_token
 from cachepilot_sim.cost.model import compute_fit, iteration_us
 from cachepilot_sim.cost.roofline import (
     DecodeBound,
-    KvDtype,
     capacity_tokens,
     decode_bound,
-    kv_bytes_per_token,
     kv_pool_bytes,
     pcie_gbps,
     ridge_batch,
 )
+from cachepilot_sim.tools import CONF_DIR
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 DEFAULTS = {"model": "llama3_8b", "context_tokens": "2048", "batch": "0",
             "activation_reserve_gb": str(KVConfig().activation_reserve_bytes / GB), "gpus": ""}
 
@@ -120,8 +119,9 @@ def score(gpu: GpuSpecConfig, model: ModelConfig, context_tokens: int, batch: in
           reserve_bytes: int) -> TierScore:
     """The roofline and capacity figures of one tier (batch 0: the largest FP16 batch that fits)."""
     pool = kv_pool_bytes(gpu, model, reserve_bytes)
-    tokens = {d: capacity_tokens(pool, kv_bytes_per_token(model, d)) for d in KvDtype}
-    fp16 = kv_bytes_per_token(model, KvDtype.FP16)
+    tokens = {d: capacity_tokens(pool, kv_bytes_per_token(model, d.value_bytes, d.scale_bytes))
+              for d in KvDtype}
+    fp16 = kv_bytes_per_token(model, KvDtype.FP16.value_bytes)
     fits = gpu.hbm_bytes >= model.weight_bytes + reserve_bytes
     num_seqs = batch or max(1, tokens[KvDtype.FP16] // context_tokens)
     bound = decode_bound(gpu, model, num_seqs, context_tokens, fp16) if fits else None
@@ -146,7 +146,7 @@ def measured_rows(
     rows.append(("quantize GB/s (r+w)", "-", f"{hw.quantize_bytes_per_us / 1e3:,.0f}"))
     if ts.bound is not None:
         b = ts.bound
-        fp16 = kv_bytes_per_token(model, KvDtype.FP16)
+        fp16 = kv_bytes_per_token(model, KvDtype.FP16.value_bytes)
         sim_us = iteration_us(compute_fit(hw), model.weight_bytes, b.batch,
                               b.batch * context_tokens * fp16, b.batch * (context_tokens + 0.5))
         rows.append((f"decode step ms, batch {b.batch}", f"{b.step_us / 1e3:.2f} (roofline)",
@@ -167,7 +167,7 @@ def render(scores: list[TierScore], model: ModelConfig, context_tokens: int, con
                       f"Gen{g.pcie_gen} x{g.pcie_lanes} ({pcie_gbps(g):.1f})")
     console.print(sheet)
 
-    fp16 = kv_bytes_per_token(model, KvDtype.FP16)
+    fp16 = kv_bytes_per_token(model, KvDtype.FP16.value_bytes)
     roof = Table(title=f"Decode roofline: {model.name}, {context_tokens} context tokens a "
                        f"sequence, FP16 KV ({fp16 / 1024:.0f} KiB/token)")
     for col in ("GPU", "batch", "bytes/step GB", "bandwidth ms", "compute ms", "binds",

@@ -1,6 +1,7 @@
 """Train the learned admission controller: imitate a tuned threshold rule, then REINFORCE.
 
-    python -m cachepilot_sim.train_admission --out experiments/admission/weights.npz [--seed 0]
+    python -m cachepilot_sim.tools.train_admission --out experiments/admission/weights.npz
+        [--seed 0]
 
 1. Teacher: the threshold rule's two parameters picked by a small grid on the training seeds (best
    mean goodput). 2. Imitation: cross-entropy of the MLP against the teacher's decisions, recorded
@@ -27,8 +28,8 @@ from cachepilot_sim.admission.controllers import Learned, Threshold, allowed
 from cachepilot_sim.admission.mlp import Mlp
 from cachepilot_sim.config import SimConfig, admission_config, register_configs, to_config
 from cachepilot_sim.sim import build
+from cachepilot_sim.tools import CONF_DIR
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 # The overloaded variant of mixed_spike the controller is trained for: 256 front-end slots and a
 # x16 spike, so that queues and KV pressure actually build (stock mixed_spike rarely needs a gate).
 OVERLOAD = ["workload.max_active_sessions=256", "workload.spike_multiplier=16"]
@@ -39,7 +40,7 @@ Row = tuple[np.ndarray, int, np.ndarray]
 
 def base_config(overrides: list[str], experiment: str = "mixed_spike") -> SimConfig:
     """`experiment` (no event trace) with `overrides`, as one SimConfig (seed 0, PERC)."""
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = to_config(compose("config", overrides=[
             f"+experiment={experiment}", "trace.enabled=false", *overrides]))
     return cfg.sim_for(cfg.policy.name, cfg.seed)

@@ -1,0 +1,473 @@
+"""Prefix-sharing KV manager for trace replay: reference-counted hash blocks, suffix-first eviction,
+and a CPU tier.
+
+A request reuses the leading blocks of its hash chain that are cached and computes the rest; when
+it ends, its blocks stay cached (idle). A decision shows the policy every idle block whose GPU
+subtree is idle, as chains cut at branch points (`forest.py`); it may cut only tails. The restore
+cost of a block is the recompute of its tokens at its position in the chain, or a reload when a CPU
+copy will exist and is cheaper (priced by the CPU store's survival estimate). Tokens not covered by
+hash blocks (output, traces without hashes) sit in private pages freed at the end.
+
+With `kv.offload_enabled`, an evicted GPU tail goes to the CPU store when it has room (dropping the
+oldest CPU tails, if `kv.cpu_store_evicts_lru`), otherwise it is dropped with its CPU descendants.
+Along a chain the tiers run GPU..., then CPU...; a request continuing into CPU blocks reloads them
+first. A block in flight is neither evictable nor reusable: a request needing it waits (BLOCKED).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import simpy
+
+from cachepilot_sim.components.kv.cpu_store import CpuStore
+from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
+from cachepilot_sim.components.kv.protocol import Admit, KvDeps, KvStats, Tier
+from cachepilot_sim.components.kv.room import RoomRule
+from cachepilot_sim.components.kv.transfers import Transfers, cpu_kv_bytes_per_token
+from cachepilot_sim.components.request import KvSource, Outcome, Request
+from cachepilot_sim.config import SimConfig
+from cachepilot_sim.cost import recompute_us
+from cachepilot_sim.policies import CacheEntry
+
+
+class _Running:
+    __slots__ = ("chain", "pages", "private_pages", "hash_tokens")
+
+    def __init__(
+        self, chain: list[HashBlock], pages: int, private_pages: int, hash_tokens: int
+    ) -> None:
+        self.chain = chain
+        self.pages = pages  # pages as the batcher counts them
+        self.private_pages = private_pages  # pages held beyond the hash blocks
+        self.hash_tokens = hash_tokens
+
+
+class PrefixKvManager:
+    """KV shared by prefix hash (trace replay); requests carry their hash chain and group."""
+
+    def __init__(self, cfg: SimConfig, deps: KvDeps) -> None:
+        self.env, self.pool, self.link = deps.env, deps.pool, deps.link
+        self.policy, self.estimator, self.fit = deps.policy, deps.estimator, deps.fit
+        self.events, self.queue, self.wake = deps.events, deps.queue, deps.wake
+        model = cfg.model
+        self.block_tokens = cfg.kv.block_tokens
+        self.block_bytes = [m.kv_bytes_per_token * cfg.kv.block_tokens for m in cfg.models]
+        self.hash_tokens = cfg.replay.hash_block_tokens
+        self.hash_bytes = model.kv_bytes_per_token * self.hash_tokens
+        self.cpu_hash_bytes = (
+            cpu_kv_bytes_per_token(model, cfg.kv.offload_dtype_bytes) * self.hash_tokens
+        )
+        self.max_blocks = cfg.replay.prefix_cache_max_blocks
+        self.max_context = model.max_context_tokens
+        self.offload_enabled = cfg.kv.offload_enabled
+        self.stats = KvStats()
+        self.room = RoomRule(self.pool, cfg.kv.watermark_fraction)
+        self.cpu = CpuStore(cfg.kv.cpu_store_bytes, cfg.kv.cpu_store_evicts_lru, self.stats)
+        self.transfers = Transfers(
+            self.env, self.pool, self.link, self.stats, cfg.hardware.quantize_bytes_per_us
+        )
+        self.reload_block_us = self.transfers.reload_estimate_us(
+            self.hash_bytes, self.cpu_hash_bytes
+        )
+        self.tree = PrefixTree()
+        self.running: dict[int, _Running] = {}
+        self.held: dict[int, list[HashBlock]] = {}  # req id -> blocks pinned by its reload
+        self.seen: set[int] = set()  # hash ids ever cached: a miss on one is a paid restore
+        self.group_entries: dict[int, CacheEntry] = {}  # per inferred session: its gap EMA
+        # One policy entry per hash, kept after eviction: a returning block is the same entry to
+        # the policy (its uses, its ghost-list record), as a returning session is.
+        self.hash_entries: dict[int, CacheEntry] = {}
+        self.orphans = 0  # blocks in flight out whose chain was dropped meanwhile
+        self._next_entry_id = 0
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_tokens)
+
+    def evictable_bytes(self) -> int:
+        """GPU bytes of idle blocks: every one is evictable, tails first."""
+        return self.tree.num_idle_gpu_blocks * self.hash_bytes
+
+    # -- arrivals: inferred sessions feed the reuse estimator ---------------------------------
+    def _group_entry(self, group: int) -> CacheEntry:
+        e = self.group_entries.get(group)
+        if e is None:
+            now = int(self.env.now)
+            e = CacheEntry(self._next_entry_id, group, 0, 0, 0, 0, 0, now, now)
+            self._next_entry_id += 1
+            self.group_entries[group] = e
+        return e
+
+    def on_arrival(self, req: Request) -> None:
+        """A continuation's gap since its parent finished is one idle-gap observation; every
+        block of its chain that was ever cached is accessed (a hit, or a miss after eviction)."""
+        now = int(self.env.now)
+        parent = req.parent
+        if parent is not None and parent.outcome == Outcome.COMPLETED:
+            self.estimator.observe(self._group_entry(req.group_id), now - parent.finish_us)
+        for h in req.hash_ids:
+            entry = self.hash_entries.get(h)
+            if entry is not None:
+                self.policy.on_access(entry, now)
+
+    # -- admission ---------------------------------------------------------------------------
+    def _block_recompute_us(self, depth: int) -> float:
+        return recompute_us(self.fit, (depth + 1) * self.hash_tokens) - recompute_us(
+            self.fit, depth * self.hash_tokens
+        )
+
+    def admit(self, req: Request) -> Admit:
+        """Reuse the cached leading blocks, reload CPU ones, allocate the rest + private pages."""
+        ids = req.hash_ids
+        tokens = req.prompt_tokens + (req.generated if req.num_preemptions else 0)
+        final_tokens = req.prompt_tokens + req.output_tokens
+        hash_tokens = len(ids) * self.hash_tokens
+        final_private = self.blocks_for(max(0, final_tokens - hash_tokens))
+        total_bytes = len(ids) * self.hash_bytes + final_private * self.block_bytes[0]
+        if total_bytes > self.pool.capacity_bytes or final_tokens > self.max_context:
+            return Admit.REJECT
+        tree = self.tree
+        hits = 0
+        while hits < len(ids) and tree.on_gpu(ids[hits]):
+            hits += 1
+        early = self._admit_from_cpu(req, ids, hits)
+        if early is not None:
+            return early
+        chain = [tree.blocks[h] for h in ids[:hits]]
+        for b in chain:  # pinned first, so making room cannot evict the prefix being reused
+            tree.pin(b)
+        private = self.blocks_for(max(0, tokens - hash_tokens))
+        need = (len(ids) - hits) * self.hash_bytes + private * self.block_bytes[0]
+        if not self._make_room(need):
+            for b in chain:
+                tree.unpin(b)
+            return Admit.BLOCKED
+        self.pool.allocate(need)
+        self._insert(chain, ids[hits:], req)
+        self.running[req.session_id] = _Running(
+            chain, self.blocks_for(tokens), private, hash_tokens
+        )
+        self._release_held(req)
+        req.prefill_tokens = max(1, tokens - min(hits * self.hash_tokens, tokens))
+        if req.num_preemptions == 0:
+            self._count_lookup(req, ids, hits)
+        self._enforce_cap()
+        return Admit.READY
+
+    def _make_room(self, need_bytes: int) -> bool:
+        idle = not self.running and self.pool.in_flight_bytes == 0
+        target = self.room.target(need_bytes, idle, self.evictable_bytes)
+        if self.pool.free_bytes >= target:
+            return True
+        short = self.room.shortfall(target, self.transfers.pending_free_bytes)
+        if short > 0:
+            self.evict(short, allow_offload=True)
+        return self.pool.free_bytes >= target
+
+    def _admit_from_cpu(self, req: Request, ids: list[int], hits: int) -> Admit | None:
+        """Reload the CPU-resident continuation of the hits (WAIT), or wait for a block in
+        flight (BLOCKED); None when the chain does not continue into the CPU tier."""
+        tree = self.tree
+        end = hits
+        while end < len(ids) and tree.tier(ids[end]) == Tier.CPU:
+            end += 1
+        if end < len(ids) and tree.tier(ids[end]) in (Tier.FLIGHT_OUT, Tier.FLIGHT_IN):
+            return Admit.BLOCKED  # wait for the copy to land, then look again
+        if end == hits:
+            return None
+        chain = [tree.blocks[h] for h in ids[:hits]]
+        for b in chain:
+            tree.pin(b)
+        back = [tree.blocks[h] for h in ids[hits:end]]
+        num_bytes = len(back) * self.hash_bytes
+        if not self._make_room(num_bytes):
+            for b in chain:
+                tree.unpin(b)
+            return Admit.BLOCKED
+        self.pool.start_reload(num_bytes)
+        self.cpu.release(len(back) * self.cpu_hash_bytes)
+        for b in back:
+            tree.come_back(b)
+        self.held.setdefault(req.req_id, []).extend(chain + back)
+        self.events.reload_start(int(self.env.now), req, len(back), num_bytes)
+        self.env.process(self._reload_blocks(req, back, num_bytes))
+        return Admit.WAIT
+
+    def _reload_blocks(
+        self, req: Request, back: list[HashBlock], num_bytes: int
+    ) -> Generator[simpy.Event, object, None]:
+        """Process: copy the blocks back; the request re-queues and then finds them on the GPU."""
+        duration = yield from self.transfers.reload(num_bytes, len(back) * self.cpu_hash_bytes)
+        now = int(self.env.now)
+        for b in back:
+            b.tier = Tier.GPU
+            b.entry.last_used_us = now
+        st = self.stats
+        st.reloads += 1
+        st.reload_blocks += len(back)
+        st.realized_reload_us += duration
+        req.kv_source = KvSource.RELOAD
+        req.reload_us_paid += duration
+        self.events.reload_done(now, req, len(back), len(back) * self.cpu_hash_bytes, duration)
+        self.queue.requeue_front(req)
+
+    def _release_held(self, req: Request) -> None:
+        for b in self.held.pop(req.req_id, []):
+            self.tree.unpin(b)
+
+    def abandon(self, req: Request) -> None:
+        """A queued request gave up: unpin the blocks its reload was holding for it."""
+        self._release_held(req)
+
+    def _insert(self, chain: list[HashBlock], new_ids: list[int], req: Request) -> None:
+        group = req.group_id
+        parent = chain[-1] if chain else None
+        now = int(self.env.now)
+        for h in new_ids:
+            entry = self.hash_entries.get(h)
+            if entry is None:
+                entry = CacheEntry(
+                    entry_id=self._next_entry_id,
+                    session_id=group,
+                    model_index=0,
+                    class_index=0,
+                    priority=req.priority,
+                    num_tokens=self.hash_tokens,
+                    num_bytes=self.hash_bytes,
+                    created_us=now,
+                    last_used_us=now,
+                    recompute_us=self._block_recompute_us(len(chain)),
+                )
+                self._next_entry_id += 1
+                self.hash_entries[h] = entry
+            else:  # cached again after eviction: the same entry, used now
+                entry.session_id, entry.priority, entry.last_used_us = group, req.priority, now
+            b = HashBlock(h, parent, entry)
+            self.tree.add(b)
+            chain.append(b)
+            parent = b
+
+    def _count_lookup(self, req: Request, ids: list[int], hits: int) -> None:
+        st = self.stats
+        st.lookup_blocks += len(ids)
+        st.hit_blocks += hits
+        st.input_tokens += req.prompt_tokens
+        st.hit_tokens += min(hits * self.hash_tokens, req.prompt_tokens)
+        restored = [j for j in range(hits, len(ids)) if ids[j] in self.seen]
+        self.seen.update(ids[hits:])
+        now = int(self.env.now)
+        if hits and req.kv_source != KvSource.RELOAD:
+            req.kv_source = KvSource.HIT
+            st.hits += 1
+            self.events.hit(now, req, hits)
+        if restored:
+            cost = sum(self._block_recompute_us(j) for j in restored)
+            req.recompute_us_paid = cost
+            st.recomputes += 1
+            st.realized_recompute_us += cost
+            if not hits:
+                req.kv_source = KvSource.RECOMPUTE
+            self.events.recompute(now, req, cost, len(restored))
+
+    # -- eviction: idle chain tails, smallest policy key first ---------------------------------
+    def evict(self, bytes_needed: int, allow_offload: bool) -> int:
+        """Evict idle chain tails chosen by the policy until `bytes_needed` are (being) freed."""
+        num_blocks = -(-bytes_needed // self.hash_bytes) if bytes_needed > 0 else 0
+        return self._evict_blocks(num_blocks, allow_offload) * self.hash_bytes
+
+    def _evict_blocks(self, num_blocks: int, allow_offload: bool = True) -> int:
+        """Evict up to num_blocks blocks: the policy picks tails of the idle prefix forest.
+
+        Returns the number evicted (fewer when nothing else is idle). A decision that frees less
+        than asked (a policy may stop short) is repeated on what is left.
+        """
+        now = int(self.env.now)
+        done = 0
+        tree = self.tree
+        while done < num_blocks and tree.evictable:
+            forest = tree.forest()
+            entries = [self._prepare(b, now, allow_offload) for b in forest.blocks]
+            victims = self.policy.select_victims(
+                entries, (num_blocks - done) * self.hash_bytes, now, forest.chains, forest.parents
+            )
+            cut = forest.cut_order(victims, self.policy.name)
+            if not cut:
+                break
+            for b in cut:
+                self.policy.on_evict(b.entry, now)
+            for b in cut:
+                tree.evictable.pop(b.hash_id, None)
+                self._dispose(b, now, allow_offload)
+                done += 1
+            for b in cut:  # what the cut leaves idle and childless is a tail now
+                tree.expose_parent(b)
+        return done
+
+    def _prepare(self, b: HashBlock, now: int, allow_offload: bool) -> CacheEntry:
+        """Fill in the block's entry for a decision: restore cost and its group's gap EMA."""
+        e = b.entry
+        s = self.group_entries.get(e.session_id)
+        e.gap_ema_us = s.gap_ema_us if s is not None else -1.0
+        e.restore_us = e.recompute_us
+        if allow_offload and self.offload_enabled and self.cpu.can_take(self.cpu_hash_bytes):
+            e.restore_us = self.cpu.restore_us(
+                self.reload_block_us,
+                e.recompute_us,
+                self.estimator.gap_us(e, now),
+                self.estimator.delta_us,
+            )
+        return e
+
+    def _dispose(self, b: HashBlock, now: int, allow_offload: bool) -> None:
+        """Offload an evicted tail when allowed and the store has room; else drop it with its
+        CPU descendants. Decode growth needs bytes now (allow_offload False): an offload frees
+        them only later."""
+        e = b.entry
+        expected = self.estimator.resume_probability(e, now) * e.restore_us
+        self.stats.expected_evict_cost_us += expected
+        score = float(self.policy.key(e, now)[0])
+        offload = (
+            allow_offload
+            and self.offload_enabled
+            and self.cpu.can_take(self.cpu_hash_bytes)
+            and self.cpu.make_room(self.cpu_hash_bytes, self._drop_cpu_tail)
+        )
+        st = self.stats
+        if offload:
+            st.evictions_offload += 1
+            st.evicted_bytes_offload += self.hash_bytes
+        else:
+            st.evictions_drop += 1
+            st.evicted_bytes_drop += self.hash_bytes
+        self.events.evict(now, e, 1, self.hash_bytes, offload, score, expected)
+        if offload:
+            self.transfers.start_offload(self.hash_bytes)
+            self.cpu.reserve(self.cpu_hash_bytes)
+            self.tree.leave_gpu(b)
+            self.env.process(self._offload_block(b))
+        else:
+            self._forget(b)
+
+    def _drop_cpu_tail(self, hash_id: int, last_used_us: int) -> bool | None:
+        """The CPU store's drop: the oldest CPU block that no cached block extends."""
+        b = self.tree.blocks.get(hash_id)
+        if b is None or b.tier != Tier.CPU or b.children:
+            return None
+        self.cpu.record_drop(int(self.env.now) - b.cpu_since_us)
+        self.events.cpu_drop(int(self.env.now), b.entry, 1, self.hash_bytes)
+        self._forget(b)
+        return True
+
+    def _push_cpu_tail(self, b: HashBlock) -> None:
+        if b.tier == Tier.CPU and not b.children:
+            self.cpu.push(b.entry.last_used_us, b.entry.entry_id, b.hash_id)
+
+    def _offload_block(self, b: HashBlock) -> Generator[simpy.Event, object, None]:
+        """Process: copy one block out; its GPU bytes are free when the copy lands."""
+        duration = yield from self.transfers.offload(self.hash_bytes, self.cpu_hash_bytes)
+        if self.tree.blocks.get(b.hash_id) is b:
+            b.tier = Tier.CPU
+            b.cpu_since_us = int(self.env.now)
+            self._push_cpu_tail(b)
+        else:  # its chain was dropped while it was in flight
+            self.cpu.release(self.cpu_hash_bytes)
+            self.orphans -= 1
+        self.events.offload_done(int(self.env.now), b.entry, 1, self.cpu_hash_bytes, duration)
+        self.wake.notify()
+
+    def _forget(self, b: HashBlock) -> None:
+        """Remove b and its descendants from the cache, freeing what each tier holds."""
+        for child in list(b.children.values()):
+            self._forget(child)
+        assert b.refcount == 0 and b.tier != Tier.FLIGHT_IN
+        if b.tier == Tier.GPU:
+            self.tree.remove_gpu(b)
+            self.pool.release(self.hash_bytes)
+            return
+        self.tree.forget_off_gpu(b)
+        if b.tier == Tier.CPU:
+            self.cpu.release(self.cpu_hash_bytes)
+        else:  # FLIGHT_OUT: the landing copy frees its bytes
+            self.orphans += 1
+        if b.parent is not None:
+            self._push_cpu_tail(b.parent)
+
+    def _enforce_cap(self) -> None:
+        n = self.tree.num_gpu_blocks
+        if self.max_blocks and n > self.max_blocks:
+            self.stats.cap_evictions += self._evict_blocks(n - self.max_blocks)
+
+    def maintain_watermark(self) -> None:
+        short = self.room.watermark_shortfall(self.transfers.pending_free_bytes)
+        if short > 0 and self.tree.evictable:
+            self.evict(short, allow_offload=True)
+
+    # -- running requests ----------------------------------------------------------------------
+    def grow(self, session_ids: list[int], num_blocks: list[int]) -> bool:
+        """More pages for running requests (all or nothing); pages inside hash blocks are free."""
+        extra: list[int] = []
+        for sid, n in zip(session_ids, num_blocks, strict=True):
+            r = self.running[sid]
+            want = self.blocks_for(max(0, (r.pages + n) * self.block_tokens - r.hash_tokens))
+            extra.append(max(0, want - r.private_pages))
+        num_bytes = sum(extra) * self.block_bytes[0]
+        if self.pool.free_bytes < num_bytes:
+            self.evict(num_bytes - self.pool.free_bytes, allow_offload=False)
+        if self.pool.free_bytes < num_bytes:
+            return False
+        self.pool.allocate(num_bytes)
+        for sid, n, x in zip(session_ids, num_blocks, extra, strict=True):
+            r = self.running[sid]
+            r.pages += n
+            r.private_pages += x
+        return True
+
+    def finish(self, req: Request, num_tokens: int) -> None:
+        """The request ended: private pages are freed, its blocks stay cached and idle."""
+        r = self.running.pop(req.session_id)
+        self.pool.release(r.private_pages * self.block_bytes[0])
+        now = int(self.env.now)
+        for b in r.chain:
+            b.computed = True
+            b.entry.last_used_us = now
+            b.entry.session_id = req.group_id
+            b.entry.num_uses += 1
+            self.tree.unpin(b)
+            if b.refcount == 0:  # idle now: a reuse gap starts
+                self.policy.on_release(b.entry, now)
+        self._enforce_cap()
+
+    def preempt(self, req: Request, num_tokens: int) -> None:
+        """Recompute preemption: private pages and blocks it had not finished computing go."""
+        r = self.running.pop(req.session_id)
+        self.pool.release(r.private_pages * self.block_bytes[0])
+        kept = 0
+        for depth in range(len(r.chain) - 1, -1, -1):  # deepest first: a chain loses its tail
+            b = r.chain[depth]
+            b.computed = b.computed or (depth + 1) * self.hash_tokens <= num_tokens
+            self.tree.unpin(b)
+            if not b.computed and b.refcount == 0 and b.num_children == 0:
+                self.tree.remove_gpu(b)
+                self.pool.release(self.hash_bytes)
+            elif b.computed:
+                kept = max(kept, (depth + 1) * self.hash_tokens)
+        cost = recompute_us(self.fit, num_tokens) - recompute_us(self.fit, min(kept, num_tokens))
+        self.stats.preemptions += 1
+        self.stats.preempt_recompute_us += cost
+        self.events.preempt(int(self.env.now), req, r.pages, 0, cost)
+        req.num_preemptions += 1
+        self._enforce_cap()  # its blocks may be idle now: the cap applies to them again
+
+    def metrics(self) -> dict[str, float | int]:
+        st = self.stats
+        tree = self.tree
+        return {
+            "prefix_hit_ratio": st.hit_blocks / st.lookup_blocks if st.lookup_blocks else 0.0,
+            "prefix_hit_token_ratio": st.hit_tokens / st.input_tokens if st.input_tokens else 0.0,
+            "prefix_lookup_blocks": st.lookup_blocks,
+            "prefix_hit_blocks": st.hit_blocks,
+            "prefix_cached_blocks": tree.num_gpu_blocks,
+            "prefix_cap_evictions": st.cap_evictions,
+            "prefix_cpu_blocks": len(tree.blocks) - tree.num_gpu_blocks,
+            "prefix_reload_blocks": st.reload_blocks,
+        }

@@ -1,0 +1,91 @@
+"""Offload and reload copies over the PCIe link, with the pool's bytes held in flight meanwhile.
+
+A quantized CPU tier (`kv.offload_dtype_bytes` smaller than the GPU's) converts on the GPU before
+an offload and after a reload (no PCIe lane held then) and moves the smaller form over the link;
+the conversion is charged at the calibrated quantize rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import simpy
+
+from cachepilot_sim.clock import SimEnvironment
+from cachepilot_sim.components.kv.protocol import KvStats
+from cachepilot_sim.components.pcie_link import PcieLink
+from cachepilot_sim.components.vram_pool import VramPool
+from cachepilot_sim.config import ModelConfig
+from cachepilot_sim.cost import quantize_us
+
+
+def cpu_kv_bytes_per_token(model: ModelConfig, offload_dtype_bytes: int) -> int:
+    """KV bytes a token in the CPU store: the GPU's unless `offload_dtype_bytes` is smaller, then
+    that many bytes a value plus a float32 scale per (layer, K|V) row (per-token quantization).
+    """
+    if offload_dtype_bytes in (0, model.kv_dtype_bytes):
+        return model.kv_bytes_per_token
+    values = 2 * model.num_layers * model.num_kv_heads * model.head_dim
+    return values * offload_dtype_bytes + 2 * model.num_layers * 4
+
+
+class Transfers:
+    """The copy processes both KV managers use; `pending_free_bytes` are offloads in flight."""
+
+    __slots__ = ("env", "pool", "link", "stats", "quantize_bytes_per_us", "pending_free_bytes")
+
+    def __init__(
+        self,
+        env: SimEnvironment,
+        pool: VramPool,
+        link: PcieLink,
+        stats: KvStats,
+        quantize_bytes_per_us: float,
+    ) -> None:
+        self.env = env
+        self.pool = pool
+        self.link = link
+        self.stats = stats
+        self.quantize_bytes_per_us = quantize_bytes_per_us
+        self.pending_free_bytes = 0
+
+    def convert_us(self, gpu_bytes: int, cpu_bytes: int) -> int:
+        """GPU time to quantize KV for the CPU store (or dequantize it back); 0 for a copy."""
+        if cpu_bytes == gpu_bytes:
+            return 0
+        return quantize_us(self.quantize_bytes_per_us, gpu_bytes, cpu_bytes)
+
+    def reload_estimate_us(self, gpu_bytes: int, cpu_bytes: int) -> float:
+        """What a reload of this KV would cost now on an idle link (copy + conversion)."""
+        return float(
+            self.link.duration_us("h2d", cpu_bytes) + self.convert_us(gpu_bytes, cpu_bytes)
+        )
+
+    def start_offload(self, gpu_bytes: int) -> None:
+        """used -> in flight; the bytes will be free when the copy lands."""
+        self.pool.start_offload(gpu_bytes)
+        self.pending_free_bytes += gpu_bytes
+
+    def offload(self, gpu_bytes: int, cpu_bytes: int) -> Generator[simpy.Event, object, int]:
+        """Process body: convert (if quantizing), copy out, free the GPU bytes. Returns the time
+        paid (conversion + copy, µs)."""
+        convert = self.convert_us(gpu_bytes, cpu_bytes)
+        if convert:
+            self.stats.convert_us += convert
+            yield self.env.timeout(convert)
+        duration = convert + (yield from self.link.transfer("d2h", cpu_bytes))
+        self.pool.finish_offload(gpu_bytes)
+        self.pending_free_bytes -= gpu_bytes
+        return duration
+
+    def reload(self, gpu_bytes: int, cpu_bytes: int) -> Generator[simpy.Event, object, int]:
+        """Process body: copy back into blocks already held in flight (`pool.start_reload`),
+        then dequantize; the bytes are used when it returns. Returns the time paid (µs)."""
+        duration = yield from self.link.transfer("h2d", cpu_bytes)
+        convert = self.convert_us(gpu_bytes, cpu_bytes)
+        if convert:
+            self.stats.convert_us += convert
+            yield self.env.timeout(convert)
+            duration += convert
+        self.pool.finish_reload(gpu_bytes)
+        return duration

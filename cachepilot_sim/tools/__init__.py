@@ -1,0 +1,12 @@
+"""Commands a user runs apart from a simulation run, each `python -m cachepilot_sim.tools.<name>`.
+
+On results: `plot` (figures of a run or a sweep, drawn by `figures`), `collect` (a sweep's jobs in
+one table). On hardware and data: `scorecard`, `calibrate`, `profile_dataset`, `vllm_bench`.
+Training: `train_admission`. Tools import the rest of the package; nothing outside `tools/` imports
+a tool (tests/unit/test_import_graph.py checks it).
+"""
+
+from pathlib import Path
+
+# The repository's Hydra config tree (model, gpu, hardware and experiment files the tools read).
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
