@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 EXPERIMENT ?= mixed_spike
 
-.PHONY: run test install install-dev lint bench clean install-vllm-policy test-vllm \
+.PHONY: run test test-fuzz install install-dev lint bench clean install-vllm-policy test-vllm \
 	bench-vllm-evictor
 
 $(PY):
@@ -22,6 +22,10 @@ run: install
 
 test: install-dev
 	$(PY) -m pytest
+
+# Nightly-size fuzzing: 10^6 state-machine steps per KV manager (CI runs 5 x 10^4 each).
+test-fuzz: install-dev
+	CACHEPILOT_FUZZ_STEPS=1000000 $(PY) -m pytest tests/property/test_kv_state_machine.py
 
 lint: install-dev
 	$(VENV)/bin/ruff check cachepilot_sim tests experiments

@@ -12,10 +12,11 @@ import polars as pl
 import simpy
 
 from cachepilot_sim.clock import SimEnvironment, ms_to_us, s_to_us
-from cachepilot_sim.components.batcher import Batcher, EnginePorts
+from cachepilot_sim.components.batcher import Batcher
 from cachepilot_sim.components.clients import Clients
 from cachepilot_sim.components.kv import KvDeps, make_kv_manager
 from cachepilot_sim.components.pcie_link import PcieLink
+from cachepilot_sim.components.ports import EnginePorts
 from cachepilot_sim.components.replay_clients import ReplayClients
 from cachepilot_sim.components.request import Outcome
 from cachepilot_sim.components.scheduler import RequestQueue, Scheduler
@@ -30,6 +31,7 @@ from cachepilot_sim.rng import make_streams
 from cachepilot_sim.trace.events import TraceEvents
 from cachepilot_sim.trace.recorder import make_recorder
 from cachepilot_sim.workloads.replay import ReplayWorkload, load_replay
+from cachepilot_sim.workloads.synthetic import SessionFactory
 
 
 class SimulationError(RuntimeError):
@@ -86,7 +88,8 @@ class Simulation:
         self.replay: ReplayWorkload | None = None
         self.clients: Clients | ReplayClients
         if cfg.replay.format == TraceFormat.NONE:
-            self.clients = Clients(env, cfg, streams, self.scheduler.inbox, events)
+            factory = SessionFactory(cfg, streams)
+            self.clients = Clients(env, cfg, streams, factory, self.scheduler.inbox, events)
         else:  # trace replay: requests at trace times, KV shared by prefix hash
             self.replay = load_replay(cfg, streams.arrivals)
             self.clients = ReplayClients(env, cfg, self.replay, self.scheduler.inbox)

@@ -67,6 +67,7 @@ class AdmissionGate:
         return self._rate_per_s
 
     def view(self, req: Request) -> AdmissionView:
+        """What the controller sees about admitting `req` now (queue, pool, need, rates)."""
         pool = self.pool
         need = self.kv.blocks_for(req.context_tokens + req.prompt_tokens)
         return AdmissionView(

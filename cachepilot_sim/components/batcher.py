@@ -19,16 +19,17 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from cachepilot_sim.clock import SimEnvironment, ceil_us, ms_to_us
+from cachepilot_sim.clock import ceil_us, ms_to_us
 from cachepilot_sim.components.admission_gate import AdmissionGate
-from cachepilot_sim.components.kv import Admit, KvManager
+from cachepilot_sim.components.kv import Admit
+from cachepilot_sim.components.ports import EnginePorts
 from cachepilot_sim.components.request import Outcome, Request
-from cachepilot_sim.components.scheduler import RequestQueue
-from cachepilot_sim.components.signal import Signal
-from cachepilot_sim.components.vram_pool import PoolView
 from cachepilot_sim.config import BatchMode, SimConfig
-from cachepilot_sim.cost import ComputeFit, decode_step_slope_us, iteration_us
-from cachepilot_sim.trace.events import TraceEvents
+from cachepilot_sim.cost import (
+    batch_iteration_us,
+    decode_step_slope_us,
+    iteration_us,
+)
 
 # Rows of the packed per-sequence state array.
 CTX, PREFILL_LEFT, DECODE_LEFT, BLOCKS, BLOCK_BYTES, TOKEN_BYTES, MODEL, ORDER, PRIO, GENERATED = (
@@ -36,21 +37,9 @@ CTX, PREFILL_LEFT, DECODE_LEFT, BLOCKS, BLOCK_BYTES, TOKEN_BYTES, MODEL, ORDER, 
 )
 
 
-@dataclass(frozen=True, slots=True)
-class EnginePorts:
-    """What the batcher talks to, handed in at construction."""
-
-    env: SimEnvironment
-    queue: RequestQueue  # peek/pop in scheduling order; preempted requests go back to the front
-    kv: KvManager
-    pool: PoolView  # read-only: free and held bytes
-    fit: ComputeFit
-    events: TraceEvents
-    wake: Signal  # an arrival, a landed copy or a hand-back: re-check admission
-
-
 @dataclass
 class EngineStats:
+    """Engine counters over the run: iterations, busy time, tokens, KV occupancy."""
     iterations: int = 0
     busy_us: int = 0
     tokens_prefilled: int = 0
@@ -66,7 +55,6 @@ class Batcher:
         self.env, self.cfg, self.queue, self.kv = ports.env, cfg.batcher, ports.queue, ports.kv
         self.pool, self.fit = ports.pool, ports.fit
         self.events, self.wake = ports.events, ports.wake
-        env = self.env
         self.trace_every = cfg.trace.iteration_every
         self.max_decode_run = cfg.batcher.max_decode_run
         self.adaptive_slack_us = ms_to_us(cfg.batcher.adaptive_slack_ms)
@@ -96,7 +84,7 @@ class Batcher:
         # Admission control of new sessions under pressure; None (`all`): every request admitted.
         self.gate: AdmissionGate | None = None
         if cfg.admission.name != "all":
-            self.gate = AdmissionGate(env, cfg, self.queue, self.kv, self.pool, self.reject,
+            self.gate = AdmissionGate(self.env, cfg, self.queue, self.kv, self.pool, self.reject,
                                       self.running_fraction)
 
     def running_fraction(self) -> float:
@@ -186,6 +174,7 @@ class Batcher:
         return req
 
     def reject(self, req: Request, reason: str) -> None:
+        """End `req` as rejected with `reason` (one of trace.schema.REJECT_REASONS)."""
         req.outcome, req.reject_reason = Outcome.REJECTED, reason
         req.finish_us = self.env.now
         self.events.reject(self.env.now, req, reason)
@@ -341,26 +330,8 @@ class Batcher:
         """Cost-model time of one iteration (before rounding up to whole microseconds)."""
         idx = np.concatenate((decode, chunk_idx))
         new = np.concatenate((np.ones(decode.size), chunks.astype(np.float64)))
-        ctx = self.ctx[idx].astype(np.float64)
-        kv_read = ctx * self.tok_bytes[idx]
-        pairs = new * (ctx + new / 2.0)
-        if self.num_models == 1:
-            return iteration_us(
-                self.fit,
-                self.weight_bytes[0],
-                float(new.sum()),
-                float(kv_read.sum()),
-                float(pairs.sum()),
-            )
-        model = self.model[idx]
-        m = self.num_models
-        tokens = np.bincount(model, weights=new, minlength=m)
-        reads = np.bincount(model, weights=kv_read, minlength=m)
-        attn = np.bincount(model, weights=pairs, minlength=m)
-        total = 0.0
-        for k in np.flatnonzero(tokens).tolist():  # each model present runs its own forward pass
-            total += iteration_us(self.fit, self.weight_bytes[k], tokens[k], reads[k], attn[k])
-        return total
+        return batch_iteration_us(self.fit, self.weight_bytes, new, self.ctx[idx],
+                                  self.tok_bytes[idx], self.model[idx])
 
     def _account(self, duration: int, steps: int) -> None:
         st = self.stats

@@ -10,6 +10,7 @@ for a slot is recorded separately on its first turn (`session_wait_us`).
 from __future__ import annotations
 
 from collections.abc import Generator
+from typing import TYPE_CHECKING
 
 import simpy
 
@@ -19,7 +20,9 @@ from cachepilot_sim.config import SimConfig
 from cachepilot_sim.rng import RngStreams
 from cachepilot_sim.trace.events import TraceEvents
 from cachepilot_sim.trace.recorder import NullRecorder
-from cachepilot_sim.workloads.synthetic import SessionFactory, SessionSpec
+
+if TYPE_CHECKING:  # the session factory is built by sim.py and handed in
+    from cachepilot_sim.workloads.synthetic import SessionFactory, SessionSpec
 
 
 class Clients:
@@ -30,6 +33,7 @@ class Clients:
         env: SimEnvironment,
         cfg: SimConfig,
         streams: RngStreams,
+        factory: SessionFactory,
         inbox: simpy.Store,
         events: TraceEvents | None = None,
     ) -> None:
@@ -38,7 +42,7 @@ class Clients:
         self.wl = cfg.workload
         self.inbox = inbox
         self.streams = streams
-        self.factory = SessionFactory(cfg, streams)
+        self.factory = factory
         self.slots = simpy.Resource(env, capacity=cfg.workload.max_active_sessions)
         classes = self.factory.classes
         self.ttft_slo_us = [ms_to_us(c.ttft_slo_ms) for c in classes]
@@ -49,6 +53,7 @@ class Clients:
 
     @property
     def num_issued(self) -> int:
+        """Requests sent so far (the workload's request budget counts these)."""
         return len(self.requests)
 
     def _rate_per_us(self) -> float:

@@ -15,6 +15,7 @@ from cachepilot_sim.cost import TransferFit, transfer_us
 
 
 class PcieLink:
+    """Two DMA lanes (h2d, d2h), each serving one transfer at a time."""
     def __init__(self, env: SimEnvironment, h2d: TransferFit, d2h: TransferFit) -> None:
         self.env = env
         self.fits = {"h2d": h2d, "d2h": d2h}
@@ -26,6 +27,7 @@ class PcieLink:
         self.bytes_moved = {"h2d": 0, "d2h": 0}
 
     def duration_us(self, direction: str, num_bytes: int) -> int:
+        """Service time of one transfer of `num_bytes` in `direction` (µs)."""
         return transfer_us(self.fits[direction], num_bytes)
 
     def transfer(self, direction: str, num_bytes: int) -> Generator[simpy.Event, object, int]:

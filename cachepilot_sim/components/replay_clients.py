@@ -9,13 +9,16 @@ the workload and reported in the per-request table.
 from __future__ import annotations
 
 from collections.abc import Generator
+from typing import TYPE_CHECKING
 
 import simpy
 
 from cachepilot_sim.clock import SimEnvironment, ms_to_us
 from cachepilot_sim.components.request import Request
 from cachepilot_sim.config import SimConfig
-from cachepilot_sim.workloads.replay import ReplayWorkload
+
+if TYPE_CHECKING:  # the workload is built by sim.py and handed in; no component reads files
+    from cachepilot_sim.workloads.replay import ReplayWorkload
 
 
 class ReplayClients:

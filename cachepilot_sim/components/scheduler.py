@@ -26,8 +26,8 @@ from cachepilot_sim.trace.events import TraceEvents
 
 class ArrivalListener(Protocol):
     """Told of every request as it reaches the scheduler, before it is queued."""
-
-    def on_arrival(self, req: Request) -> None: ...
+    def on_arrival(self, req: Request) -> None:
+        """Called once per request, at its arrival, before it is queued."""
 
 
 class RequestQueue:
@@ -46,6 +46,7 @@ class RequestQueue:
         self.num_promoted = 0
 
     def push(self, req: Request) -> None:
+        """Queue `req` in scheduling order (no wake-up: see `requeue`)."""
         self._queued[req.req_id] = req
         heapq.heappush(self._by_priority, (-req.priority, req.arrival_us, req.req_id))
         heapq.heappush(self._by_deadline, (req.deadline_us, req.req_id))

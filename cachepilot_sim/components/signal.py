@@ -8,11 +8,13 @@ from cachepilot_sim.clock import SimEnvironment
 
 
 class Signal:
+    """A one-shot event renewed on every notify (the engine's wake-up)."""
     def __init__(self, env: SimEnvironment) -> None:
         self.env = env
         self._event = env.event()
 
     def wait(self) -> simpy.Event:
+        """The event the next notify() triggers."""
         return self._event
 
     def notify(self) -> None:

@@ -15,16 +15,20 @@ class PoolView(Protocol):
     """A read-only view of the pool's counters (what the batcher and the admission gate read)."""
 
     @property
-    def capacity_bytes(self) -> int: ...
+    def capacity_bytes(self) -> int:
+        """Bytes of the KV pool."""
 
     @property
-    def free_bytes(self) -> int: ...
+    def free_bytes(self) -> int:
+        """Bytes neither used nor in flight."""
 
     @property
-    def used_bytes(self) -> int: ...
+    def used_bytes(self) -> int:
+        """Bytes held by KV on the GPU."""
 
     @property
-    def in_flight_bytes(self) -> int: ...
+    def in_flight_bytes(self) -> int:
+        """Bytes held by copies in progress."""
 
 
 class VramPool:
@@ -83,6 +87,7 @@ class VramPool:
         self.used_bytes += num_bytes
 
     def conserved(self) -> bool:
+        """True when free + used + in flight == capacity and none is negative."""
         return (
             self.free_bytes + self.used_bytes + self.in_flight_bytes == self.capacity_bytes
             and min(self.free_bytes, self.used_bytes, self.in_flight_bytes) >= 0

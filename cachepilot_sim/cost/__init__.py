@@ -3,6 +3,7 @@
 from cachepilot_sim.cost.model import (
     ComputeFit,
     TransferFit,
+    batch_iteration_us,
     compute_fit,
     decode_step_slope_us,
     iteration_us,
@@ -16,6 +17,7 @@ from cachepilot_sim.cost.model import (
 __all__ = [
     "ComputeFit",
     "TransferFit",
+    "batch_iteration_us",
     "compute_fit",
     "decode_step_slope_us",
     "iteration_us",

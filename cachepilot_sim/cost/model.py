@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from cachepilot_sim.config import HardwareConfig
 
 
@@ -90,6 +92,33 @@ def iteration_us(
     memory = (weight_bytes + kv_read_bytes) / fit.hbm_bytes_per_us
     compute = fit.prefill_token_us * num_tokens + fit.attention_token2_us * attention_pairs
     return fit.step_overhead_us + memory + compute
+
+
+def batch_iteration_us(
+    fit: ComputeFit,
+    weight_bytes: list[float],
+    new_tokens: np.ndarray,
+    context_tokens: np.ndarray,
+    kv_bytes_per_token: np.ndarray,
+    model_index: np.ndarray,
+) -> float:
+    """One engine iteration over a batch (before rounding), one entry per sequence: tokens it
+    computes now, tokens of KV it holds, its model's KV bytes per token and model index. Each
+    model present runs its own forward pass (`iteration_us`), one after the other."""
+    ctx = context_tokens.astype(np.float64)
+    kv_read = ctx * kv_bytes_per_token
+    pairs = new_tokens * (ctx + new_tokens / 2.0)
+    if len(weight_bytes) == 1:
+        return iteration_us(fit, weight_bytes[0], float(new_tokens.sum()), float(kv_read.sum()),
+                            float(pairs.sum()))
+    m = len(weight_bytes)
+    tokens = np.bincount(model_index, weights=new_tokens, minlength=m)
+    reads = np.bincount(model_index, weights=kv_read, minlength=m)
+    attn = np.bincount(model_index, weights=pairs, minlength=m)
+    total = 0.0
+    for k in np.flatnonzero(tokens).tolist():
+        total += iteration_us(fit, weight_bytes[k], tokens[k], reads[k], attn[k])
+    return total
 
 
 def decode_step_slope_us(fit: ComputeFit, kv_bytes_per_token_sum: float, num_seqs: int) -> float:

@@ -7,112 +7,23 @@ chains at its branch points): a chain's items may go only once every chain below
 Whole-session eviction is the special case of one-item chains without parents.
 Exact solvers: dynamic programming over size units (the gcd of the sizes) when the table is small,
 `scipy.optimize.milp` (HiGHS) otherwise, with a time limit and the proven gap when it hits it.
-Heuristics: greedy by cost/size (PERC's rule) and greedy plus one covering item (a 2-approximation).
+Heuristics (greedy by cost/size, greedy plus one, the fractional bound): `knapsack_greedy.py`.
 Pure functions; see docs/perc_proof.md for the statements and proofs.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
+from cachepilot_sim.policies.cover_problem import CoverProblem, CoverSolution
+from cachepilot_sim.policies.knapsack_greedy import greedy_by_ratio
+
+__all__ = ["CoverProblem", "CoverSolution", "solve_dp", "solve_exact", "solve_milp"]
+
 # A DP table larger than this (need units x items) goes to the MILP instead.
 DEFAULT_MAX_DP_CELLS = 4_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class CoverProblem:
-    """Sizes (bytes, > 0) and costs (>= 0) per item; chains partition the items, root first.
-
-    parents[g] is the chain whose tail item is the parent of chain g's root (-1: none); empty when
-    every chain is free-standing.
-    """
-
-    sizes: tuple[int, ...]
-    costs: tuple[float, ...]
-    need: int
-    chains: tuple[tuple[int, ...], ...]
-    parents: tuple[int, ...] = ()
-
-    @staticmethod
-    def of(sizes: Sequence[int], costs: Sequence[float], need: int,
-           chains: Sequence[Sequence[int]] | None = None,
-           parents: Sequence[int] | None = None) -> CoverProblem:
-        """Build and check a problem; chains default to one per item (whole-session entries)."""
-        n = len(sizes)
-        if len(costs) != n:
-            raise ValueError(f"{n} sizes but {len(costs)} costs")
-        if any(s <= 0 for s in sizes) or any(not c >= 0 for c in costs):
-            raise ValueError("sizes must be > 0 and costs >= 0 (and not NaN)")
-        groups = tuple(tuple(c) for c in chains) if chains is not None else tuple(
-            (i,) for i in range(n))
-        flat = sorted(i for g in groups for i in g)
-        if flat != list(range(n)) or any(len(g) == 0 for g in groups):
-            raise ValueError("chains must partition the item indices 0..n-1 without empty chains")
-        links = tuple(int(p) for p in parents) if parents is not None else ()
-        if links and (len(links) != len(groups) or not _is_forest(links)):
-            raise ValueError("parents must give one chain index (or -1) per chain, without cycles")
-        if all(p < 0 for p in links):
-            links = ()
-        return CoverProblem(tuple(int(s) for s in sizes), tuple(float(c) for c in costs),
-                            int(need), groups, links)
-
-    @property
-    def total_size(self) -> int:
-        return sum(self.sizes)
-
-    def is_feasible_set(self, chosen: Sequence[int]) -> bool:
-        """True when `chosen` respects the chains (each chain's chosen items form a tail, and a
-        chain with a chosen item has every chain below it chosen whole)."""
-        picked = set(chosen)
-        for chain in self.chains:
-            flags = [i in picked for i in chain]
-            if any(flags) and not all(flags[flags.index(True):]):
-                return False
-        for g, p in enumerate(self.parents):
-            if p >= 0 and self.chains[p][-1] in picked and self.chains[g][0] not in picked:
-                return False
-        return True
-
-    def cost_of(self, chosen: Sequence[int]) -> float:
-        return math.fsum(self.costs[i] for i in chosen)
-
-    def size_of(self, chosen: Sequence[int]) -> int:
-        return sum(self.sizes[i] for i in chosen)
-
-
-@dataclass(frozen=True, slots=True)
-class CoverSolution:
-    """chosen: item indices; covers: frees >= need (False only when even every item is too little).
-
-    bound is a proven lower bound on the optimal cost: equal to `cost` when `optimal`.
-    """
-
-    chosen: tuple[int, ...]
-    cost: float
-    covers: bool
-    optimal: bool
-    bound: float
-    method: str
-
-    @property
-    def gap(self) -> float:
-        """Relative gap of `cost` over the proven bound (0 when optimal)."""
-        return 0.0 if self.optimal else (self.cost - self.bound) / max(self.cost, 1e-12)
-
-
-def _is_forest(parents: Sequence[int]) -> bool:
-    n = len(parents)
-    for g in range(n):
-        seen, h = 0, g
-        while h >= 0:
-            if h >= n or seen > n:
-                return False
-            h, seen = parents[h], seen + 1
-    return True
 
 
 def _everything(p: CoverProblem, method: str) -> CoverSolution:
@@ -292,117 +203,3 @@ def solve_exact(p: CoverProblem, time_limit_s: float = 1.0,
     if cells <= max_dp_cells:
         return solve_dp(p)
     return solve_milp(p, time_limit_s)
-
-
-def _ratio(p: CoverProblem, i: int) -> tuple[float, int]:
-    return (p.costs[i] / p.sizes[i], i)
-
-
-def greedy_by_ratio(p: CoverProblem) -> list[int]:
-    """PERC's rule: repeatedly cut the cheapest-per-byte item that is a chain's current tail."""
-    if p.need <= 0:
-        return []
-    below = [0] * len(p.chains)  # chains below g not yet cut whole
-    for up in p.parents:
-        if up >= 0:
-            below[up] += 1
-    left = {g: len(chain) for g, chain in enumerate(p.chains)}  # items still uncut per chain
-    tails = {g for g in left if below[g] == 0}
-    chosen: list[int] = []
-    freed = 0
-    while freed < p.need and tails:
-        g = min(tails, key=lambda g: _ratio(p, p.chains[g][left[g] - 1]))  # unique keys
-        item = p.chains[g][left[g] - 1]
-        chosen.append(item)
-        freed += p.sizes[item]
-        left[g] -= 1
-        if left[g] == 0:
-            tails.discard(g)
-            up = p.parents[g] if p.parents else -1
-            if up >= 0:
-                below[up] -= 1
-                if below[up] == 0:
-                    tails.add(up)
-    return chosen
-
-
-def greedy_plus_one(p: CoverProblem) -> list[int]:
-    """Greedy by ratio that also tries finishing with the cheapest single covering item.
-
-    Walk the ratio order keeping a partial set S that never covers (an item that would complete the
-    cover is skipped); after every change of S, the candidate S + cheapest item j not in S with
-    size_j >= need - size(S). Returns the cheapest candidate: cost <= 2 OPT (docs/perc_proof.md).
-    One-item chains only (with longer chains the guarantee does not hold).
-    """
-    if any(len(c) != 1 for c in p.chains) or p.parents:
-        raise ValueError("greedy_plus_one is defined for one-item chains (whole-session entries)")
-    if p.need <= 0:
-        return []
-    if p.total_size < p.need:
-        return list(range(len(p.sizes)))
-    order = sorted(range(len(p.sizes)), key=lambda i: _ratio(p, i))
-    in_s = [False] * len(order)
-    partial: list[int] = []
-    size = 0
-    best: list[int] | None = None
-    best_cost = math.inf
-    for pos in range(len(order) + 1):
-        if pos == 0 or (partial and partial[-1] == order[pos - 1]):
-            rest = p.need - size
-            cover = [j for j in range(len(order)) if not in_s[j] and p.sizes[j] >= rest]
-            if cover:
-                j = min(cover, key=lambda j: (p.costs[j], j))
-                cost = p.cost_of(partial) + p.costs[j]
-                if cost < best_cost:
-                    best, best_cost = [*partial, j], cost
-        if pos == len(order):
-            break
-        item = order[pos]
-        if size + p.sizes[item] < p.need:
-            partial.append(item)
-            in_s[item] = True
-            size += p.sizes[item]
-    assert best is not None  # the empty S has a candidate once the total covers the need
-    return best
-
-
-def _lower_hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Lower convex hull of points with increasing x (Andrew's monotone chain)."""
-    hull: list[tuple[float, float]] = []
-    for p in points:
-        while len(hull) >= 2:
-            (ox, oy), (ax, ay) = hull[-2], hull[-1]
-            if (ax - ox) * (p[1] - oy) - (ay - oy) * (p[0] - ox) > 0:
-                break
-            hull.pop()
-        hull.append(p)
-    return hull
-
-
-def fractional_optimum(p: CoverProblem) -> float:
-    """Optimum of the fractional relaxation with chain constraints (x_parent <= x_child).
-
-    Per chain, the least cost of freeing F bytes is the lower convex hull of its tails' (bytes,
-    cost) points; filling the need from all chains' hull segments in order of slope (cost per
-    byte: the densest tail first) is optimal. With one-item chains this is section 1's ratio rule.
-    """
-    if p.parents:
-        raise ValueError("fractional_optimum is defined for free-standing chains")
-    if p.need <= 0:
-        return 0.0
-    segments: list[tuple[float, float, float]] = []  # (slope, bytes, cost)
-    for chain in p.chains:
-        points = [(0.0, 0.0)]
-        for item in reversed(chain):
-            points.append((points[-1][0] + p.sizes[item], points[-1][1] + p.costs[item]))
-        hull = _lower_hull(points)
-        for (x0, y0), (x1, y1) in zip(hull, hull[1:], strict=False):
-            segments.append(((y1 - y0) / (x1 - x0), x1 - x0, y1 - y0))
-    left, value = float(p.need), 0.0
-    for slope, size, cost in sorted(segments):
-        if left <= 0:
-            break
-        take = min(size, left)
-        value += cost if take == size else slope * take
-        left -= take
-    return value if left <= 0 else math.inf

@@ -14,7 +14,8 @@ import numpy as np
 
 from cachepilot_sim.config import PolicyConfig, bounded
 from cachepilot_sim.policies.base import CacheEntry, Chains, RankingPolicy, register
-from cachepilot_sim.policies.knapsack import CoverProblem, greedy_by_ratio, greedy_plus_one
+from cachepilot_sim.policies.knapsack import CoverProblem
+from cachepilot_sim.policies.knapsack_greedy import greedy_by_ratio, greedy_plus_one
 from cachepilot_sim.policies.oracle import cover_problem, expected_costs
 from cachepilot_sim.policies.perc import PercPolicy
 from cachepilot_sim.policies.reuse import GapEstimator

@@ -19,7 +19,7 @@ def check(kv: PrefixKvManager) -> None:
                 resident_children[b.parent.hash_id] += 1
     refs: dict[int, int] = {h: 0 for h in blocks}
     holders = [r.chain for r in kv.running.values()]
-    holders += list(kv.held.values())
+    holders += list(kv.cpu_tier.held.values())
     for chain in holders:
         for b in chain:
             assert blocks.get(b.hash_id) is b
@@ -35,7 +35,7 @@ def check(kv: PrefixKvManager) -> None:
     idle = sum(b.tier == Tier.GPU and b.refcount == 0 for b in blocks.values())
     assert kv.evictable_bytes() == idle * kv.hash_bytes  # what the admission gate reads
     count = {t: sum(b.tier == t for b in blocks.values()) for t in Tier}
-    orphans = kv.orphans
+    orphans = kv.cpu_tier.orphans
     hb = kv.hash_bytes
     private = sum(r.private_pages for r in kv.running.values()) * kv.block_bytes[0]
     assert kv.pool.used_bytes == count[Tier.GPU] * hb + private

@@ -7,14 +7,11 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachepilot_sim.policies.knapsack import (
-    CoverProblem,
+from cachepilot_sim.policies.knapsack import CoverProblem, solve_dp, solve_exact, solve_milp
+from cachepilot_sim.policies.knapsack_greedy import (
     fractional_optimum,
     greedy_by_ratio,
     greedy_plus_one,
-    solve_dp,
-    solve_exact,
-    solve_milp,
 )
 
 TOL = 1e-7

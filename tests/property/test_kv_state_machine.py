@@ -7,8 +7,8 @@ request at the head of the queue is never BLOCKED while nothing runs and nothing
 then no event could ever free memory. Each machine draws its configuration (pool and CPU store
 size, watermark, policy, offload on/off, KV tier) in its `initialize` rule.
 
-Steps: `CACHEPILOT_FUZZ_STEPS` (default 50,000 per machine, 10^5 in all, which CI runs); the
-`fuzz` marker's nightly run sets it higher.
+Steps: `CACHEPILOT_FUZZ_STEPS` per machine (default 50,000: 10^5 in all, which CI runs);
+`make test-fuzz` runs 10^6 per machine (a nightly-size run, about half an hour on 2 cores).
 """
 
 from __future__ import annotations

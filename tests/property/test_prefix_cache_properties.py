@@ -106,7 +106,7 @@ def test_prefix_cache_invariants_hold_after_every_step(  # noqa: ANN201
         elif op == "evict":
             kv._evict_blocks(k)
         check(kv)
-        if cap and not reqs and not kv.held:
+        if cap and not reqs and not kv.cpu_tier.held:
             assert kv.tree.num_gpu_blocks <= cap
     kv.env.run()  # every copy lands
     check(kv)

@@ -23,13 +23,6 @@ ROOT = Path(__file__).resolve().parents[2] / PACKAGE
 
 # Edges a parallel branch removes; each names the branch. The lead deletes the entry at merge.
 KNOWN_EDGES: set[tuple[str, str]] = set()
-# Components that still import a workload module (issue 13 R1: a component takes what it needs
-# from the Request). Removed by the components rewrite; the lead deletes them at merge.
-KNOWN_COMPONENT_WORKLOAD_IMPORTS = {
-    ("cachepilot_sim.components.clients", "cachepilot_sim.workloads.synthetic"),
-    ("cachepilot_sim.components.prefix_cache", "cachepilot_sim.workloads.replay"),
-    ("cachepilot_sim.components.replay_clients", "cachepilot_sim.workloads.replay"),
-}
 
 
 def module_name(path: Path) -> str:
@@ -199,7 +192,7 @@ def test_components_do_not_import_workloads() -> None:
         for t in targets
         if t.startswith("cachepilot_sim.workloads.")
     }
-    assert not offenders - KNOWN_COMPONENT_WORKLOAD_IMPORTS, sorted(offenders)
+    assert not offenders, sorted(offenders)  # a component takes what it needs from the Request
 
 
 def test_only_the_entry_point_and_tools_import_the_experiment_layer() -> None:

@@ -124,7 +124,7 @@ def test_a_request_that_gives_up_after_its_reload_releases_the_pinned_blocks(
     kv.env.run()
     assert all(kv.tree.blocks[h].refcount == 1 for h in (1, 2, 3, 4))  # pinned for nxt
     kv.abandon(nxt)  # it timed out in the queue instead
-    assert nxt.req_id not in kv.held
+    assert nxt.req_id not in kv.cpu_tier.held
     assert all(kv.tree.blocks[h].refcount == 0 for h in (1, 2, 3, 4))
     assert 4 in kv.tree.evictable  # the chain's tail can be evicted again
     assert kv.pool.conserved()

@@ -44,10 +44,12 @@ class CpuStore:
         return self.used_bytes + num_bytes <= self.capacity_bytes
 
     def reserve(self, num_bytes: int) -> None:
+        """An offload starts: its destination bytes are taken in the store."""
         self.used_bytes += num_bytes
         self.stats.cpu_peak_bytes = max(self.stats.cpu_peak_bytes, self.used_bytes)
 
     def release(self, num_bytes: int) -> None:
+        """KV left the store (reloaded or dropped): its bytes are free."""
         self.used_bytes -= num_bytes
         assert self.used_bytes >= 0, "CPU store released more than it held"
 

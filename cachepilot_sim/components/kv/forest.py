@@ -52,6 +52,7 @@ class CandidateForest:
         self.kids: list[list[int]] = []
 
     def add(self, run: list[HashBlock], kids: list[int]) -> int:
+        """Add a chain (root first) whose child chains are `kids`; returns its index."""
         g = len(self.chains)
         self.chains.append(list(range(len(self.blocks), len(self.blocks) + len(run))))
         self.blocks.extend(run)
@@ -102,20 +103,24 @@ class PrefixTree:
         self.num_idle_gpu_blocks = 0  # GPU blocks that nothing references (all evictable)
 
     def tier(self, hash_id: int) -> Tier | None:
+        """The tier of a cached block; None when the hash is not cached."""
         b = self.blocks.get(hash_id)
         return None if b is None else b.tier
 
     def on_gpu(self, hash_id: int) -> bool:
+        """True when the block is cached and on the GPU (not in flight)."""
         b = self.blocks.get(hash_id)
         return b is not None and b.tier == Tier.GPU
 
     def pin(self, b: HashBlock) -> None:
+        """One more running (or reloading) request uses b: it is not evictable."""
         if b.refcount == 0 and b.tier == Tier.GPU:
             self.num_idle_gpu_blocks -= 1
         b.refcount += 1
         self.evictable.pop(b.hash_id, None)
 
     def unpin(self, b: HashBlock) -> None:
+        """A user of b is gone; an idle childless GPU block becomes a tail."""
         b.refcount -= 1
         if b.refcount == 0 and b.tier == Tier.GPU:
             self.num_idle_gpu_blocks += 1

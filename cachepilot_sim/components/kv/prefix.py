@@ -8,21 +8,15 @@ cost of a block is the recompute of its tokens at its position in the chain, or 
 copy will exist and is cheaper (priced by the CPU store's survival estimate). Tokens not covered by
 hash blocks (output, traces without hashes) sit in private pages freed at the end.
 
-With `kv.offload_enabled`, an evicted GPU tail goes to the CPU store when it has room (dropping the
-oldest CPU tails, if `kv.cpu_store_evicts_lru`), otherwise it is dropped with its CPU descendants.
-Along a chain the tiers run GPU..., then CPU...; a request continuing into CPU blocks reloads them
-first. A block in flight is neither evictable nor reusable: a request needing it waits (BLOCKED).
+With `kv.offload_enabled`, evicted tails go to the CPU store (`prefix_tier.py`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
-
-import simpy
-
 from cachepilot_sim.components.kv.cpu_store import CpuStore
 from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
-from cachepilot_sim.components.kv.protocol import Admit, KvDeps, KvStats, Tier
+from cachepilot_sim.components.kv.prefix_tier import PrefixCpuTier
+from cachepilot_sim.components.kv.protocol import Admit, KvDeps, KvStats
 from cachepilot_sim.components.kv.room import RoomRule
 from cachepilot_sim.components.kv.transfers import Transfers, cpu_kv_bytes_per_token
 from cachepilot_sim.components.request import KvSource, Outcome, Request
@@ -32,6 +26,7 @@ from cachepilot_sim.policies import CacheEntry
 
 
 class _Running:
+    """A running request's prefix chain and the private pages it holds."""
     __slots__ = ("chain", "pages", "private_pages", "hash_tokens")
 
     def __init__(
@@ -71,17 +66,25 @@ class PrefixKvManager:
             self.hash_bytes, self.cpu_hash_bytes
         )
         self.tree = PrefixTree()
+        self.cpu_tier = PrefixCpuTier(
+            deps,
+            self.tree,
+            self.cpu,
+            self.transfers,
+            self.stats,
+            (self.hash_bytes, self.cpu_hash_bytes),
+            self._make_room,
+        )
         self.running: dict[int, _Running] = {}
-        self.held: dict[int, list[HashBlock]] = {}  # req id -> blocks pinned by its reload
         self.seen: set[int] = set()  # hash ids ever cached: a miss on one is a paid restore
         self.group_entries: dict[int, CacheEntry] = {}  # per inferred session: its gap EMA
         # One policy entry per hash, kept after eviction: a returning block is the same entry to
         # the policy (its uses, its ghost-list record), as a returning session is.
         self.hash_entries: dict[int, CacheEntry] = {}
-        self.orphans = 0  # blocks in flight out whose chain was dropped meanwhile
         self._next_entry_id = 0
 
     def blocks_for(self, num_tokens: int) -> int:
+        """Pages of `kv.block_tokens` that hold `num_tokens` tokens."""
         return -(-num_tokens // self.block_tokens)
 
     def evictable_bytes(self) -> int:
@@ -130,7 +133,7 @@ class PrefixKvManager:
         hits = 0
         while hits < len(ids) and tree.on_gpu(ids[hits]):
             hits += 1
-        early = self._admit_from_cpu(req, ids, hits)
+        early = self.cpu_tier.continuation(req, ids, hits)
         if early is not None:
             return early
         chain = [tree.blocks[h] for h in ids[:hits]]
@@ -147,7 +150,7 @@ class PrefixKvManager:
         self.running[req.session_id] = _Running(
             chain, self.blocks_for(tokens), private, hash_tokens
         )
-        self._release_held(req)
+        self.cpu_tier.release_held(req)
         req.prefill_tokens = max(1, tokens - min(hits * self.hash_tokens, tokens))
         if req.num_preemptions == 0:
             self._count_lookup(req, ids, hits)
@@ -164,60 +167,9 @@ class PrefixKvManager:
             self.evict(short, allow_offload=True)
         return self.pool.free_bytes >= target
 
-    def _admit_from_cpu(self, req: Request, ids: list[int], hits: int) -> Admit | None:
-        """Reload the CPU-resident continuation of the hits (WAIT), or wait for a block in
-        flight (BLOCKED); None when the chain does not continue into the CPU tier."""
-        tree = self.tree
-        end = hits
-        while end < len(ids) and tree.tier(ids[end]) == Tier.CPU:
-            end += 1
-        if end < len(ids) and tree.tier(ids[end]) in (Tier.FLIGHT_OUT, Tier.FLIGHT_IN):
-            return Admit.BLOCKED  # wait for the copy to land, then look again
-        if end == hits:
-            return None
-        chain = [tree.blocks[h] for h in ids[:hits]]
-        for b in chain:
-            tree.pin(b)
-        back = [tree.blocks[h] for h in ids[hits:end]]
-        num_bytes = len(back) * self.hash_bytes
-        if not self._make_room(num_bytes):
-            for b in chain:
-                tree.unpin(b)
-            return Admit.BLOCKED
-        self.pool.start_reload(num_bytes)
-        self.cpu.release(len(back) * self.cpu_hash_bytes)
-        for b in back:
-            tree.come_back(b)
-        self.held.setdefault(req.req_id, []).extend(chain + back)
-        self.events.reload_start(int(self.env.now), req, len(back), num_bytes)
-        self.env.process(self._reload_blocks(req, back, num_bytes))
-        return Admit.WAIT
-
-    def _reload_blocks(
-        self, req: Request, back: list[HashBlock], num_bytes: int
-    ) -> Generator[simpy.Event, object, None]:
-        """Process: copy the blocks back; the request re-queues and then finds them on the GPU."""
-        duration = yield from self.transfers.reload(num_bytes, len(back) * self.cpu_hash_bytes)
-        now = int(self.env.now)
-        for b in back:
-            b.tier = Tier.GPU
-            b.entry.last_used_us = now
-        st = self.stats
-        st.reloads += 1
-        st.reload_blocks += len(back)
-        st.realized_reload_us += duration
-        req.kv_source = KvSource.RELOAD
-        req.reload_us_paid += duration
-        self.events.reload_done(now, req, len(back), len(back) * self.cpu_hash_bytes, duration)
-        self.queue.requeue_front(req)
-
-    def _release_held(self, req: Request) -> None:
-        for b in self.held.pop(req.req_id, []):
-            self.tree.unpin(b)
-
     def abandon(self, req: Request) -> None:
         """A queued request gave up: unpin the blocks its reload was holding for it."""
-        self._release_held(req)
+        self.cpu_tier.release_held(req)
 
     def _insert(self, chain: list[HashBlock], new_ids: list[int], req: Request) -> None:
         group = req.group_id
@@ -326,12 +278,7 @@ class PrefixKvManager:
         expected = self.estimator.resume_probability(e, now) * e.restore_us
         self.stats.expected_evict_cost_us += expected
         score = float(self.policy.key(e, now)[0])
-        offload = (
-            allow_offload
-            and self.offload_enabled
-            and self.cpu.can_take(self.cpu_hash_bytes)
-            and self.cpu.make_room(self.cpu_hash_bytes, self._drop_cpu_tail)
-        )
+        offload = allow_offload and self.offload_enabled and self.cpu_tier.has_room()
         st = self.stats
         if offload:
             st.evictions_offload += 1
@@ -341,56 +288,9 @@ class PrefixKvManager:
             st.evicted_bytes_drop += self.hash_bytes
         self.events.evict(now, e, 1, self.hash_bytes, offload, score, expected)
         if offload:
-            self.transfers.start_offload(self.hash_bytes)
-            self.cpu.reserve(self.cpu_hash_bytes)
-            self.tree.leave_gpu(b)
-            self.env.process(self._offload_block(b))
+            self.cpu_tier.offload(b)
         else:
-            self._forget(b)
-
-    def _drop_cpu_tail(self, hash_id: int, last_used_us: int) -> bool | None:
-        """The CPU store's drop: the oldest CPU block that no cached block extends."""
-        b = self.tree.blocks.get(hash_id)
-        if b is None or b.tier != Tier.CPU or b.children:
-            return None
-        self.cpu.record_drop(int(self.env.now) - b.cpu_since_us)
-        self.events.cpu_drop(int(self.env.now), b.entry, 1, self.hash_bytes)
-        self._forget(b)
-        return True
-
-    def _push_cpu_tail(self, b: HashBlock) -> None:
-        if b.tier == Tier.CPU and not b.children:
-            self.cpu.push(b.entry.last_used_us, b.entry.entry_id, b.hash_id)
-
-    def _offload_block(self, b: HashBlock) -> Generator[simpy.Event, object, None]:
-        """Process: copy one block out; its GPU bytes are free when the copy lands."""
-        duration = yield from self.transfers.offload(self.hash_bytes, self.cpu_hash_bytes)
-        if self.tree.blocks.get(b.hash_id) is b:
-            b.tier = Tier.CPU
-            b.cpu_since_us = int(self.env.now)
-            self._push_cpu_tail(b)
-        else:  # its chain was dropped while it was in flight
-            self.cpu.release(self.cpu_hash_bytes)
-            self.orphans -= 1
-        self.events.offload_done(int(self.env.now), b.entry, 1, self.cpu_hash_bytes, duration)
-        self.wake.notify()
-
-    def _forget(self, b: HashBlock) -> None:
-        """Remove b and its descendants from the cache, freeing what each tier holds."""
-        for child in list(b.children.values()):
-            self._forget(child)
-        assert b.refcount == 0 and b.tier != Tier.FLIGHT_IN
-        if b.tier == Tier.GPU:
-            self.tree.remove_gpu(b)
-            self.pool.release(self.hash_bytes)
-            return
-        self.tree.forget_off_gpu(b)
-        if b.tier == Tier.CPU:
-            self.cpu.release(self.cpu_hash_bytes)
-        else:  # FLIGHT_OUT: the landing copy frees its bytes
-            self.orphans += 1
-        if b.parent is not None:
-            self._push_cpu_tail(b.parent)
+            self.cpu_tier.forget(b)
 
     def _enforce_cap(self) -> None:
         n = self.tree.num_gpu_blocks
@@ -398,6 +298,7 @@ class PrefixKvManager:
             self.stats.cap_evictions += self._evict_blocks(n - self.max_blocks)
 
     def maintain_watermark(self) -> None:
+        """After an iteration: evict idle tails so that the watermark is free again soon."""
         short = self.room.watermark_shortfall(self.transfers.pending_free_bytes)
         if short > 0 and self.tree.evictable:
             self.evict(short, allow_offload=True)
@@ -459,6 +360,7 @@ class PrefixKvManager:
         self._enforce_cap()  # its blocks may be idle now: the cap applies to them again
 
     def metrics(self) -> dict[str, float | int]:
+        """Prefix-sharing metrics: hit ratios, cached, CPU and reloaded blocks."""
         st = self.stats
         tree = self.tree
         return {

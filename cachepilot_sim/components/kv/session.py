@@ -50,6 +50,7 @@ class SessionKV:
 
     @property
     def num_bytes(self) -> int:
+        """GPU bytes of the session's blocks."""
         return self.num_blocks * self.block_bytes
 
     @property
@@ -88,6 +89,7 @@ class SessionKvManager:
 
     # -- helpers ---------------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
+        """Blocks of `kv.block_tokens` that hold `num_tokens` tokens."""
         return -(-num_tokens // self.block_tokens)
 
     def evictable_bytes(self) -> int:
@@ -95,6 +97,7 @@ class SessionKvManager:
         return self.idle_bytes
 
     def metrics(self) -> dict[str, float | int]:
+        """No metrics beyond `stats` for per-session KV."""
         return {}
 
     def _set_idle(self, s: SessionKV) -> None:

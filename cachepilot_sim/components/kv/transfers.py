@@ -17,6 +17,7 @@ from cachepilot_sim.components.pcie_link import PcieLink
 from cachepilot_sim.components.vram_pool import VramPool
 from cachepilot_sim.config import ModelConfig
 from cachepilot_sim.cost import quantize_us
+from cachepilot_sim.cost.kv_bytes import INT8_SCALE_BYTES, kv_bytes_per_token
 
 
 def cpu_kv_bytes_per_token(model: ModelConfig, offload_dtype_bytes: int) -> int:
@@ -24,9 +25,8 @@ def cpu_kv_bytes_per_token(model: ModelConfig, offload_dtype_bytes: int) -> int:
     that many bytes a value plus a float32 scale per (layer, K|V) row (per-token quantization).
     """
     if offload_dtype_bytes in (0, model.kv_dtype_bytes):
-        return model.kv_bytes_per_token
-    values = 2 * model.num_layers * model.num_kv_heads * model.head_dim
-    return values * offload_dtype_bytes + 2 * model.num_layers * 4
+        return kv_bytes_per_token(model, model.kv_dtype_bytes)
+    return kv_bytes_per_token(model, offload_dtype_bytes, INT8_SCALE_BYTES)
 
 
 class Transfers:

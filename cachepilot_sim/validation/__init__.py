@@ -1,0 +1,1 @@
+"""Validation against real serving engines: ground-truth folders, their metrics and converters."""

@@ -1,0 +1,301 @@
+"""Ground truth from a real serving engine: the folder format, a strict loader and its metrics.
+
+One folder holds one run of one workload (format in docs/validation.md):
+`requests.parquet` (one row per request, integer microseconds from the run's start),
+optional `steps.parquet` (one row per engine step) and `engine.json` (the engine's resolved
+configuration). The loader checks every column it uses and raises `GroundTruthError` with a
+one-line message naming the file and the column, so bad or partial ground truth never turns
+into a silently wrong error table.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+REQUESTS_FILE = "requests.parquet"
+STEPS_FILE = "steps.parquet"
+ENGINE_FILE = "engine.json"
+
+STATUSES = ("finished", "failed", "missing")
+_INT = "integer"
+_STR = "string"
+_INT_LIST = "list of integers"
+# column -> kind; required columns must exist, optional ones are checked when present
+REQUIRED_REQUEST_COLUMNS = {
+    "request_id": _STR,
+    "send_us": _INT,
+    "prompt_tokens": _INT,
+    "output_tokens": _INT,
+    "first_token_us": _INT,
+    "end_us": _INT,
+    "status": _STR,
+}
+OPTIONAL_REQUEST_COLUMNS = {
+    "session_id": _STR,
+    "parent_id": _STR,
+    "turn": _INT,
+    "think_time_us": _INT,
+    "max_new_tokens": _INT,
+    "token_us": _INT_LIST,
+    "num_soft_resets": _INT,
+    "num_cpu_swaps": _INT,
+    "prefix_hit_tokens": _INT,
+}
+REQUIRED_STEP_COLUMNS = {
+    "start_us": _INT,
+    "end_us": _INT,
+    "num_requests": _INT,
+    "prefill_tokens": _INT,
+    "decode_tokens": _INT,
+}
+PERCENTILES = (50, 90, 99)
+
+
+class GroundTruthError(ValueError):
+    """Ground truth that cannot be used; the one-line message names the file and the column."""
+
+
+@dataclass(frozen=True)
+class GroundTruth:
+    """One validated run: requests (all rows, any status), steps (or None) and the engine config."""
+
+    path: Path
+    requests: pl.DataFrame
+    steps: pl.DataFrame | None
+    engine: dict[str, Any]
+
+    @property
+    def workload(self) -> str:
+        """The workload name: the folder's name, or its parent's for `<workload>/run<k>`."""
+        if self.path.name.startswith("run") and self.path.name[3:].isdigit():
+            return self.path.parent.name
+        return self.path.name
+
+    @property
+    def finished(self) -> pl.DataFrame:
+        return self.requests.filter(pl.col("status") == "finished")
+
+
+def _kind_ok(dtype: pl.DataType, kind: str) -> bool:
+    if kind == _INT:
+        return dtype.is_integer() or dtype == pl.Null
+    if kind == _STR:
+        return dtype in (pl.String, pl.Categorical, pl.Null)
+    if kind == _INT_LIST:
+        if dtype == pl.Null:  # an all-null column
+            return True
+        return isinstance(dtype, pl.List) and (dtype.inner.is_integer() or dtype.inner == pl.Null)
+    raise AssertionError(kind)
+
+
+def _read_parquet(path: Path) -> pl.DataFrame:
+    if not path.is_file():
+        raise GroundTruthError(f"{path}: file not found")
+    try:
+        return pl.read_parquet(path)
+    except Exception as err:  # polars raises several types for corrupt or non-Parquet files
+        raise GroundTruthError(f"{path}: cannot read as Parquet ({type(err).__name__})") from err
+
+
+def _check_columns(
+    path: Path, df: pl.DataFrame, required: dict[str, str], optional: dict[str, str]
+) -> pl.DataFrame:
+    for col, kind in required.items():
+        if col not in df.columns:
+            raise GroundTruthError(f"{path}: missing column '{col}' ({kind})")
+    for col, kind in {**required, **optional}.items():
+        if col in df.columns and not _kind_ok(df.schema[col], kind):
+            raise GroundTruthError(
+                f"{path}: column '{col}' has type {df.schema[col]}, expected {kind}"
+            )
+    casts = [
+        pl.col(c).cast(pl.Int64)
+        for c, k in {**required, **optional}.items()
+        if k == _INT and c in df.columns
+    ]
+    casts += [
+        pl.col(c).cast(pl.String)
+        for c, k in {**required, **optional}.items()
+        if k == _STR and c in df.columns
+    ]
+    if "token_us" in df.columns:
+        casts.append(pl.col("token_us").cast(pl.List(pl.Int64)))
+    return df.with_columns(casts)
+
+
+def _fail_rows(path: Path, df: pl.DataFrame, bad: pl.Expr, col: str, reason: str) -> None:
+    """Raise naming the column, the count and the first offending request when `bad` holds."""
+    rows = df.filter(bad)
+    if rows.height:
+        first = rows["request_id"][0] if "request_id" in rows.columns else rows.row(0)
+        raise GroundTruthError(
+            f"{path}: column '{col}' {reason} in {rows.height} row(s) (first: {first!r})"
+        )
+
+
+def _validate_requests(path: Path, df: pl.DataFrame) -> pl.DataFrame:
+    df = _check_columns(path, df, REQUIRED_REQUEST_COLUMNS, OPTIONAL_REQUEST_COLUMNS)
+    if df.height == 0:
+        raise GroundTruthError(f"{path}: no requests")
+    _fail_rows(path, df, pl.col("request_id").is_null(), "request_id", "is null")
+    dup = df.filter(pl.col("request_id").is_duplicated())
+    if dup.height:
+        raise GroundTruthError(
+            f"{path}: column 'request_id' has {dup.height} duplicated row(s) "
+            f"(first: {dup['request_id'][0]!r})"
+        )
+    fin = pl.col("status") == "finished"
+    status_ok = pl.col("status").is_in(STATUSES)
+    checks: list[tuple[str, pl.Expr, str]] = [
+        ("status", ~status_ok | pl.col("status").is_null(), f"is not one of {', '.join(STATUSES)}")
+    ]
+    for col in ("send_us", "first_token_us", "end_us", "prompt_tokens", "output_tokens"):
+        checks.append((col, fin & pl.col(col).is_null(), "is null for a finished request"))
+    checks += [
+        ("send_us", pl.col("send_us") < 0, "is negative"),
+        ("prompt_tokens", pl.col("prompt_tokens") < 1, "is below 1"),
+        ("output_tokens", fin & (pl.col("output_tokens") < 1), "is below 1 for a finished request"),
+        ("first_token_us", pl.col("first_token_us") < pl.col("send_us"), "is before send_us"),
+        ("end_us", pl.col("end_us") < pl.col("first_token_us"), "is before first_token_us"),
+    ]
+    if "token_us" in df.columns:
+        tok = pl.col("token_us")
+        has = fin & tok.is_not_null() & (tok.list.len() > 0)
+        checks += [
+            (
+                "token_us",
+                has & (tok.list.len() != pl.col("output_tokens")),
+                "has a length other than output_tokens",
+            ),
+            (
+                "token_us",
+                has & (tok.list.first() != pl.col("first_token_us")),
+                "does not start at first_token_us",
+            ),
+            ("token_us", has & (tok.list.last() != pl.col("end_us")), "does not end at end_us"),
+            ("token_us", has & (tok.list.diff().list.min() < 0), "is not non-decreasing"),
+        ]
+    if "parent_id" in df.columns:
+        unknown = ~pl.col("parent_id").is_in(df["request_id"].implode())
+        checks.append(
+            (
+                "parent_id",
+                pl.col("parent_id").is_not_null() & unknown,
+                "names a request that is not in the file",
+            )
+        )
+    for col, bad, reason in checks:
+        _fail_rows(path, df, bad, col, reason)
+    return df
+
+
+def _validate_steps(path: Path, df: pl.DataFrame) -> pl.DataFrame:
+    df = _check_columns(path, df, REQUIRED_STEP_COLUMNS, {})
+    for col in REQUIRED_STEP_COLUMNS:
+        bad = df.filter(pl.col(col).is_null() | (pl.col(col) < 0))
+        if bad.height:
+            raise GroundTruthError(
+                f"{path}: column '{col}' is null or negative in {bad.height} row(s)"
+            )
+    if df.filter(pl.col("end_us") < pl.col("start_us")).height:
+        raise GroundTruthError(f"{path}: column 'end_us' is before start_us")
+    return df
+
+
+def _read_engine(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise GroundTruthError(f"{path}: file not found")
+    try:
+        engine = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise GroundTruthError(f"{path}: cannot read as JSON ({type(err).__name__})") from err
+    if not isinstance(engine, dict):
+        raise GroundTruthError(f"{path}: expected a JSON object, got {type(engine).__name__}")
+    if not isinstance(engine.get("engine"), str) or not engine["engine"]:
+        raise GroundTruthError(
+            f"{path}: key 'engine' (the engine's name) is missing or not a string"
+        )
+    return engine
+
+
+def load_ground_truth(folder: str | Path) -> GroundTruth:
+    """Load and validate one ground-truth folder; raises GroundTruthError on any problem."""
+    path = Path(folder)
+    if not path.is_dir():
+        raise GroundTruthError(f"{path}: not a folder")
+    requests = _validate_requests(path / REQUESTS_FILE, _read_parquet(path / REQUESTS_FILE))
+    steps_path = path / STEPS_FILE
+    steps = _validate_steps(steps_path, _read_parquet(steps_path)) if steps_path.exists() else None
+    engine = _read_engine(path / ENGINE_FILE)
+    if requests.filter(pl.col("status") == "finished").height == 0:
+        raise GroundTruthError(f"{path / REQUESTS_FILE}: column 'status' has no finished request")
+    return GroundTruth(path, requests, steps, engine)
+
+
+def find_runs(root: str | Path) -> list[Path]:
+    """Every ground-truth folder under `root` (folders holding requests.parquet), sorted."""
+    root = Path(root)
+    if (root / REQUESTS_FILE).is_file():
+        return [root]
+    return sorted(p.parent for p in root.rglob(REQUESTS_FILE))
+
+
+def request_latencies(gt: GroundTruth) -> pl.DataFrame:
+    """Per finished request, in microseconds: ttft, e2e, tpot ((end - first) / (tokens - 1),
+    null for one-token outputs) and, when token times exist, the inter-token gaps (itl_us)."""
+    df = gt.finished.with_columns(
+        ttft_us=pl.col("first_token_us") - pl.col("send_us"),
+        e2e_us=pl.col("end_us") - pl.col("send_us"),
+        tpot_us=pl.when(pl.col("output_tokens") > 1)
+        .then((pl.col("end_us") - pl.col("first_token_us")) / (pl.col("output_tokens") - 1))
+        .otherwise(None),
+    )
+    if "token_us" in df.columns:
+        df = df.with_columns(itl_us=pl.col("token_us").list.diff().list.drop_nulls())
+    return df
+
+
+def _stats(values: pl.Series, name: str, scale: float) -> dict[str, float | None]:
+    values = values.drop_nulls().cast(pl.Float64) / scale
+    out: dict[str, float | None] = {f"{name}_mean": None}
+    out.update({f"{name}_p{p}": None for p in PERCENTILES})
+    if values.len():
+        out[f"{name}_mean"] = float(values.mean())  # type: ignore[arg-type]
+        for p in PERCENTILES:
+            out[f"{name}_p{p}"] = float(values.quantile(p / 100, "linear"))  # type: ignore[arg-type]
+    return out
+
+
+def summarize(gt: GroundTruth) -> dict[str, Any]:
+    """Workload metrics: request counts, TTFT/TPOT/ITL/E2E mean and p50/p90/p99 in milliseconds
+    (linear-interpolated percentiles over finished requests; ITL over all token gaps),
+    output-token throughput over the span from the first send to the last token, preemptions."""
+    lat = request_latencies(gt)
+    out: dict[str, Any] = {
+        "workload": gt.workload,
+        "engine": gt.engine.get("engine"),
+        "requests": gt.requests.height,
+        "finished": lat.height,
+        "failed": gt.requests.filter(pl.col("status") == "failed").height,
+        "missing": gt.requests.filter(pl.col("status") == "missing").height,
+    }
+    for col, name in (("ttft_us", "ttft_ms"), ("tpot_us", "tpot_ms"), ("e2e_us", "e2e_ms")):
+        out.update(_stats(lat[col], name, 1e3))
+    itl = lat["itl_us"].explode() if "itl_us" in lat.columns else pl.Series([], dtype=pl.Int64)
+    out.update(_stats(itl, "itl_ms", 1e3))
+    span_us = int(lat["end_us"].max()) - int(lat["send_us"].min())  # type: ignore[arg-type]
+    out["output_tokens"] = int(lat["output_tokens"].sum())
+    out["throughput_tok_s"] = out["output_tokens"] / (span_us / 1e6) if span_us > 0 else None
+    out["request_rate_s"] = lat.height / (span_us / 1e6) if span_us > 0 else None
+    for col in ("num_soft_resets", "num_cpu_swaps"):
+        out[col] = int(gt.requests[col].sum()) if col in gt.requests.columns else None
+    if gt.steps is not None:
+        out["steps"] = gt.steps.height
+        wall = (gt.steps["end_us"] - gt.steps["start_us"]).cast(pl.Float64) / 1e3
+        out["step_ms_mean"] = float(wall.mean()) if wall.len() else None  # type: ignore[arg-type]
+    return out

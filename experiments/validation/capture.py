@@ -1,0 +1,412 @@
+#!/usr/bin/env python3
+"""Ground-truth capture from the transformers continuous-batching engine (issue 12).
+
+Runs on the lent H200 (torch 2.11, transformers 5.17, numpy, pyarrow; no simpy/polars/hydra there).
+A random-weight Llama-3-8B-shaped model serves open-loop request lists through
+`model.init_continuous_batching`; every engine step is instrumented by wrapping the engine's own
+methods (no engine code is changed). Output: one ground-truth folder per workload and run
+(`requests.parquet`, `steps.parquet`, `engine.json`, format in docs/validation.md), packed into
+`$OUT/gt.tar.gz` after every run so a timeout still returns what was captured.
+
+    python3 capture.py --out $OUT --phase explore      # fast path check, graphs vs eager spread
+    python3 capture.py --out $OUT --phase main         # validation workloads, each run twice
+    python3 capture.py --out $OUT --phase pressure     # small-cache workloads + cost micro-runs
+    python3 capture.py --out /tmp/x --phase smoke --cpu-smoke   # tiny model on CPU, logic only
+
+Engine configuration (one, documented in the README next to the data): FA2-varlen attention through
+PyTorch's own FlashAttention-2 kernel, CUDA graphs + async batching on, every padded batch shape
+captured before serving (`precapture_graphs`), so serving never stalls on a lazy capture.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from capture_client import REQUEST_TYPES, STEP_TYPES, Session, pack, run_requests, write_table
+from capture_workloads import (
+    MIXED,
+    PRESSURE_LEN,
+    Req,
+    lognormal_lengths,
+    microbench_plan,
+    rename,
+    w_azure,
+    w_burst,
+    w_closed,
+    w_multiturn,
+    w_poisson,
+)
+from hf_engine import EngineSpec, destroy_engine, engine_config, make_engine
+from hf_instrument import Recorder, resolve_gpu_times
+from hf_model import build_model, check_fast_path
+
+perf_counter = time.perf_counter
+
+
+# --------------------------------------------------------------------------------------------- #
+# Phases                                                                                        #
+# --------------------------------------------------------------------------------------------- #
+def phase_explore(s: Session, args: argparse.Namespace) -> None:
+    """Fast-path check, pre-capture cost, graphs-vs-eager run-to-run spread (short Poisson list)."""
+    print(json.dumps(check_fast_path("cuda")), flush=True)
+    rec = Recorder(use_cuda=True)
+    g = EngineSpec("graphs_precaptured", num_blocks=320)
+    mgr, info = make_engine(s.model, g, rec, s.smoke)
+    probe = w_closed("capacity_probe", 96, 0, 0)
+    rng = np.random.default_rng(7)
+    p = lognormal_lengths(rng, 96, 512, 0.8, 32, 2048)
+    o = lognormal_lengths(rng, 96, 128, 0.6, 16, 512)
+    probe = [Req(r.request_id, int(p[i]), int(o[i]), send_s=0.0) for i, r in enumerate(probe)]
+    s.capture(mgr, rec, g, info, "capacity_probe_b96", probe, runs=1)
+    cap = capacity_rps(s.stage / "capacity_probe_b96" / "run1" / "requests.parquet")
+    rate = 0.5 * cap
+    print(
+        f"[explore] closed-batch capacity {cap:.2f} req/s -> explore rate {rate:.2f} req/s",
+        flush=True,
+    )
+    reqs = w_poisson("explore_poisson", 80, rate, seed=11)
+    s.capture(mgr, rec, g, info, "explore_graphs", reqs, runs=2, limit_s=60)
+    destroy_engine(mgr)
+    print(
+        f"[explore] free GPU memory after destroy: {torch.cuda.mem_get_info()[0] / 2**30:.1f} GiB",
+        flush=True,
+    )
+    e = EngineSpec("eager_async", num_blocks=320, use_cuda_graph=False, precapture_max_seqlen_k=0)
+    rec = Recorder(use_cuda=True)
+    mgr, info = make_engine(s.model, e, rec, s.smoke)
+    s.capture(mgr, rec, e, info, "explore_eager", reqs, runs=2, limit_s=60)
+    destroy_engine(mgr)
+
+
+def capacity_rps(path: Path) -> float:
+    """Closed-batch capacity: 75 % of the batch over the time the first 75 % took to finish."""
+    import pyarrow.parquet as pq
+
+    ends = sorted(e for e in pq.read_table(path).column("end_us").to_pylist() if e is not None)
+    k = int(0.75 * len(ends))
+    return k / (ends[k - 1] / 1e6)
+
+
+MAIN_SPEC = EngineSpec("main_precaptured", num_blocks=448)
+PRESSURE_BLOCKS = 40
+
+
+def main_plan(args: argparse.Namespace) -> list[tuple[str, list[Req], dict]]:
+    azure = json.loads(args.azure.read_text())
+    rows = azure["rows"][: args.azure_num]
+    window_rate = (len(rows) - 1) / (rows[-1][0] - rows[0][0])
+    stretch = window_rate / args.azure_rate
+    plan: list[tuple[str, list[Req], dict]] = [
+        (
+            "closed_b16",
+            w_closed("closed_b16", 16, 1024, 128),
+            {"kind": "closed", "batch": 16, "prompt": 1024, "output": 128},
+        ),
+        (
+            "closed_b64",
+            w_closed("closed_b64", 64, 512, 128),
+            {"kind": "closed", "batch": 64, "prompt": 512, "output": 128},
+        ),
+        (
+            "poisson_r3",
+            w_poisson("poisson_r3", 75, 3.0, seed=31),
+            {"kind": "poisson", "rate_rps": 3.0, **MIXED},
+        ),
+        (
+            "poisson_r6",
+            w_poisson("poisson_r6", 150, 6.0, seed=32),
+            {"kind": "poisson", "rate_rps": 6.0, **MIXED},
+        ),
+        (
+            "poisson_r9",
+            w_poisson("poisson_r9", 220, 9.0, seed=33),
+            {"kind": "poisson", "rate_rps": 9.0, **MIXED},
+        ),
+        (
+            "multiturn",
+            w_multiturn("multiturn", 24, 4, 1.5, 1.5, seed=41),
+            {
+                "kind": "multiturn",
+                "sessions": 24,
+                "turns": 4,
+                "session_rate_rps": 1.5,
+                "think_mean_s": 1.5,
+                "first_prompt": [384, 768],
+                "new_tokens_per_turn": [64, 256],
+                "output": [64, 192],
+            },
+        ),
+        (
+            "burst_4x",
+            w_burst("burst_4x", 2.5, seed=51),
+            {
+                "kind": "burst",
+                "base_rate_rps": 2.5,
+                "phases_s_mult": [[10, 1], [5, 4], [10, 1]],
+                **MIXED,
+            },
+        ),
+        (
+            "azure_conv_sample",
+            w_azure("azure_conv_sample", rows, stretch),
+            {
+                "kind": "trace",
+                **azure["meta"],
+                "num": len(rows),
+                "window_rate_rps": window_rate,
+                "time_stretch": stretch,
+                "target_rate_rps": args.azure_rate,
+            },
+        ),
+    ]
+    print(
+        f"[main] capacity {args.capacity_rps} req/s (explore); azure gaps x{stretch:.2f}",
+        flush=True,
+    )
+    return plan
+
+
+def phase_main(
+    s: Session,
+    args: argparse.Namespace,
+    run_ids: tuple[int, ...] = (1, 2),
+    only: list[str] | None = None,
+) -> None:
+    """Validation workloads below memory pressure, each run twice on one pre-captured engine."""
+    skip = set(args.skip.split(","))
+    rec = Recorder(use_cuda=True)
+    mgr, info = make_engine(s.model, MAIN_SPEC, rec, s.smoke)
+    plan = {name: (reqs, meta) for name, reqs, meta in main_plan(args)}
+    for name in only or list(plan):
+        if name in skip:
+            continue
+        reqs, meta = plan[name]
+        s.capture(mgr, rec, MAIN_SPEC, info, name, reqs, limit_s=90, meta=meta, run_ids=run_ids)
+    destroy_engine(mgr)
+
+
+def phase_pressure(s: Session, args: argparse.Namespace) -> None:
+    """Small KV cache (requests queue or are preempted), then the cost micro-runs."""
+    skip = set(args.skip.split(","))
+    reqs = w_poisson("pressure", 48, 3.0, seed=61, lengths=PRESSURE_LEN)
+    meta = {"kind": "pressure", "rate_rps": 3.0, "num_blocks": PRESSURE_BLOCKS, **PRESSURE_LEN}
+    rec = Recorder(use_cuda=True)
+    spec_q = EngineSpec("pressure_queue", num_blocks=PRESSURE_BLOCKS)
+    mgr, info = make_engine(s.model, spec_q, rec, s.smoke)
+    if "pressure_queue" not in skip:
+        s.capture(
+            mgr,
+            rec,
+            spec_q,
+            info,
+            "pressure_queue",
+            rename(reqs, "pressure_queue"),
+            limit_s=45,
+            meta={**meta, "safety_margin": 0.15},
+        )
+    if "pressure_soft_reset" not in skip:
+        spec_r = EngineSpec("pressure_soft_reset", num_blocks=PRESSURE_BLOCKS, safety_margin=0.0)
+        mgr.batch_processor.scheduler.safety_margin = (
+            0.0  # same engine and graphs; only the margin differs
+        )
+        s.capture(
+            mgr,
+            rec,
+            spec_r,
+            info,
+            "pressure_soft_reset",
+            rename(reqs, "pressure_soft_reset"),
+            limit_s=45,
+            meta={**meta, "safety_margin": 0.0},
+        )
+    destroy_engine(mgr)
+    if "pressure_cpu_swap" not in skip:
+        rec = Recorder(use_cuda=True)
+        spec_c = EngineSpec(
+            "pressure_cpu_swap",
+            num_blocks=PRESSURE_BLOCKS,
+            safety_margin=0.0,
+            cpu_offload_space_gib=1.0,
+        )
+        mgr, info = make_engine(s.model, spec_c, rec, s.smoke)
+        s.capture(
+            mgr,
+            rec,
+            spec_c,
+            info,
+            "pressure_cpu_swap",
+            rename(reqs, "pressure_cpu_swap"),
+            limit_s=45,
+            meta={**meta, "safety_margin": 0.0, "cpu_offload_space_gib": 1.0},
+        )
+        destroy_engine(mgr)
+    if "microbench" not in skip:
+        microbench(s, args)
+    if args.rerun:
+        # run 2 of main-phase workloads, on a fresh engine in this process (prefix cache clean)
+        phase_main(s, args, run_ids=(2,), only=args.rerun.split(","))
+
+
+MICRO_SPEC = EngineSpec("microbench_lazy_graphs", num_blocks=2200, precapture_max_seqlen_k=0)
+
+
+def microbench(s: Session, args: argparse.Namespace) -> None:
+    rec = Recorder(use_cuda=True)
+    mgr, info = make_engine(s.model, MICRO_SPEC, rec, s.smoke)
+    mgr.start()
+    folder = s.stage / "microbench"
+    folder.mkdir(parents=True, exist_ok=True)
+    all_steps, all_reqs, configs = [], [], []
+    for rep in (1, 2):
+        for cfg, reqs in microbench_plan():
+            reqs = [
+                Req(
+                    **{
+                        **asdict(r),
+                        "request_id": f"{r.request_id}-r{rep}",
+                        "parent_id": f"{r.parent_id}-r{rep}" if r.parent_id else None,
+                    }
+                )
+                for r in reqs
+            ]
+            res = run_requests(mgr, rec, reqs, s.seed, s.smoke, limit_s=30)
+            resolve_gpu_times(rec)
+            tag = {**cfg, "rep": rep, "config_id": len(configs)}
+            configs.append(
+                {
+                    **tag,
+                    "wall_s": round(res["wall_s"], 3),
+                    "steps": len(rec.steps),
+                    "graph_captures": len(rec.captures),
+                }
+            )
+            all_steps += [{**st, **tag} for st in rec.steps]
+            all_reqs += [{**r, **tag} for r in res["records"]]
+        print(f"[microbench] rep {rep}: {len(configs)} configs, {len(all_steps)} steps", flush=True)
+        tag_types = {
+            "bench": "string",
+            "batch_size": "int32",
+            "cfg_prompt_tokens": "int32",
+            "context_tokens": "int32",
+            "rep": "int32",
+            "config_id": "int32",
+        }
+        write_table(all_steps, {**STEP_TYPES, **tag_types}, folder / "steps")
+        write_table(all_reqs, {**REQUEST_TYPES, **tag_types}, folder / "micro_requests")
+        eng = engine_config(mgr, MICRO_SPEC, info, s.smoke)
+        eng.update(
+            configs=configs,
+            note="cost micro-runs; rep 1 may capture graphs lazily (graph_captures > 0 "
+            "on those steps), rep 2 replays them",
+        )
+        (folder / "microbench.json").write_text(json.dumps(eng, indent=1, default=str))
+        pack(s.stage, s.out, "gt")
+    destroy_engine(mgr)
+
+
+def phase_smoke(s: Session, args: argparse.Namespace) -> None:
+    rec = Recorder(use_cuda=False)
+    spec = EngineSpec(
+        "smoke",
+        num_blocks=64,
+        block_size=32,
+        max_batch_tokens=256,
+        use_cuda_graph=False,
+        use_async_batching=False,
+        precapture_max_seqlen_k=0,
+    )
+    mgr, info = make_engine(s.model, spec, rec, s.smoke)
+    small = dict(
+        prompt_median=64,
+        prompt_sigma=0.5,
+        prompt_lo=8,
+        prompt_hi=200,
+        out_median=8,
+        out_sigma=0.3,
+        out_lo=2,
+        out_hi=16,
+    )
+    s.capture(
+        mgr,
+        rec,
+        spec,
+        info,
+        "smoke_poisson",
+        w_poisson("smoke_poisson", 12, 20.0, 3, small),
+        runs=2,
+    )
+    mt = w_multiturn("smoke_mt", 3, 3, 5.0, 0.05, 5)
+    for r in mt:
+        r.prompt_tokens = max(4, r.prompt_tokens // 8)
+        r.max_new_tokens = 4
+    s.capture(mgr, rec, spec, info, "smoke_multiturn", mt, runs=1)
+    destroy_engine(mgr)
+    rec = Recorder(use_cuda=False)
+    spec = EngineSpec(
+        "smoke_pressure",
+        num_blocks=6,
+        block_size=32,
+        max_batch_tokens=256,
+        use_cuda_graph=False,
+        use_async_batching=False,
+        safety_margin=0.0,
+        precapture_max_seqlen_k=0,
+    )
+    mgr, info = make_engine(s.model, spec, rec, s.smoke)
+    press = [Req(f"smoke_press-{i}", 40, 30, send_s=0.01 * i) for i in range(8)]
+    s.capture(mgr, rec, spec, info, "smoke_pressure", press, runs=1)
+    destroy_engine(mgr)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--phase", required=True, choices=["explore", "main", "pressure", "smoke"])
+    ap.add_argument("--cpu-smoke", action="store_true")
+    ap.add_argument("--explore-rate", type=float, default=6.0)
+    ap.add_argument(
+        "--capacity-rps", type=float, default=11.7, help="closed-batch capacity measured in explore"
+    )
+    ap.add_argument(
+        "--azure", type=Path, default=Path(__file__).with_name("azure_conv_window.json")
+    )
+    ap.add_argument("--azure-num", type=int, default=80)
+    ap.add_argument(
+        "--azure-rate", type=float, default=2.4, help="target mean arrival rate after scaling"
+    )
+    ap.add_argument("--skip", default="", help="comma-separated workload names to skip")
+    ap.add_argument(
+        "--rerun", default="", help="pressure phase: main workloads to capture again as run 2"
+    )
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    stage = Path("/tmp/cp_capture") / "gt"
+    shutil.rmtree(stage.parent, ignore_errors=True)
+    stage.mkdir(parents=True)
+    t = perf_counter()
+    model = build_model(args.cpu_smoke)
+    print(
+        f"[model] built in {perf_counter() - t:.1f} s; attn={model.config._attn_implementation}",
+        flush=True,
+    )
+    s = Session(out=args.out, stage=stage, model=model, smoke=args.cpu_smoke)
+    if args.phase == "smoke":
+        phase_smoke(s, args)
+    elif args.phase == "explore":
+        phase_explore(s, args)
+    else:
+        (phase_main if args.phase == "main" else phase_pressure)(s, args)
+    print("[done] " + json.dumps(s.summaries), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""Request lists for the capture: closed, Poisson, burst, multi-turn, trace and micro-run batches.
+
+A request with a parent is sent its think time after the parent's last token, with a prompt made of
+the parent's prompt, the parent's reply and `prompt_tokens` new tokens; others at `send_s`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass
+class Req:
+    request_id: str
+    prompt_tokens: int  # roots: whole prompt; children: tokens appended to parent prompt + reply
+    max_new_tokens: int
+    send_s: float | None = None  # roots: send time from the workload start
+    session_id: str | None = None
+    parent_id: str | None = None
+    turn: int = 0
+    think_s: float = 0.0
+    prefix_of: str | None = (
+        None  # shares this many leading tokens with request `prefix_of` (microbench)
+    )
+    prefix_tokens: int = 0
+
+
+def lognormal_lengths(
+    rng: np.random.Generator, n: int, median: float, sigma: float, lo: int, hi: int
+) -> np.ndarray:
+    return np.clip(np.round(median * np.exp(sigma * rng.standard_normal(n))), lo, hi).astype(int)
+
+
+MIXED = dict(
+    prompt_median=512,
+    prompt_sigma=0.8,
+    prompt_lo=32,
+    prompt_hi=2048,
+    out_median=128,
+    out_sigma=0.6,
+    out_lo=16,
+    out_hi=512,
+)
+
+
+def w_closed(name: str, n: int, prompt: int, out: int) -> list[Req]:
+    return [Req(f"{name}-{i:04d}", prompt, out, send_s=0.0) for i in range(n)]
+
+
+def w_poisson(
+    name: str, n: int, rate: float, seed: int, lengths: dict = MIXED, t0: float = 0.0
+) -> list[Req]:
+    rng = np.random.default_rng(seed)
+    times = t0 + np.cumsum(rng.exponential(1.0 / rate, n))
+    p = lognormal_lengths(
+        rng,
+        n,
+        lengths["prompt_median"],
+        lengths["prompt_sigma"],
+        lengths["prompt_lo"],
+        lengths["prompt_hi"],
+    )
+    o = lognormal_lengths(
+        rng, n, lengths["out_median"], lengths["out_sigma"], lengths["out_lo"], lengths["out_hi"]
+    )
+    return [
+        Req(f"{name}-{i:04d}", int(p[i]), int(o[i]), send_s=float(times[i] - times[0]))
+        for i in range(n)
+    ]
+
+
+def w_burst(
+    name: str, base_rate: float, seed: int, phases: tuple = ((10.0, 1), (5.0, 4), (10.0, 1))
+) -> list[Req]:
+    """Poisson at base_rate, then 4x base_rate, then base_rate again (piecewise-constant rate)."""
+    rng = np.random.default_rng(seed)
+    times, t_start = [], 0.0
+    for dur, mult in phases:
+        t = t_start
+        while True:
+            t += rng.exponential(1.0 / (base_rate * mult))
+            if t >= t_start + dur:
+                break
+            times.append(t)
+        t_start += dur
+    n = len(times)
+    p = lognormal_lengths(
+        rng,
+        n,
+        MIXED["prompt_median"],
+        MIXED["prompt_sigma"],
+        MIXED["prompt_lo"],
+        MIXED["prompt_hi"],
+    )
+    o = lognormal_lengths(
+        rng, n, MIXED["out_median"], MIXED["out_sigma"], MIXED["out_lo"], MIXED["out_hi"]
+    )
+    return [Req(f"{name}-{i:04d}", int(p[i]), int(o[i]), send_s=float(times[i])) for i in range(n)]
+
+
+def w_multiturn(
+    name: str, num_sessions: int, turns: int, session_rate: float, think_mean_s: float, seed: int
+) -> list[Req]:
+    """Sessions start Poisson; turn k>0 extends turn k-1's prompt + reply with new user tokens."""
+    rng = np.random.default_rng(seed)
+    starts = np.cumsum(rng.exponential(1.0 / session_rate, num_sessions))
+    starts -= starts[0]
+    reqs = []
+    for s in range(num_sessions):
+        sid = f"{name}-s{s:03d}"
+        parent = None
+        for k in range(turns):
+            rid = f"{sid}-t{k}"
+            new = int(rng.integers(384, 769)) if k == 0 else int(rng.integers(64, 257))
+            out = int(rng.integers(64, 193))
+            think = 0.0 if k == 0 else float(rng.exponential(think_mean_s))
+            reqs.append(
+                Req(
+                    rid,
+                    new,
+                    out,
+                    send_s=float(starts[s]) if k == 0 else None,
+                    session_id=sid,
+                    parent_id=parent,
+                    turn=k,
+                    think_s=think,
+                )
+            )
+            parent = rid
+    return reqs
+
+
+def w_azure(name: str, rows: list[list[float]], stretch: float) -> list[Req]:
+    """Azure LLM 2023 conv rows (t_s, context, generated), already clipped; gaps times `stretch`."""
+    t_first = rows[0][0]
+    return [
+        Req(f"{name}-{i:04d}", int(c), int(g), send_s=(t - t_first) * stretch)
+        for i, (t, c, g) in enumerate(rows)
+    ]
+
+
+PRESSURE_LEN = dict(
+    prompt_median=640,
+    prompt_sigma=0.4,
+    prompt_lo=256,
+    prompt_hi=1024,
+    out_median=200,
+    out_sigma=0.4,
+    out_lo=64,
+    out_hi=384,
+)
+
+
+def rename(reqs: list[Req], name: str) -> list[Req]:
+    return [
+        Req(**{**asdict(r), "request_id": name + r.request_id[r.request_id.index("-") :]})
+        for r in reqs
+    ]
+
+
+def microbench_plan() -> list[tuple[dict, list[Req]]]:
+    """Closed batches for the per-step cost fit: prefill (batch x prompt, long prompts chunked by
+    token budget) and decode (batch x context; the context is one shared prefix, computed once by a
+    primer request, so each decode step reads batch x context tokens of KV)."""
+    plan = []
+    for b in (1, 4, 16):
+        for p in (256, 1024, 2048):
+            plan.append(
+                (
+                    {
+                        "bench": "prefill",
+                        "batch_size": b,
+                        "cfg_prompt_tokens": p,
+                        "context_tokens": 0,
+                    },
+                    [Req(f"mb-pf-b{b}-p{p}-{i:03d}", p, 2, send_s=0.0) for i in range(b)],
+                )
+            )
+    for p in (4096, 8192):
+        plan.append(
+            (
+                {
+                    "bench": "prefill_chunked",
+                    "batch_size": 1,
+                    "cfg_prompt_tokens": p,
+                    "context_tokens": 0,
+                },
+                [Req(f"mb-pfc-p{p}-000", p, 2, send_s=0.0)],
+            )
+        )
+    for c in (512, 2048, 4096):
+        for b in (1, 8, 32, 64, 128):
+            primer = Req(f"mb-dec-b{b}-c{c}-primer", c, 1, send_s=0.0)
+            batch = [
+                Req(f"mb-dec-b{b}-c{c}-{i:03d}", 15, 32, parent_id=primer.request_id, think_s=0.0)
+                for i in range(b)
+            ]
+            plan.append(
+                (
+                    {
+                        "bench": "decode",
+                        "batch_size": b,
+                        "cfg_prompt_tokens": 16,
+                        "context_tokens": c,
+                    },
+                    [primer, *batch],
+                )
+            )
+    return plan
