@@ -64,8 +64,12 @@ class EvictionPolicy(Protocol):
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]: ...
 
     def select_victims(
-        self, entries: Sequence[CacheEntry], bytes_needed: int, now_us: int,
-        chains: Chains | None = None, parents: Sequence[int] | None = None,
+        self,
+        entries: Sequence[CacheEntry],
+        bytes_needed: int,
+        now_us: int,
+        chains: Chains | None = None,
+        parents: Sequence[int] | None = None,
     ) -> list[CacheEntry]: ...
 
     def on_access(self, entry: CacheEntry, now_us: int) -> None: ...
@@ -108,8 +112,12 @@ class RankingPolicy:
         return sorted(entries, key=lambda e: self.key(e, now_us))
 
     def select_victims(
-        self, entries: Sequence[CacheEntry], bytes_needed: int, now_us: int,
-        chains: Chains | None = None, parents: Sequence[int] | None = None,
+        self,
+        entries: Sequence[CacheEntry],
+        bytes_needed: int,
+        now_us: int,
+        chains: Chains | None = None,
+        parents: Sequence[int] | None = None,
     ) -> list[CacheEntry]:
         victims: list[CacheEntry] = []
         freed = 0
@@ -118,8 +126,9 @@ class RankingPolicy:
         if chains is not None:  # the policy's order, restricted to what is a tail at each step
             ranked = self.order(entries, now_us)
             rank = {e.entry_id: r for r, e in enumerate(ranked)}
-            picks = greedy_on_chains([rank[e.entry_id] for e in entries], entries, chains,
-                                     bytes_needed, parents)
+            picks = greedy_on_chains(
+                [rank[e.entry_id] for e in entries], entries, chains, bytes_needed, parents
+            )
             return [entries[i] for i in picks]
         for entry in self.order(entries, now_us):
             victims.append(entry)
@@ -142,8 +151,13 @@ class RankingPolicy:
         return {}
 
 
-def greedy_on_chains(rank: Sequence[Any], entries: Sequence[CacheEntry], chains: Chains,
-                     bytes_needed: int, parents: Sequence[int] | None = None) -> list[int]:
+def greedy_on_chains(
+    rank: Sequence[Any],
+    entries: Sequence[CacheEntry],
+    chains: Chains,
+    bytes_needed: int,
+    parents: Sequence[int] | None = None,
+) -> list[int]:
     """Positions cut greedily, smallest rank first among the chains' current tails.
 
     Cutting a chain's tail exposes the item before it; a chain's tail is exposed once every chain
@@ -196,4 +210,3 @@ def make_policy(cfg: PolicyConfig, estimator: GapEstimator) -> EvictionPolicy:
     """The registered policy `cfg.name`, built from `cfg` (a ValueError lists the known names)."""
     factory = POLICIES.entry(cfg.name).factory
     return cast(EvictionPolicy, factory(cfg, estimator))
-

@@ -102,8 +102,10 @@ class SlruPolicy(_TracksEvictions):
         """The protected segment holds at most its share of these idle bytes: its most recent
         entries that fit stay, the least recent overflow is demoted to probation."""
         room = self.protected_fraction * sum(e.num_bytes for e in entries)
-        prot = sorted((e for e in entries if e.entry_id in self.protected),
-                      key=lambda e: (-e.last_used_us, e.entry_id))
+        prot = sorted(
+            (e for e in entries if e.entry_id in self.protected),
+            key=lambda e: (-e.last_used_us, e.entry_id),
+        )
         self.kept.clear()
         for e in prot:  # most recent first; the overflow is demoted
             if e.num_bytes > room:
@@ -147,11 +149,13 @@ class ArcPolicy(_TracksEvictions):
         b1 = self.ghost_bytes[0] or 1
         b2 = self.ghost_bytes[1] or 1
         if eid in self.ghost1:
-            self.target_bytes = min(self.target_bytes + max(b2 / b1, 1.0) * self._ghost_pop(0, eid),
-                                    self.capacity_bytes)
+            self.target_bytes = min(
+                self.target_bytes + max(b2 / b1, 1.0) * self._ghost_pop(0, eid), self.capacity_bytes
+            )
         elif eid in self.ghost2:
-            self.target_bytes = max(self.target_bytes - max(b1 / b2, 1.0) * self._ghost_pop(1, eid),
-                                    0.0)
+            self.target_bytes = max(
+                self.target_bytes - max(b1 / b2, 1.0) * self._ghost_pop(1, eid), 0.0
+            )
         if eid in self.evicted:  # a miss: stored again, into T1
             self.evicted.discard(eid)
         else:  # a hit: T1 -> T2 (or MRU of T2)
@@ -174,8 +178,10 @@ class ArcPolicy(_TracksEvictions):
         than the target, then T2, then the rest of T1 (each LRU); `t1_excess` is that first
         run."""
         self.capacity_bytes = max(self.capacity_bytes, float(sum(e.num_bytes for e in entries)))
-        t1 = sorted((e for e in entries if e.entry_id not in self.frequent),
-                    key=lambda e: (e.last_used_us, e.entry_id))
+        t1 = sorted(
+            (e for e in entries if e.entry_id not in self.frequent),
+            key=lambda e: (e.last_used_us, e.entry_id),
+        )
         t1_bytes = float(sum(e.num_bytes for e in t1))
         self.t1_excess.clear()
         for e in t1:

@@ -27,9 +27,14 @@ class PercPlusOnePolicy(PercPolicy):
 
     name = "perc_plus1"
 
-    def select_victims(self, entries: Sequence[CacheEntry], bytes_needed: int,
-                       now_us: int, chains: Chains | None = None,
-                       parents: Sequence[int] | None = None) -> list[CacheEntry]:
+    def select_victims(
+        self,
+        entries: Sequence[CacheEntry],
+        bytes_needed: int,
+        now_us: int,
+        chains: Chains | None = None,
+        parents: Sequence[int] | None = None,
+    ) -> list[CacheEntry]:
         if bytes_needed <= 0 or not entries:
             return []
         costs = expected_costs(self.estimator, entries, now_us)

@@ -144,9 +144,14 @@ class TailLruPolicy(RankingPolicy):
         matters = int(entry.restore_us > self.threshold_us)
         return (matters, entry.last_used_us, entry.entry_id)
 
-    def select_victims(self, entries: Sequence[CacheEntry], bytes_needed: int, now_us: int,
-                       chains: Chains | None = None,
-                       parents: Sequence[int] | None = None) -> list[CacheEntry]:
+    def select_victims(
+        self,
+        entries: Sequence[CacheEntry],
+        bytes_needed: int,
+        now_us: int,
+        chains: Chains | None = None,
+        parents: Sequence[int] | None = None,
+    ) -> list[CacheEntry]:
         """On chains: a block matters when a next turn through it would restore more than the
         target if the chain were cut down to it (it, the blocks after it, and the longest path
         through the chains below); excess tails go first, each class LRU."""

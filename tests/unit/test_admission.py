@@ -18,9 +18,19 @@ from tests.conftest import make_sim_config, make_workload
 
 def make_view(**overrides: Any) -> AdmissionView:
     values: dict[str, Any] = dict(
-        queue_depth=20, pool_bytes=1000, free_bytes=50, evictable_bytes=0, held_bytes=950,
-        need_bytes=100, tokens=500, class_index=0, num_classes=2, eviction_rate_per_s=0.0,
-        running_fraction=0.5, num_defers=0, max_defers=2,
+        queue_depth=20,
+        pool_bytes=1000,
+        free_bytes=50,
+        evictable_bytes=0,
+        held_bytes=950,
+        need_bytes=100,
+        tokens=500,
+        class_index=0,
+        num_classes=2,
+        eviction_rate_per_s=0.0,
+        running_fraction=0.5,
+        num_defers=0,
+        max_defers=2,
     )
     values.update(overrides)
     return AdmissionView(**values)
@@ -53,8 +63,14 @@ def test_default_admission_is_off_and_an_always_admitting_gate_changes_nothing()
 
 
 def test_aggressive_threshold_rejects_only_first_turns_and_every_request_ends() -> None:
-    cfg = admission_config("threshold", threshold_load_fraction=0.0, threshold_queue_depth=0,
-                           pressure_queue_depth=1, max_defers=1, defer_ms=50.0)
+    cfg = admission_config(
+        "threshold",
+        threshold_load_fraction=0.0,
+        threshold_queue_depth=0,
+        pressure_queue_depth=1,
+        max_defers=1,
+        defer_ms=50.0,
+    )
     result = build(overloaded(cfg)).run()
     req = result.requests
     assert set(req["outcome"].unique()) <= {"completed", "rejected"}

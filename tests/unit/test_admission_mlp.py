@@ -103,8 +103,22 @@ def test_training_is_deterministic_given_the_seed(tmp_path: Path) -> None:
     from cachepilot_sim.tools.train_admission import main
 
     register_configs()
-    tiny = ["--train-seeds", "1", "--episode-requests", "150", "--imitation-epochs", "2",
-            "--iterations", "1", "--episodes", "2", "--eval-every", "1", "--hidden", "4"]
+    tiny = [
+        "--train-seeds",
+        "1",
+        "--episode-requests",
+        "150",
+        "--imitation-epochs",
+        "2",
+        "--iterations",
+        "1",
+        "--episodes",
+        "2",
+        "--eval-every",
+        "1",
+        "--hidden",
+        "4",
+    ]
     arrays = []
     for run in ("a", "b"):
         out = tmp_path / run / "w.npz"

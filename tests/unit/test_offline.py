@@ -59,8 +59,9 @@ def uniform_sequence(accesses: list[int], capacity: int) -> AccessSequence:
 
 @settings(deadline=None, max_examples=60)
 @given(accesses_st, st.integers(min_value=1, max_value=3))
-def test_lp_bound_never_exceeds_belady_on_unit_sizes_and_costs(accesses: list[int],
-                                                                capacity: int) -> None:
+def test_lp_bound_never_exceeds_belady_on_unit_sizes_and_costs(
+    accesses: list[int], capacity: int
+) -> None:
     compulsory = len(set(accesses))
     bound = lp_lower_bound(uniform_sequence(accesses, capacity))
     assert 0.0 <= bound.restore_us <= belady_misses(accesses, capacity) - compulsory + 1e-7
@@ -69,8 +70,9 @@ def test_lp_bound_never_exceeds_belady_on_unit_sizes_and_costs(accesses: list[in
 
 @settings(deadline=None, max_examples=40)
 @given(accesses_st, st.integers(min_value=1, max_value=3))
-def test_integral_offline_optimum_equals_belady_on_unit_sizes_and_costs(accesses: list[int],
-                                                                         capacity: int) -> None:
+def test_integral_offline_optimum_equals_belady_on_unit_sizes_and_costs(
+    accesses: list[int], capacity: int
+) -> None:
     opt = integral_optimum(uniform_sequence(accesses, capacity))
     assert opt.optimal
     assert opt.restore_us == belady_misses(accesses, capacity) - len(set(accesses))

@@ -35,8 +35,10 @@ def evict(policy: RankingPolicy, entries: list[CacheEntry], need: int, now: int)
 
 def test_fifo_evicts_in_order_of_entering_the_cache_not_of_use() -> None:
     fifo = make("fifo")
-    a, b = make_entry(0, created_us=10, last_used_us=900), make_entry(1, created_us=20,
-                                                                      last_used_us=100)
+    a, b = (
+        make_entry(0, created_us=10, last_used_us=900),
+        make_entry(1, created_us=20, last_used_us=100),
+    )
     for e in (a, b):
         fifo.on_release(e, e.last_used_us)
     assert ids(fifo.order([b, a], 1000)) == [0, 1]
@@ -47,8 +49,11 @@ def test_fifo_evicts_in_order_of_entering_the_cache_not_of_use() -> None:
 
 def test_lfu_evicts_fewest_uses_then_least_recent() -> None:
     lfu = make("lfu")
-    entries = [make_entry(0, num_uses=3, last_used_us=1), make_entry(1, num_uses=1,
-               last_used_us=50), make_entry(2, num_uses=1, last_used_us=40)]
+    entries = [
+        make_entry(0, num_uses=3, last_used_us=1),
+        make_entry(1, num_uses=1, last_used_us=50),
+        make_entry(2, num_uses=1, last_used_us=40),
+    ]
     assert ids(lfu.order(entries, 100)) == [2, 1, 0]
 
 
@@ -182,10 +187,12 @@ def test_oracle_cuts_only_chain_tails_when_entries_form_a_prefix_chain() -> None
     assert isinstance(oracle, OraclePolicy)
     # Entries 0 -> 1 -> 2 are one chain (root first); 3 stands alone. The root is the cheapest
     # per byte, but it can only go together with everything after it.
-    entries = [make_entry(0, num_bytes=100, restore_us=1.0, gap_ema_us=1e6),
-               make_entry(1, num_bytes=100, restore_us=500.0, gap_ema_us=1e6),
-               make_entry(2, num_bytes=100, restore_us=400.0, gap_ema_us=1e6),
-               make_entry(3, num_bytes=100, restore_us=300.0, gap_ema_us=1e6)]
+    entries = [
+        make_entry(0, num_bytes=100, restore_us=1.0, gap_ema_us=1e6),
+        make_entry(1, num_bytes=100, restore_us=500.0, gap_ema_us=1e6),
+        make_entry(2, num_bytes=100, restore_us=400.0, gap_ema_us=1e6),
+        make_entry(3, num_bytes=100, restore_us=300.0, gap_ema_us=1e6),
+    ]
     free = oracle.solve(entries, 100, 0)
     chained = oracle.solve(entries, 100, 0, chains=[[0, 1, 2], [3]])
     assert free.chosen == (0,)
