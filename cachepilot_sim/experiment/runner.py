@@ -1,15 +1,15 @@
 """Runs a RunConfig's matrix (policies x seeds), writes results, and prints the comparison table.
 
 Files under the output folder: `metrics.json` (every cell and the per-policy summary), `summary.md`
-(the table), `requests/<policy>_seed<k>.parquet` (per-request results) and, when tracing is on,
-`trace/<policy>_seed<k>/part-*.parquet`. Each file is written to a temporary name and renamed, so an
-interrupted run never leaves a half-written file over an earlier one.
+(the answer's tables, experiment/answer.py), `requests/<policy>_seed<k>.parquet` (per-request
+results) and, when tracing is on, `trace/<policy>_seed<k>/part-*.parquet`. Each file is written to
+a temporary name and renamed, so an interrupted run never leaves a half-written file over an
+earlier one.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import multiprocessing
 import os
 from collections.abc import Callable, Sequence
@@ -19,33 +19,14 @@ from typing import Any
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
 
 from cachepilot_sim.config import RunConfig, SimConfig, TraceFormat
+from cachepilot_sim.experiment.answer import answer_tables, bench_block, markdown_answer
+from cachepilot_sim.experiment.serving import baseline_policy, policy_rows, serving_stats
 from cachepilot_sim.experiment.telemetry import RunMonitor
 from cachepilot_sim.sim import build
 
-# (metric key, column title, format): the headline table.
-COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("realized_restore_s", "realized restore s", "{:.2f}"),
-    ("restore_vs_lru", "vs LRU", "{:.3f}"),
-    ("expected_evict_cost_s", "expected evict cost s (seed metric)", "{:.2f}"),
-    ("evictions", "evictions", "{:.0f}"),
-    ("ttft_p50_s", "TTFT p50 s", "{:.3f}"),
-    ("ttft_p95_s", "TTFT p95 s", "{:.2f}"),
-    ("ttft_p99_s", "TTFT p99 s", "{:.2f}"),
-    ("tpot_p50_ms", "TPOT p50 ms", "{:.2f}"),
-    ("tpot_p95_ms", "TPOT p95 ms", "{:.2f}"),
-    ("goodput_req_s", "goodput req/s", "{:.3f}"),
-    ("session_wait_p95_s", "session wait p95 s", "{:.1f}"),
-)
-# Policy-lab columns, shown only when some cell has them (shadow oracle, offline bound).
-LAB_COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("oracle_gap_mean", "vs oracle: gap mean", "{:.3f}"),
-    ("oracle_gap_worst", "vs oracle: gap worst", "{:.2f}"),
-    ("offline_lp_restore_s", "offline LP bound s", "{:.2f}"),
-    ("restore_vs_offline_lp", "realized / LP bound", "{:.2f}"),
-)
+SERVING = "_serving"  # the key under which a worker returns its cell's serving statistics
 
 
 def _write_atomic(path: Path, write: Callable[[Path], object]) -> None:
@@ -79,11 +60,16 @@ def run_cell(
         _write_atomic(out_dir / "requests" / f"{name}.parquet", result.requests.write_parquet)
     if offline_bound:
         _add_offline_bound(result.metrics, sim_cfg, result.requests)
+    # Popped by run_cells: metrics.json keeps its cells as they were.
+    result.metrics[SERVING] = serving_stats(result.requests, result.metrics["duration_s"])
     return result.metrics
 
 
 def run_cells(
-    cfg: RunConfig, out_dir: Path | None, monitor: RunMonitor | None = None
+    cfg: RunConfig,
+    out_dir: Path | None,
+    monitor: RunMonitor | None = None,
+    serving: list[dict[str, float]] | None = None,
 ) -> list[dict[str, Any]]:
     """Every (policy, seed) cell, in a fixed order, on `cfg.jobs` worker processes.
 
@@ -91,6 +77,7 @@ def run_cells(
     Progress (`monitor`) needs the cells in this process: they run here when `jobs=1` or when
     someone watches live (a terminal bar or a served Prometheus port); otherwise on workers, and
     the progress gauges are left out of metrics.prom (the run metrics are all there).
+    Each cell's serving statistics (experiment/serving.py) are appended to `serving` when given.
     """
     policies = cfg.policy_names()
     sims = [
@@ -114,6 +101,9 @@ def run_cells(
                 for s in sims
             ]
             cells = [f.result() for f in futures]
+    stats = [c.pop(SERVING) for c in cells]
+    if serving is not None:
+        serving.extend(stats)
     _add_vs_lru(cells)
     return cells
 
@@ -155,58 +145,38 @@ def summarize(cells: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, 
     return out
 
 
-# Added when the cells have them (trace replay with prefix blocks).
-PREFIX_COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("prefix_hit_ratio", "prefix-hit ratio", "{:.3f}"),
-)
-
-
-def _columns(summary: dict[str, dict[str, dict[str, float]]]) -> tuple[tuple[str, str, str], ...]:
-    present = {k for stats in summary.values() for k in stats}
-    return COLUMNS + tuple(c for c in LAB_COLUMNS + PREFIX_COLUMNS if c[0] in present)
-
-
-def _cell(stat: dict[str, float] | None, fmt: str) -> str:
-    if stat is None or math.isnan(stat["mean"]):
-        return "-"
-    f = fmt.format
-    return f"{f(stat['mean'])} ± {f(stat['std'])}\n[{f(stat['min'])}, {f(stat['max'])}]"
-
-
-def table(summary: dict[str, dict[str, dict[str, float]]], title: str) -> Table:
-    t = Table(title=title, show_lines=True)
-    t.add_column("policy")
-    columns = _columns(summary)
-    for _, name, _ in columns:
-        t.add_column(name, justify="right")
-    for policy, stats in summary.items():
-        t.add_row(policy, *(_cell(stats.get(k), fmt) for k, _, fmt in columns))
-    return t
-
-
-def markdown(summary: dict[str, dict[str, dict[str, float]]]) -> str:
-    """The same table as GitHub markdown (mean ± σ, then [min, max])."""
-    columns = _columns(summary)
-    head = "| policy | " + " | ".join(name for _, name, _ in columns) + " |"
-    rule = "|---|" + "---:|" * len(columns)
-    lines = [head, rule]
-    for policy, stats in summary.items():
-        cells = [_cell(stats.get(k), fmt).replace("\n", " ") for k, _, fmt in columns]
-        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
 def run_experiment(cfg: RunConfig, out_dir: Path, console: Console | None = None) -> dict[str, Any]:
-    """Run the matrix, write metrics.json, summary.md and metrics.prom, print the table."""
-    console = console or Console(width=250)
+    """Run the matrix, write metrics.json, summary.md and metrics.prom, print the answer."""
+    console = console or Console()
     monitor = RunMonitor(cfg.telemetry, console)
+    serving: list[dict[str, float]] = []
     try:
-        cells = run_cells(cfg, out_dir, monitor)
+        cells = run_cells(cfg, out_dir, monitor, serving)
     except BaseException:
         monitor.close([], None)  # stop the bar and the server; no exposition of a failed run
         raise
     monitor.close(cells, out_dir)
     summary = summarize(cells)
+    title = run_title(cfg, cells)
+    report = {"title": title, "cells": cells, "summary": summary}
+    _write_atomic(
+        out_dir / "metrics.json",
+        lambda p: p.write_text(json.dumps(report, indent=1, allow_nan=True)),
+    )
+    baseline = baseline_policy(cfg.policy_names())
+    rows = policy_rows(cells, serving, baseline)
+    shown = title.replace("; mean ± σ [min, max]", "")
+    md = f"{shown}\n\n{markdown_answer(rows, baseline)}"
+    _write_atomic(out_dir / "summary.md", lambda p: p.write_text(md))
+    for t in answer_tables(rows, baseline, shown, console.width):
+        console.print(t)
+    if len(cells) == 1:
+        console.print(bench_block(rows[0]), markup=False, highlight=False)
+    return report | {"serving": serving}
+
+
+def run_title(cfg: RunConfig, cells: Sequence[dict[str, Any]]) -> str:
+    """The run's one-line description (metrics.json's `title`)."""
     seeds = f"seeds {cfg.seed}..{cfg.seed + cfg.seeds - 1}"
     workload = f"{cfg.workload.name}: {cfg.workload.num_requests} requests"
     if cfg.replay.format != TraceFormat.NONE:
@@ -217,12 +187,4 @@ def run_experiment(cfg: RunConfig, out_dir: Path, console: Console | None = None
             f"{rc.format!s} trace {Path(rc.path).name}: {first['requests']} requests"
             f"{note}, time x{rc.time_scale:g}"
         )
-    title = f"{workload}, {cfg.vram_gb:g} GB VRAM, {cfg.model.name}, {seeds}; mean ± σ [min, max]"
-    report = {"title": title, "cells": cells, "summary": summary}
-    _write_atomic(
-        out_dir / "metrics.json",
-        lambda p: p.write_text(json.dumps(report, indent=1, allow_nan=True)),
-    )
-    _write_atomic(out_dir / "summary.md", lambda p: p.write_text(f"{title}\n\n{markdown(summary)}"))
-    console.print(table(summary, title))
-    return report
+    return f"{workload}, {cfg.vram_gb:g} GB VRAM, {cfg.model.name}, {seeds}; mean ± σ [min, max]"
