@@ -121,6 +121,9 @@ class RunConfig(SimConfig):
     # the policy it names, the others get their defaults; the shared fields apply to all.
     compare_policies: list[str] = field(default_factory=list)
     write_requests: bool = True
+    # report.md, report.html (headline figure embedded), results.csv and run_meta.json in the run
+    # folder (cachepilot_sim/experiment/report.py); about a second of matplotlib per run.
+    write_report: bool = True
     jobs: int = bounded(0, ge=0)  # worker processes for the (policy, seed) cells; 0: one per core
     # Policy lab: after each cell, the offline LP lower bound on restore cost over its recorded
     # access sequence (cachepilot_sim/experiment/offline.py).

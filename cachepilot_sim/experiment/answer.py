@@ -143,18 +143,29 @@ def answer_tables(rows: Sequence[PolicyRow], baseline: str, title: str, width: i
     ]
 
 
+def answer_sections(
+    rows: Sequence[PolicyRow], baseline: str
+) -> list[tuple[str, list[str], list[list[str]]]]:
+    """The wide tables as (heading, headers, formatted rows): for markdown and the HTML report."""
+    extras = present_extras(rows)
+    return [
+        ("Outcome", outcome_headers(baseline, extras), [outcome_cells(r, extras) for r in rows]),
+        (
+            "Latency, ms",
+            ["policy", *latency_headers()],
+            [[r.policy, *latency_cells(r)] for r in rows],
+        ),
+    ]
+
+
 def markdown_answer(rows: Sequence[PolicyRow], baseline: str) -> str:
     """The wide tables as GitHub markdown (headers on one line)."""
-    extras = present_extras(rows)
-
-    def md(headers: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
+    lines: list[str] = []
+    for i, (heading, headers, body) in enumerate(answer_sections(rows, baseline)):
         flat = [" ".join(h.split()) for h in headers]
-        out = ["| " + " | ".join(flat) + " |", "|---|" + "---:|" * (len(flat) - 1)]
-        return out + ["| " + " | ".join(r) + " |" for r in body]
-
-    lines = md(outcome_headers(baseline, extras), [outcome_cells(r, extras) for r in rows])
-    lines += ["", "Latency, ms:", ""]
-    lines += md(["policy", *latency_headers()], [[r.policy, *latency_cells(r)] for r in rows])
+        lines += ["", f"{heading}:", ""] if i else []
+        lines += ["| " + " | ".join(flat) + " |", "|---|" + "---:|" * (len(flat) - 1)]
+        lines += ["| " + " | ".join(r) + " |" for r in body]
     return "\n".join(lines) + "\n\n" + NOTE.format(base=baseline) + "\n"
 
 

@@ -12,8 +12,11 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,7 @@ from rich.console import Console
 
 from cachepilot_sim.config import RunConfig, SimConfig, TraceFormat
 from cachepilot_sim.experiment.answer import answer_tables, bench_block, markdown_answer
+from cachepilot_sim.experiment.report import results_frame, run_meta, write_report
 from cachepilot_sim.experiment.serving import baseline_policy, policy_rows, serving_stats
 from cachepilot_sim.experiment.telemetry import RunMonitor
 from cachepilot_sim.sim import build
@@ -148,6 +152,8 @@ def summarize(cells: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, 
 def run_experiment(cfg: RunConfig, out_dir: Path, console: Console | None = None) -> dict[str, Any]:
     """Run the matrix, write metrics.json, summary.md and metrics.prom, print the answer."""
     console = console or Console()
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    t0 = time.perf_counter()  # wall time of the run, for run_meta.json only
     monitor = RunMonitor(cfg.telemetry, console)
     serving: list[dict[str, float]] = []
     try:
@@ -172,7 +178,18 @@ def run_experiment(cfg: RunConfig, out_dir: Path, console: Console | None = None
         console.print(t)
     if len(cells) == 1:
         console.print(bench_block(rows[0]), markup=False, highlight=False)
+    if cfg.write_report:
+        meta = run_meta(_config_text(cfg, out_dir), shown, time.perf_counter() - t0, started)
+        write_report(out_dir, rows, baseline, results_frame(cells, serving), meta)
     return report | {"serving": serving}
+
+
+def _config_text(cfg: RunConfig, out_dir: Path) -> str:
+    """The composed config as Hydra saved it for this run, else the RunConfig's fields."""
+    saved = out_dir / ".hydra" / "config.yaml"
+    if saved.is_file():
+        return saved.read_text()
+    return json.dumps(asdict(cfg), indent=1, default=str)
 
 
 def run_title(cfg: RunConfig, cells: Sequence[dict[str, Any]]) -> str:

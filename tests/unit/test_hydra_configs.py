@@ -74,7 +74,7 @@ def test_cli_writes_metrics_and_requests(tmp_path: Path) -> None:
     report = json.loads((out / "metrics.json").read_text())
     assert set(report["summary"]) == {"perc", "lru", "priority"}
     assert len(list((out / "requests").glob("*.parquet"))) == 6  # 3 policies x 2 seeds
-    assert "realized restore s" in proc.stdout
+    assert "restore s" in proc.stdout and "TTFT" in proc.stdout
 
 
 def test_cli_rejects_negative_capacity_naming_the_key(tmp_path: Path) -> None:
