@@ -25,6 +25,7 @@ from rich.console import Console
 
 from cachepilot_sim.config import RunConfig, SimConfig, TraceFormat
 from cachepilot_sim.experiment.answer import answer_tables, bench_block, markdown_answer
+from cachepilot_sim.experiment.progress import ProgressRelay, progress_hook
 from cachepilot_sim.experiment.report import results_frame, run_meta, write_report
 from cachepilot_sim.experiment.serving import baseline_policy, policy_rows, serving_stats
 from cachepilot_sim.experiment.telemetry import RunMonitor
@@ -47,18 +48,24 @@ def run_cell(
     offline_bound: bool = False,
     monitor: RunMonitor | None = None,
     progress_every_events: int = 0,
+    progress_queue: Any = None,
+    index: int = 0,
 ) -> dict[str, Any]:
-    """One simulation; its trace and per-request results go under out_dir when given; with
-    offline_bound, the offline LP lower bound over its access sequence joins its metrics; a
-    `monitor` (telemetry.RunMonitor, in-process runs only) is told its progress."""
+    """One simulation (cell `index` of the run); its trace and per-request results go under
+    out_dir when given; with offline_bound, the offline LP lower bound over its access sequence
+    joins its metrics. Its progress goes to `monitor` (telemetry.RunMonitor, in this process) or,
+    on a worker, onto `progress_queue` (experiment/progress.py); neither: no reporting."""
     name = f"{sim_cfg.policy.name}_seed{sim_cfg.seed}"
     trace_dir = out_dir / "trace" / name if out_dir is not None and sim_cfg.trace.enabled else None
     sim = build(sim_cfg, trace_dir)
-    if monitor is None:
-        result = sim.run()
+    if monitor is not None:
+        hook = monitor.hook(sim, index)
+    elif progress_queue is not None:
+        hook = progress_hook(sim, index, progress_queue.put)
     else:
-        hook = monitor.hook(sim)
-        result = sim.run(hook, progress_every_events)
+        hook = None
+    result = sim.run() if hook is None else sim.run(hook, progress_every_events)
+    if hook is not None:
         hook.finish()
     if out_dir is not None and write_requests:
         _write_atomic(out_dir / "requests" / f"{name}.parquet", result.requests.write_parquet)
@@ -78,9 +85,9 @@ def run_cells(
     """Every (policy, seed) cell, in a fixed order, on `cfg.jobs` worker processes.
 
     Cells are independent simulations, so running them in parallel changes nothing but wall time.
-    Progress (`monitor`) needs the cells in this process: they run here when `jobs=1` or when
-    someone watches live (a terminal bar or a served Prometheus port); otherwise on workers, and
-    the progress gauges are left out of metrics.prom (the run metrics are all there).
+    Progress goes to `monitor` from every cell: directly with `jobs=1`, through a ProgressRelay
+    when the cells run on workers and someone watches live (a terminal bar or a served Prometheus
+    port); workers nobody watches do not report (their progress gauges stay out of metrics.prom).
     Each cell's serving statistics (experiment/serving.py) are appended to `serving` when given.
     """
     policies = cfg.policy_names()
@@ -88,23 +95,30 @@ def run_cells(
         cfg.sim_for(p, seed) for p in policies for seed in range(cfg.seed, cfg.seed + cfg.seeds)
     ]
     jobs = min(cfg.jobs or os.cpu_count() or 1, len(sims))
-    if monitor is not None and monitor.live:
-        jobs = 1
     every = cfg.telemetry.progress_every_events
+    if monitor is not None:
+        monitor.add_cells([(s.policy.name, s.seed, s.workload.num_requests) for s in sims])
     if jobs <= 1:
         cells = [
-            run_cell(s, out_dir, cfg.write_requests, cfg.offline_bound, monitor, every)
-            for s in sims
+            run_cell(s, out_dir, cfg.write_requests, cfg.offline_bound, monitor, every, index=i)
+            for i, s in enumerate(sims)
         ]
     else:
         # spawn, not fork: polars keeps a thread pool, and a forked child can deadlock on it.
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-            futures = [
-                pool.submit(run_cell, s, out_dir, cfg.write_requests, cfg.offline_bound)
-                for s in sims
-            ]
-            cells = [f.result() for f in futures]
+        relay = ProgressRelay(context, monitor.report) if monitor and monitor.live else None
+        queue = None if relay is None else relay.queue
+        try:
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+                futures = [
+                    pool.submit(run_cell, s, out_dir, cfg.write_requests, cfg.offline_bound,
+                                None, every, queue, i)
+                    for i, s in enumerate(sims)
+                ]  # fmt: skip
+                cells = [f.result() for f in futures]
+        finally:
+            if relay is not None:
+                relay.close()
     stats = [c.pop(SERVING) for c in cells]
     if serving is not None:
         serving.extend(stats)
