@@ -50,6 +50,7 @@ def run_cell(
     progress_every_events: int = 0,
     progress_queue: Any = None,
     index: int = 0,
+    live_metrics_every_s: float | None = None,
 ) -> dict[str, Any]:
     """One simulation (cell `index` of the run); its trace and per-request results go under
     out_dir when given; with offline_bound, the offline LP lower bound over its access sequence
@@ -61,7 +62,7 @@ def run_cell(
     if monitor is not None:
         hook = monitor.hook(sim, index)
     elif progress_queue is not None:
-        hook = progress_hook(sim, index, progress_queue.put)
+        hook = progress_hook(sim, index, progress_queue.put, live_metrics_every_s)
     else:
         hook = None
     result = sim.run() if hook is None else sim.run(hook, progress_every_events)
@@ -108,11 +109,12 @@ def run_cells(
         context = multiprocessing.get_context("spawn")
         relay = ProgressRelay(context, monitor.report) if monitor and monitor.live else None
         queue = None if relay is None else relay.queue
+        live_every = None if monitor is None else monitor.live_metrics_every_s
         try:
             with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
                 futures = [
                     pool.submit(run_cell, s, out_dir, cfg.write_requests, cfg.offline_bound,
-                                None, every, queue, i)
+                                None, every, queue, i, live_every)
                     for i, s in enumerate(sims)
                 ]  # fmt: skip
                 cells = [f.result() for f in futures]

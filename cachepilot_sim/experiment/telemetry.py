@@ -185,6 +185,8 @@ class RunMonitor:
     def report(self, p: CellProgress) -> None:
         """One cell's progress (from this process or a worker): gauges, its bar, the overall bar."""
         start = self._started.setdefault(p.index, time.perf_counter())
+        if p.metrics is not None:
+            self.telemetry.record_cells([{"policy": p.policy, "seed": p.seed, **p.metrics}])
         eps = self.telemetry.progress(
             p.policy, p.seed, p.sim_us, p.done, p.total, p.events, started=start
         )
@@ -201,9 +203,14 @@ class RunMonitor:
         if self._overall is not None:
             self.bar.update(self._overall, completed=sum(self._done.values()))
 
+    @property
+    def live_metrics_every_s(self) -> float | None:
+        """Wall seconds between run-metric snapshots while cells run (None: no server, none)."""
+        return None if self.telemetry.server is None else self.cfg.live_metrics_every_s
+
     def hook(self, sim: Any, index: int = 0) -> Any:
         """The `on_progress` callback for a Simulation run in this process (cell `index`)."""
-        return progress_hook(sim, index, self.report)
+        return progress_hook(sim, index, self.report, self.live_metrics_every_s)
 
     def close(self, cells: Sequence[dict[str, Any]], out_dir: Path | None) -> Path | None:
         """Stop the bar and the server; write metrics.prom when asked for."""
