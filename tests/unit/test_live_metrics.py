@@ -66,3 +66,19 @@ def test_endpoint_serves_every_dashboard_metric_mid_run(jobs: int, tmp_path: Pat
         time.sleep(0.05)
     run.join()
     assert mid_run, f"never all dashboard metrics mid-run; missing {sorted(wanted - found)}"
+
+
+def test_mid_run_metric_snapshots_do_not_change_the_run() -> None:
+    from cachepilot_sim.experiment.progress import progress_hook
+    from cachepilot_sim.sim import build
+
+    cfg = make_sim_config(workload=make_workload(num_requests=80))
+    reports: list = []
+    sim = build(cfg)
+    hook = progress_hook(sim, 0, reports.append, metrics_every_s=0.0)
+    watched = sim.run(hook, every_events=50)
+    plain = build(cfg).run()
+    assert sum(r.metrics is not None for r in reports) >= 3
+    assert watched.trace.equals(plain.trace) and watched.metrics == plain.metrics
+    snapshots = [r.metrics for r in reports if r.metrics is not None]
+    assert snapshots[0]["completed"] <= snapshots[-1]["completed"] <= plain.metrics["completed"]
