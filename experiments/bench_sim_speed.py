@@ -101,6 +101,7 @@ def main() -> None:
             "python": platform.python_version(),
             "cpus": __import__("os").cpu_count(),
         }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
 
 

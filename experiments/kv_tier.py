@@ -91,6 +91,7 @@ def main() -> None:
     )
     text = head + "\n".join(rows) + "\n"
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
 
 
