@@ -506,6 +506,46 @@ class ReplayConfig(Sealed):
                 f"format {str(self.format)!r} needs a trace file path")
 
 
+class StepCost(StrEnum):
+    ROOFLINE = "roofline"  # cost/model.py over hardware.*: an idealised kernel-bound engine
+    FITTED = "fitted"  # cost/engine_step.py: a real engine's step time, fitted from its micro-runs
+
+
+@dataclass
+class EngineConfig(Sealed):
+    """Which serving engine the batcher imitates (conf/engine/*.yaml; docs/validation.md).
+
+    `default` is the project's own engine model. A profile of a real engine sets the batcher, KV
+    and scheduler sections to that engine's rules and, here, what those sections do not hold: its
+    step cost, its KV pool size in blocks and its asynchronous scheduling.
+    """
+
+    section: ClassVar[str] = "engine"
+    name: str = "default"
+    step_cost: StepCost = StepCost.ROOFLINE
+    # FITTED: step time = sum of coefficient x feature (cost.engine_step.EngineStepFit).
+    const_us: float = 0.0
+    q_padded_token_us: float = 0.0
+    kv_read_token_us: float = 0.0
+    kv_read_token2_us: float = 0.0  # per (10^3 KV tokens read)^2
+    max_seqlen_token_us: float = 0.0
+    prefill_seqlen_us: float = 0.0  # per 10^3 (prefill token x longest sequence token) pairs
+    request_us: float = 0.0
+    q_pad_tokens: int = 256  # queries are padded to a multiple of this (CUDA graph shapes)
+    # KV pool in blocks of kv.block_tokens, as the engine allocated it; 0: from vram_gb.
+    kv_pool_blocks: int = 0
+    # Async batching: step n+1 is scheduled while step n runs, so a request admitted at a step
+    # boundary computes from the step after, and a finished request still takes a decode slot
+    # (and its KV read) in the step after its last token.
+    async_scheduling: bool = False
+
+    def validate(self, prefix: str) -> None:
+        _nonneg(self, prefix, "const_us", "q_padded_token_us", "kv_read_token_us",
+                "kv_read_token2_us", "max_seqlen_token_us", "prefill_seqlen_us", "request_us",
+                "kv_pool_blocks")
+        _positive(self, prefix, "q_pad_tokens")
+
+
 @dataclass
 class SimConfig(Sealed):
     """Everything one simulation needs: one policy, one seed."""
@@ -524,6 +564,7 @@ class SimConfig(Sealed):
     trace: TraceConfig = field(default_factory=TraceConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
 
     @property
     def vram_bytes(self) -> int:
@@ -535,7 +576,10 @@ class SimConfig(Sealed):
 
     @property
     def kv_pool_bytes(self) -> int:
-        """VRAM left for KV after every model's pinned weights and the activation reserve."""
+        """VRAM left for KV after every model's pinned weights and the activation reserve, or the
+        engine profile's pool of `engine.kv_pool_blocks` blocks."""
+        if self.engine.kv_pool_blocks:
+            return self.engine.kv_pool_blocks * self.kv.block_tokens * self.model.kv_bytes_per_token
         weights = sum(m.weight_bytes for m in self.models)
         return self.vram_bytes - weights - self.kv.activation_reserve_bytes
 
@@ -561,6 +605,8 @@ class SimConfig(Sealed):
             require(all(self.kv.offload_dtype_bytes <= m.kv_dtype_bytes for m in self.models),
                     "kv.offload_dtype_bytes", self.kv.offload_dtype_bytes,
                     "must not exceed any model's kv_dtype_bytes (0: as on the GPU)")
+        if self.engine.kv_pool_blocks:
+            return  # the engine's own pool size; it fits by construction
         weights = sum(m.weight_bytes for m in self.models)
         largest_block = max(m.kv_bytes_per_token for m in self.models) * self.kv.block_tokens
         require(
@@ -634,6 +680,7 @@ def register_configs() -> None:
         ("batcher", BatcherConfig),
         ("policy", PolicyConfig),
         ("admission", AdmissionConfig),
+        ("engine", EngineConfig),
     ):
         cs.store(group=group, name=f"{group}_schema", node=node)
 

@@ -25,11 +25,6 @@ from cachepilot_sim.components.kv import Admit
 from cachepilot_sim.components.ports import EnginePorts
 from cachepilot_sim.components.request import Outcome, Request
 from cachepilot_sim.config import BatchMode, SimConfig
-from cachepilot_sim.cost import (
-    batch_iteration_us,
-    decode_step_slope_us,
-    iteration_us,
-)
 
 # Rows of the packed per-sequence state array.
 CTX, PREFILL_LEFT, DECODE_LEFT, BLOCKS, BLOCK_BYTES, TOKEN_BYTES, MODEL, ORDER, PRIO, GENERATED = (
@@ -55,6 +50,15 @@ class Batcher:
         self.env, self.cfg, self.queue, self.kv = ports.env, cfg.batcher, ports.queue, ports.kv
         self.pool, self.fit = ports.pool, ports.fit
         self.events, self.wake = ports.events, ports.wake
+        self.step_cost = ports.step_cost
+        # Async scheduling (engine profile): columns admitted at this boundary sit out the step
+        # (they were scheduled while it ran), and requests that finished in the last step still
+        # take a slot in the next one: their contexts wait in `ghost_ctx` until it is costed.
+        self.async_scheduling = cfg.engine.async_scheduling
+        self.held_from = 1 << 62  # columns with order >= this sit out the current step
+        self.ghost_ctx = np.zeros(0, dtype=np.int64)
+        self.ghost_tok = np.zeros(0, dtype=np.int64)
+        self.ghost_model = np.zeros(0, dtype=np.int64)
         self.trace_every = cfg.trace.iteration_every
         self.max_decode_run = cfg.batcher.max_decode_run
         self.adaptive_slack_us = ms_to_us(cfg.batcher.adaptive_slack_ms)
@@ -190,10 +194,14 @@ class Batcher:
         """
         while True:
             budget, max_seqs = self.limits()
+            first_new = self._admit_seq
             self.admit(budget, max_seqs)
             if self.n == 0:
                 yield self.wake.wait()
                 continue
+            # Hold the new columns only while an older one runs: an idle engine starts at once.
+            old = self.async_scheduling and bool((self.order[: self.n] < first_new).any())
+            self.held_from = first_new if old else 1 << 62
             if self.prefill_left[: self.n].any():
                 yield from self._mixed_iteration(budget)
             else:
@@ -207,6 +215,7 @@ class Batcher:
         decode = np.flatnonzero(self.prefill_left[:n] == 0)
         chunk_idx, chunks = self._plan_prefill(budget - decode.size)
         duration = ceil_us(self._raw_duration_us(decode, chunk_idx, chunks))
+        self.ghost_ctx = self.ghost_ctx[:0]
         self._account(duration, 1)
         yield self.env.timeout(duration)
         self._advance(decode, chunk_idx, chunks)
@@ -222,8 +231,12 @@ class Batcher:
         if k == 0:
             return
         n = self.n
-        first, slope = self._decode_cost(n)
-        ends = np.cumsum(np.maximum(1.0, np.ceil(first + slope * np.arange(k)))).astype(np.int64)
+        raw = self.step_cost.decode_run_us(self.ctx[:n], self.tok_bytes[:n], self.model[:n], k)
+        if self.ghost_ctx.size:  # last step's finished requests ride along in this one
+            idx = np.arange(n)
+            raw[0] = self._raw_duration_us(idx, idx[:0], idx[:0])
+            self.ghost_ctx = self.ghost_ctx[:0]
+        ends = np.cumsum(np.maximum(1.0, np.ceil(raw))).astype(np.int64)
         start = self.env.now
         # The run's end and any wake-up (arrival, landed copy) both trigger the wake event; a
         # stale timer from an interrupted run finds its run id changed and does nothing.
@@ -245,20 +258,6 @@ class Batcher:
         """Timer callback of a decode run: wake the engine unless that run was already cut short."""
         if run_id == self._run_id:
             self.wake.notify()
-
-    def _decode_cost(self, n: int) -> tuple[float, float]:
-        """(duration of the next pure-decode iteration before rounding, growth per step)."""
-        ctx = self.ctx[:n]
-        tok = self.tok_bytes[:n]
-        if self.num_models > 1:
-            idx = np.arange(n)
-            first = self._raw_duration_us(idx, idx[:0], idx[:0])
-        else:
-            f = self.fit
-            first = iteration_us(
-                f, self.weight_bytes[0], n, float(np.dot(ctx, tok)), float(ctx.sum()) + 0.5 * n
-            )
-        return first, decode_step_slope_us(self.fit, float(tok.sum()), n)
 
     def _reserve_decode_blocks(self, k: int) -> int:
         """Reserve blocks for k decode steps, shortening the run when memory is short; the
@@ -314,7 +313,8 @@ class Batcher:
 
     def _plan_prefill(self, tokens_left: int) -> tuple[np.ndarray, np.ndarray]:
         """Chunked prefill: sequences in admission order share what is left of the token budget."""
-        idx = np.flatnonzero(self.prefill_left[: self.n] > 0)
+        n = self.n
+        idx = np.flatnonzero((self.prefill_left[:n] > 0) & (self.order[:n] < self.held_from))
         if idx.size == 0 or tokens_left <= 0:
             return idx[:0], idx[:0]
         idx = idx[np.argsort(self.order[idx], kind="stable")]
@@ -329,9 +329,14 @@ class Batcher:
     ) -> float:
         """Cost-model time of one iteration (before rounding up to whole microseconds)."""
         idx = np.concatenate((decode, chunk_idx))
-        new = np.concatenate((np.ones(decode.size), chunks.astype(np.float64)))
-        return batch_iteration_us(self.fit, self.weight_bytes, new, self.ctx[idx],
-                                  self.tok_bytes[idx], self.model[idx])
+        g = self.ghost_ctx.size
+        new = np.concatenate((np.ones(decode.size + g), chunks.astype(np.float64)))
+        ctx = np.concatenate((self.ctx[decode], self.ghost_ctx, self.ctx[chunk_idx]))
+        tok = np.concatenate((self.tok_bytes[decode], self.ghost_tok, self.tok_bytes[chunk_idx]))
+        model = np.concatenate((self.model[decode], self.ghost_model, self.model[chunk_idx]))
+        if not g:  # the same arrays as before async scheduling existed: identical results
+            ctx, tok, model = self.ctx[idx], self.tok_bytes[idx], self.model[idx]
+        return self.step_cost.iteration_us(new, ctx, tok, model)
 
     def _account(self, duration: int, steps: int) -> None:
         st = self.stats
@@ -381,6 +386,9 @@ class Batcher:
     def _finish_done(self) -> None:
         n = self.n
         done = np.flatnonzero((self.prefill_left[:n] == 0) & (self.decode_left[:n] <= 0))
+        if self.async_scheduling:  # they were scheduled into the next step before finishing
+            self.ghost_ctx = self.ctx[done]
+            self.ghost_tok, self.ghost_model = self.tok_bytes[done], self.model[done]
         for i in done[::-1].tolist():
             tokens, blocks = int(self.ctx[i]), int(self.blocks[i])
             req = self._remove(i)
