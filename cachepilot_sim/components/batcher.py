@@ -48,24 +48,19 @@ class Batcher:
 
     def __init__(self, cfg: SimConfig, ports: EnginePorts) -> None:
         self.env, self.cfg, self.queue, self.kv = ports.env, cfg.batcher, ports.queue, ports.kv
-        self.pool, self.fit = ports.pool, ports.fit
+        self.pool, self.fit, self.step_cost = ports.pool, ports.fit, ports.step_cost
         self.events, self.wake = ports.events, ports.wake
-        self.step_cost = ports.step_cost
-        # Async scheduling (engine profile): columns admitted at this boundary sit out the step
-        # (they were scheduled while it ran), and requests that finished in the last step still
-        # take a slot in the next one: their contexts wait in `ghost_ctx` until it is costed.
+        # Async scheduling (engine profile): see _hold_new; requests that finished in the last
+        # step still take a slot in the next one (`ghost` until it is costed).
         self.async_scheduling = cfg.engine.async_scheduling
         self.held_from = 1 << 62  # columns with order >= this sit out the current step
-        self.ghost_ctx = np.zeros(0, dtype=np.int64)
-        self.ghost_tok = np.zeros(0, dtype=np.int64)
-        self.ghost_model = np.zeros(0, dtype=np.int64)
+        self.step_start_us = -1  # when the last step started
+        self.ghost = np.zeros((3, 0), dtype=np.int64)  # context, KV bytes per token, model
         self.trace_every = cfg.trace.iteration_every
         self.max_decode_run = cfg.batcher.max_decode_run
         self.adaptive_slack_us = ms_to_us(cfg.batcher.adaptive_slack_ms)
         models = cfg.models
-        self.weight_bytes = [float(m.weight_bytes) for m in models]
         self.token_bytes = [m.kv_bytes_per_token for m in models]
-        self.num_models = len(models)
         self.block_tokens = cfg.kv.block_tokens
         cap = max(cfg.batcher.throughput_max_seqs, cfg.batcher.latency_max_seqs)
         self.state = np.zeros((10, cap), dtype=np.int64)
@@ -199,14 +194,21 @@ class Batcher:
             if self.n == 0:
                 yield self.wake.wait()
                 continue
-            # Hold the new columns only while an older one runs: an idle engine starts at once.
-            old = self.async_scheduling and bool((self.order[: self.n] < first_new).any())
-            self.held_from = first_new if old else 1 << 62
+            self._hold_new(first_new)
             if self.prefill_left[: self.n].any():
                 yield from self._mixed_iteration(budget)
             else:
                 yield from self._decode_run()
             self.kv.maintain_watermark()
+
+    def _hold_new(self, first_new: int) -> None:
+        """Async scheduling: the next step was composed when the last one started, so requests
+        that arrived after that sit it out while older ones run; an idle engine starts at once."""
+        n, self.held_from = self.n, 1 << 62
+        if self.async_scheduling and (self.order[:n] < first_new).any():
+            late = [int(self.order[i]) for i in range(n) if self.order[i] >= first_new
+                    and self.slot_req[i].arrival_us > self.step_start_us]  # type: ignore[union-attr]
+            self.held_from = min(late, default=1 << 62)
 
     def _mixed_iteration(self, budget: int) -> Generator[simpy.Event, object, None]:
         if not self._grow_decode():
@@ -215,8 +217,9 @@ class Batcher:
         decode = np.flatnonzero(self.prefill_left[:n] == 0)
         chunk_idx, chunks = self._plan_prefill(budget - decode.size)
         duration = ceil_us(self._raw_duration_us(decode, chunk_idx, chunks))
-        self.ghost_ctx = self.ghost_ctx[:0]
+        self.ghost = self.ghost[:, :0]
         self._account(duration, 1)
+        self.step_start_us = self.env.now
         yield self.env.timeout(duration)
         self._advance(decode, chunk_idx, chunks)
 
@@ -232,10 +235,9 @@ class Batcher:
             return
         n = self.n
         raw = self.step_cost.decode_run_us(self.ctx[:n], self.tok_bytes[:n], self.model[:n], k)
-        if self.ghost_ctx.size:  # last step's finished requests ride along in this one
-            idx = np.arange(n)
-            raw[0] = self._raw_duration_us(idx, idx[:0], idx[:0])
-            self.ghost_ctx = self.ghost_ctx[:0]
+        if self.ghost.size:  # last step's finished requests ride along in this one
+            raw[0] = self._raw_duration_us(np.arange(n), np.arange(0), np.arange(0))
+            self.ghost = self.ghost[:, :0]
         ends = np.cumsum(np.maximum(1.0, np.ceil(raw))).astype(np.int64)
         start = self.env.now
         # The run's end and any wake-up (arrival, landed copy) both trigger the wake event; a
@@ -252,6 +254,7 @@ class Batcher:
             if ends[steps - 1] > elapsed:
                 yield self.env.timeout(int(ends[steps - 1]) - elapsed)
         self._account(int(ends[steps - 1]), steps)
+        self.step_start_us = start + (int(ends[steps - 2]) if steps > 1 else 0)
         self._advance_decode(n, steps, finished=steps == k)
 
     def _end_run(self, run_id: int) -> None:
@@ -329,11 +332,11 @@ class Batcher:
     ) -> float:
         """Cost-model time of one iteration (before rounding up to whole microseconds)."""
         idx = np.concatenate((decode, chunk_idx))
-        g = self.ghost_ctx.size
+        g = self.ghost.shape[1]
         new = np.concatenate((np.ones(decode.size + g), chunks.astype(np.float64)))
-        ctx = np.concatenate((self.ctx[decode], self.ghost_ctx, self.ctx[chunk_idx]))
-        tok = np.concatenate((self.tok_bytes[decode], self.ghost_tok, self.tok_bytes[chunk_idx]))
-        model = np.concatenate((self.model[decode], self.ghost_model, self.model[chunk_idx]))
+        ctx = np.concatenate((self.ctx[decode], self.ghost[0], self.ctx[chunk_idx]))
+        tok = np.concatenate((self.tok_bytes[decode], self.ghost[1], self.tok_bytes[chunk_idx]))
+        model = np.concatenate((self.model[decode], self.ghost[2], self.model[chunk_idx]))
         if not g:  # the same arrays as before async scheduling existed: identical results
             ctx, tok, model = self.ctx[idx], self.tok_bytes[idx], self.model[idx]
         return self.step_cost.iteration_us(new, ctx, tok, model)
@@ -387,8 +390,7 @@ class Batcher:
         n = self.n
         done = np.flatnonzero((self.prefill_left[:n] == 0) & (self.decode_left[:n] <= 0))
         if self.async_scheduling:  # they were scheduled into the next step before finishing
-            self.ghost_ctx = self.ctx[done]
-            self.ghost_tok, self.ghost_model = self.tok_bytes[done], self.model[done]
+            self.ghost = self.state[[CTX, TOKEN_BYTES, MODEL]][:, done]
         for i in done[::-1].tolist():
             tokens, blocks = int(self.ctx[i]), int(self.blocks[i])
             req = self._remove(i)
