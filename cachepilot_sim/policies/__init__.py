@@ -3,6 +3,7 @@
 from cachepilot_sim.policies import (  # noqa: F401  (registers the policies)
     classic,
     lru,
+    mru,
     oracle,
     perc,
     perc_variants,

@@ -57,7 +57,6 @@ def sim_config(engine: str, extra: list[str]) -> RunConfig:
         "trace.enabled=false",
         "replay.format=MOONCAKE",
         "replay.path=ground_truth",
-        "policy=lru",
         *extra,
     ]
     with initialize_config_dir(str(CONF_DIR), version_base=None):
@@ -123,7 +122,8 @@ def validate_runs(
         if name in ("microbench",):
             continue  # cost micro-runs: the fit's data, not a validation workload
         real = load_ground_truth(paths[0])
-        cfg = sim_config(engine, engine_overrides(real)).sim_for("lru", 0)
+        run_cfg = sim_config(engine, engine_overrides(real))
+        cfg = run_cfg.sim_for(run_cfg.policy.name, 0)
         sim, _ = simulate(cfg, real)
         row = compare(sim, real)
         if len(paths) > 1:
