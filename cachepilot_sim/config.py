@@ -538,12 +538,18 @@ class EngineConfig(Sealed):
     # boundary computes from the step after, and a finished request still takes a decode slot
     # (and its KV read) in the step after its last token.
     async_scheduling: bool = False
+    # While free KV (idle cached blocks included) is under this fraction of the pool, no new
+    # request is admitted next to running ones (transformers' safety_margin; the engine also holds
+    # back split prefills then, which with whole-prompt allocation here starved admission); 0: off.
+    prefill_margin_fraction: float = 0.0
 
     def validate(self, prefix: str) -> None:
         _nonneg(self, prefix, "const_us", "q_padded_token_us", "kv_read_token_us",
                 "kv_read_token2_us", "max_seqlen_token_us", "prefill_seqlen_us", "request_us",
-                "kv_pool_blocks")
+                "kv_pool_blocks", "prefill_margin_fraction")
         _positive(self, prefix, "q_pad_tokens")
+        require(self.prefill_margin_fraction < 1.0, f"{prefix}.prefill_margin_fraction",
+                self.prefill_margin_fraction, "must be < 1")
 
 
 @dataclass

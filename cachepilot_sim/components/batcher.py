@@ -14,13 +14,13 @@ ADAPTIVE (throughput limits while the queue is deep or a queued request's TTFT d
 from __future__ import annotations
 
 from collections.abc import Generator
-from dataclasses import dataclass
 
 import numpy as np
 import simpy
 
 from cachepilot_sim.clock import ceil_us, ms_to_us
 from cachepilot_sim.components.admission_gate import AdmissionGate
+from cachepilot_sim.components.engine_stats import EngineStats
 from cachepilot_sim.components.kv import Admit
 from cachepilot_sim.components.ports import EnginePorts
 from cachepilot_sim.components.request import Outcome, Request
@@ -30,17 +30,6 @@ from cachepilot_sim.config import BatchMode, SimConfig
 CTX, PREFILL_LEFT, DECODE_LEFT, BLOCKS, BLOCK_BYTES, TOKEN_BYTES, MODEL, ORDER, PRIO, GENERATED = (
     range(10)
 )
-
-
-@dataclass
-class EngineStats:
-    """Engine counters over the run: iterations, busy time, tokens, KV occupancy."""
-    iterations: int = 0
-    busy_us: int = 0
-    tokens_prefilled: int = 0
-    tokens_decoded: int = 0
-    kv_byte_us: float = 0.0  # integral of (used + in flight) KV bytes over time
-    kv_peak_bytes: int = 0
 
 
 class Batcher:
@@ -53,6 +42,7 @@ class Batcher:
         # Async scheduling (engine profile): see _hold_new; requests that finished in the last
         # step still take a slot in the next one (`ghost` until it is costed).
         self.async_scheduling = cfg.engine.async_scheduling
+        self.prefill_margin = cfg.engine.prefill_margin_fraction
         self.held_from = 1 << 62  # columns with order >= this sit out the current step
         self.step_start_us = -1  # when the last step started
         self.ghost = np.zeros((3, 0), dtype=np.int64)  # context, KV bytes per token, model
@@ -114,6 +104,8 @@ class Batcher:
         n = self.n
         wanted = int(self.prefill_left[:n].sum()) + n
         while self.n < max_seqs and wanted < budget:
+            if self.n and self._outside_margin():
+                return  # the engine admits no new prefill next to running requests
             req = self.queue.peek()
             if req is None:
                 return
@@ -133,6 +125,11 @@ class Batcher:
             elif result == Admit.READY:
                 self._place(req)
                 wanted += req.prefill_tokens + 1
+
+    def _outside_margin(self) -> bool:
+        """Free KV (idle cached blocks count as free) under the engine's prefill margin."""
+        free = self.pool.free_bytes + self.kv.evictable_bytes()
+        return self.prefill_margin > 0 and free < self.prefill_margin * self.pool.capacity_bytes
 
     def _place(self, req: Request) -> None:
         i = self.n

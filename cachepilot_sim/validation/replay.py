@@ -92,12 +92,16 @@ def workload_from_ground_truth(
 
 
 def engine_overrides(gt: GroundTruth) -> list[str]:
-    """Config overrides read from the run's engine.json: its pool size in blocks. (Its safety
-    margin is not a watermark: as one, 0.15 made pressure_queue's TTFT 2.7x too long.)"""
+    """Config overrides read from the run's engine.json: its pool size in blocks and its safety
+    margin (engine.prefill_margin_fraction; as a KV watermark instead, 0.15 made
+    pressure_queue's TTFT 2.7x too long)."""
     out = []
     blocks = gt.engine.get("num_blocks")
     if isinstance(blocks, int):
         out.append(f"engine.kv_pool_blocks={blocks}")
+    margin = gt.engine.get("safety_margin")
+    if isinstance(margin, int | float) and 0 <= margin < 1:
+        out.append(f"engine.prefill_margin_fraction={margin}")
     return out
 
 
