@@ -528,7 +528,7 @@ class EngineConfig(Sealed):
     q_padded_token_us: float = 0.0
     kv_read_token_us: float = 0.0
     kv_read_token2_us: float = 0.0  # per (10^3 KV tokens read)^2
-    max_seqlen_token_us: float = 0.0
+    seqlen_per_sqrt_request_us: float = 0.0  # longest sequence / sqrt(requests in the step)
     prefill_seqlen_us: float = 0.0  # per 10^3 (prefill token x longest sequence token) pairs
     request_us: float = 0.0
     q_pad_tokens: int = 256  # queries are padded to a multiple of this (CUDA graph shapes)
@@ -545,8 +545,8 @@ class EngineConfig(Sealed):
 
     def validate(self, prefix: str) -> None:
         _nonneg(self, prefix, "const_us", "q_padded_token_us", "kv_read_token_us",
-                "kv_read_token2_us", "max_seqlen_token_us", "prefill_seqlen_us", "request_us",
-                "kv_pool_blocks", "prefill_margin_fraction")
+                "kv_read_token2_us", "seqlen_per_sqrt_request_us", "prefill_seqlen_us",
+                "request_us", "kv_pool_blocks", "prefill_margin_fraction")
         _positive(self, prefix, "q_pad_tokens")
         require(self.prefill_margin_fraction < 1.0, f"{prefix}.prefill_margin_fraction",
                 self.prefill_margin_fraction, "must be < 1")

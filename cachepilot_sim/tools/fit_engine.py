@@ -53,11 +53,41 @@ def fit_steps(steps: pl.DataFrame, q_pad_tokens: int) -> tuple[EngineStepFit, np
     return fit_engine_step(x, steps["gpu_us"].to_numpy(), q_pad_tokens)
 
 
+def cross_validate(steps: pl.DataFrame, q_pad_tokens: int) -> np.ndarray:
+    """Leave-one-configuration-out: each micro-run configuration's steps predicted by a fit of
+    all the others; returns every step's relative error. How the feature set was chosen."""
+    keys = [
+        c
+        for c in ("bench", "batch_size", "cfg_prompt_tokens", "context_tokens")
+        if c in steps.columns
+    ]
+    if not keys:
+        return np.zeros(0)
+    group = steps.select(pl.concat_str(keys, separator="/")).to_series()
+    errors = []
+    for g in group.unique(maintain_order=True).to_list():
+        held = group == g
+        fit, _ = fit_steps(steps.filter(~held), q_pad_tokens)
+        test = steps.filter(held)
+        x = step_features(
+            test["q_tokens"].to_numpy(),
+            test["kv_read_tokens"].to_numpy(),
+            test["max_seqlen_k"].to_numpy(),
+            test["prefill_tokens"].to_numpy(),
+            test["num_requests"].to_numpy(),
+            q_pad_tokens,
+        )
+        y = test["gpu_us"].to_numpy().astype(np.float64)
+        errors.append((x @ fit.coefficients() - y) / y)
+    return np.concatenate(errors)
+
+
 def report(
     path: Path, steps: pl.DataFrame, fit: EngineStepFit, resid: np.ndarray
 ) -> dict[str, Any]:
     """The fit, its data and its residuals: overall and per micro-run configuration."""
     abs_r = np.abs(resid)
+    cv = cross_validate(steps, fit.q_pad_tokens)
     frame = steps.with_columns(resid=pl.Series(resid))
     keys = [
         c
@@ -87,6 +117,8 @@ def report(
         "residual_abs_p90": float(np.percentile(abs_r, 90)),
         "residual_abs_max": float(abs_r.max()),
         "residual_signed_mean": float(resid.mean()),
+        "loco_cv_abs_mean": float(np.abs(cv).mean()) if cv.size else None,
+        "loco_cv_abs_p90": float(np.percentile(np.abs(cv), 90)) if cv.size else None,
         "per_config": per_config,
     }
 
@@ -104,7 +136,9 @@ def main(argv: list[str] | None = None) -> None:
         args.json.write_text(json.dumps(out, indent=1, default=float) + "\n")
     print(
         f"# {out['steps_used']} steps; |residual| median {out['residual_abs_median']:.2%}, "
-        f"mean {out['residual_abs_mean']:.2%}, p90 {out['residual_abs_p90']:.2%}"
+        f"mean {out['residual_abs_mean']:.2%}, p90 {out['residual_abs_p90']:.2%}; "
+        f"leave-one-configuration-out |error| mean {out['loco_cv_abs_mean']:.2%}, "
+        f"p90 {out['loco_cv_abs_p90']:.2%}"
     )
     for name in (*FEATURES, "q_pad_tokens"):
         print(f"  {name}: {out['fit'][name]!r}")

@@ -122,7 +122,8 @@ def validate_runs(
         if name in ("microbench",):
             continue  # cost micro-runs: the fit's data, not a validation workload
         real = load_ground_truth(paths[0])
-        run_cfg = sim_config(engine, engine_overrides(real))
+        block_tokens = sim_config(engine, []).kv.block_tokens
+        run_cfg = sim_config(engine, engine_overrides(real, block_tokens))
         cfg = run_cfg.sim_for(run_cfg.policy.name, 0)
         sim, _ = simulate(cfg, real)
         row = compare(sim, real)

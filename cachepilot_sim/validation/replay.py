@@ -91,14 +91,15 @@ def workload_from_ground_truth(
     return workload, df
 
 
-def engine_overrides(gt: GroundTruth) -> list[str]:
-    """Config overrides read from the run's engine.json: its pool size in blocks and its safety
+def engine_overrides(gt: GroundTruth, block_tokens: int) -> list[str]:
+    """Config overrides read from the run's engine.json: its pool size (in blocks of the profile's
+    `block_tokens`) and its safety
     margin (engine.prefill_margin_fraction; as a KV watermark instead, 0.15 made
     pressure_queue's TTFT 2.7x too long)."""
     out = []
-    blocks = gt.engine.get("num_blocks")
-    if isinstance(blocks, int):
-        out.append(f"engine.kv_pool_blocks={blocks}")
+    blocks, size = gt.engine.get("num_blocks"), gt.engine.get("block_size")
+    if isinstance(blocks, int) and isinstance(size, int):  # the same tokens in the profile's blocks
+        out.append(f"engine.kv_pool_blocks={blocks * size // block_tokens}")
     margin = gt.engine.get("safety_margin")
     if isinstance(margin, int | float) and 0 <= margin < 1:
         out.append(f"engine.prefill_margin_fraction={margin}")
