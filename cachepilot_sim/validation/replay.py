@@ -3,9 +3,10 @@
 Requests without a parent are sent at their recorded send time; a request with a parent (a later
 turn) is sent its think time after the parent's last token in the simulation, as the capture's
 client did. A turn's prompt extends its parent's prompt, so its leading full blocks carry the
-parent's prefix hashes (the simulator's prefix-hash path, components/kv/prefix.py); every other
-block gets a hash of its own. Blocks holding the parent's reply are not shared in the simulator
-(its prefix cache keeps prompt blocks only): a known under-count of hits (docs/validation.md).
+parent's prefix hashes, the parent's last prompt block included once its reply filled it (the
+simulator's prefix-hash path, components/kv/prefix.py); every other block gets a hash of its own.
+Blocks made of reply tokens only are not shared in the simulator (its prefix cache keeps prompt
+blocks only): no turn of the committed multiturn workload has one (replies are under 256 tokens).
 """
 
 from __future__ import annotations
@@ -37,9 +38,14 @@ def replay_order(gt: GroundTruth) -> pl.DataFrame:
     )
 
 
-def _hash_ids(prompt: list[int], parent: list[int], block_tokens: int) -> list[list[int]]:
-    """Per request, one hash id per prompt block (the last one partial): a turn's full blocks
-    inside its parent's prompt repeat the parent's ids."""
+def _hash_ids(
+    prompt: list[int], output: list[int], parent: list[int], block_tokens: int
+) -> list[list[int]]:
+    """Per request, one hash id per prompt block (the last one partial). A turn repeats its
+    parent's ids for every block that is full in the parent's prompt + reply: the parent's partial
+    last prompt block counts once its reply filled it (the engine hashes blocks completed by
+    decoding too); blocks made of reply tokens only get fresh ids (the simulator's prefix cache
+    holds prompt blocks)."""
     out: list[list[int]] = []
     next_id = 0
     for i, tokens in enumerate(prompt):
@@ -47,7 +53,8 @@ def _hash_ids(prompt: list[int], parent: list[int], block_tokens: int) -> list[l
         ids: list[int] = []
         p = parent[i]
         if p >= 0:
-            ids = out[p][: min(prompt[p] // block_tokens, tokens // block_tokens)]
+            full = (prompt[p] + output[p]) // block_tokens
+            ids = out[p][: min(len(out[p]), full, tokens // block_tokens)]
         fresh = num_blocks - len(ids)
         out.append(ids + list(range(next_id, next_id + fresh)))
         next_id += fresh
@@ -61,7 +68,7 @@ def workload_from_ground_truth(
     df = replay_order(gt)
     prompt = df["prompt_tokens"].to_list()
     parent = df["parent_row"].to_list()
-    ids = _hash_ids(prompt, parent, block_tokens)
+    ids = _hash_ids(prompt, df["output_tokens"].fill_null(0).to_list(), parent, block_tokens)
     offsets = np.zeros(len(ids) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(x) for x in ids])
     n = df.height
