@@ -84,8 +84,9 @@ class Simulation:
         # gets the ports it talks through, nothing is wired afterwards.
         wake = Signal(env)
         self.queue = RequestQueue(env, cfg.scheduler, wake)
-        deps = KvDeps(env, self.pool, self.link, self.policy, self.estimator, fit, events,
-                      self.queue, wake)
+        deps = KvDeps(
+            env, self.pool, self.link, self.policy, self.estimator, fit, events, self.queue, wake
+        )
         self.kv = make_kv_manager(cfg, deps)
         self.scheduler = Scheduler(env, self.queue, self.kv, events)
         self.replay: ReplayWorkload | None = None
@@ -96,8 +97,9 @@ class Simulation:
         else:  # trace replay: requests at trace times, KV shared by prefix hash
             self.replay = replay if replay is not None else load_replay(cfg, streams.arrivals)
             self.clients = ReplayClients(env, cfg, self.replay, self.scheduler.inbox)
-        ports = EnginePorts(env, self.queue, self.kv, self.pool, fit, events, wake,
-                            make_step_cost(cfg, fit))
+        ports = EnginePorts(
+            env, self.queue, self.kv, self.pool, fit, events, wake, make_step_cost(cfg, fit)
+        )
         self.batcher = Batcher(cfg, ports)
         self.events = events
         for process in (self.clients.arrivals(), self.scheduler.run(), self.batcher.run()):
@@ -164,8 +166,9 @@ class Simulation:
     def requests(self) -> pl.DataFrame:
         if isinstance(self.clients, ReplayClients):
             assert self.replay is not None
-            frame = request_frame(self.clients.requests, self.clients.class_names,
-                                  self.clients.ttft_slo_us)
+            frame = request_frame(
+                self.clients.requests, self.clients.class_names, self.clients.ttft_slo_us
+            )
             # Engine sessions are per request in replay; report the inferred session instead.
             return frame.with_columns(pl.Series("session", self.replay.sessions.session))
         names = self.clients.factory.class_names
@@ -216,8 +219,10 @@ class Simulation:
         out |= self.policy.metrics()
         gate = self.batcher.gate
         if gate is not None:
-            out |= {"admission_deferred": gate.num_deferred,
-                    "admission_rejected": gate.num_rejected}
+            out |= {
+                "admission_deferred": gate.num_deferred,
+                "admission_rejected": gate.num_rejected,
+            }
         out |= self.kv.metrics()
         if self.replay is not None:
             out |= {"trace_rows_skipped": self.replay.table.num_skipped}

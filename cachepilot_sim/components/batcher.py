@@ -73,8 +73,9 @@ class Batcher:
         # Admission control of new sessions under pressure; None (`all`): every request admitted.
         self.gate: AdmissionGate | None = None
         if cfg.admission.name != "all":
-            self.gate = AdmissionGate(self.env, cfg, self.queue, self.kv, self.pool, self.reject,
-                                      self.running_fraction)
+            self.gate = AdmissionGate(
+                self.env, cfg, self.queue, self.kv, self.pool, self.reject, self.running_fraction
+            )
 
     def running_fraction(self) -> float:
         """Running sequences over the current sequence limit (an admission feature)."""
@@ -203,8 +204,8 @@ class Batcher:
         that arrived after that sit it out while older ones run; an idle engine starts at once."""
         n, self.held_from = self.n, 1 << 62
         if self.async_scheduling and (self.order[:n] < first_new).any():
-            late = [int(self.order[i]) for i in range(n) if self.order[i] >= first_new
-                    and self.slot_req[i].arrival_us > self.step_start_us]  # type: ignore[union-attr]
+            new = [(int(self.order[i]), self.slot_req[i]) for i in range(n)]
+            late = [o for o, r in new if o >= first_new and r and r.arrival_us > self.step_start_us]
             self.held_from = min(late, default=1 << 62)
 
     def _mixed_iteration(self, budget: int) -> Generator[simpy.Event, object, None]:

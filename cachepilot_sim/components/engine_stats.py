@@ -9,6 +9,7 @@ from dataclasses import dataclass
 @dataclass
 class EngineStats:
     """Engine counters over the run: iterations, busy time, tokens, KV occupancy."""
+
     iterations: int = 0
     busy_us: int = 0
     tokens_prefilled: int = 0

@@ -25,11 +25,11 @@ from cachepilot_sim.components.request import Request
 from cachepilot_sim.config import (
     KVConfig,
     ModelConfig,
-    PolicyConfig,
     ReplayConfig,
     SimConfig,
     TraceConfig,
     TraceFormat,
+    policy_config,
 )
 from cachepilot_sim.policies import known_policies
 from tests.conftest import make_kv, make_sim_config
@@ -169,7 +169,7 @@ class SessionKvMachine(QueueMachine):
             make_sim_config(
                 model=MODEL,
                 kv=kv,
-                policy=PolicyConfig(name=policy),
+                policy=policy_config(policy),
                 vram_gb=(1e9 + pool_blocks * block) / 1e9,
             )
         )
@@ -290,7 +290,7 @@ class PrefixKvMachine(QueueMachine):
             make_sim_config(
                 model=MODEL,
                 kv=kv,
-                policy=PolicyConfig(name=policy),
+                policy=policy_config(policy),
                 trace=TraceConfig(enabled=False),
                 replay=replay,
                 vram_gb=(1e9 + pool_hash_blocks * hash_bytes) / 1e9,

@@ -41,6 +41,7 @@ def test_int8_cpu_tier_moves_half_the_bytes_and_pays_the_conversion() -> None:
     assert ratio == pytest.approx(65_792 / 131_072, rel=0.05)
     kv = sim.kv
     assert isinstance(kv, SessionKvManager)
-    on_cpu = [s for s in kv.sessions.values()
-              if s.tier in (Tier.CPU, Tier.FLIGHT_OUT, Tier.FLIGHT_IN)]
+    on_cpu = [
+        s for s in kv.sessions.values() if s.tier in (Tier.CPU, Tier.FLIGHT_OUT, Tier.FLIGHT_IN)
+    ]
     assert kv.cpu.used_bytes == sum(s.cpu_bytes for s in on_cpu)

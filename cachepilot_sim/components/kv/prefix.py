@@ -27,6 +27,7 @@ from cachepilot_sim.policies import CacheEntry
 
 class _Running:
     """A running request's prefix chain and the private pages it holds."""
+
     __slots__ = ("chain", "pages", "private_pages", "hash_tokens")
 
     def __init__(
