@@ -44,11 +44,13 @@ class RooflineStepCost:
     def iteration_us(
         self, new: np.ndarray, ctx: np.ndarray, tok_bytes: np.ndarray, model: np.ndarray
     ) -> float:
+        """One step: each model present runs its forward pass (cost.batch_iteration_us)."""
         return batch_iteration_us(self.fit, self.weight_bytes, new, ctx, tok_bytes, model)
 
     def decode_run_us(
         self, ctx: np.ndarray, tok_bytes: np.ndarray, model: np.ndarray, num_steps: int
     ) -> np.ndarray:
+        """First step priced in full, then + j x slope (cost is linear in context)."""
         n = ctx.size
         if len(self.weight_bytes) > 1:
             first = self.iteration_us(np.ones(n), ctx, tok_bytes, model)
@@ -73,11 +75,13 @@ class FittedStepCost:
     def iteration_us(
         self, new: np.ndarray, ctx: np.ndarray, tok_bytes: np.ndarray, model: np.ndarray
     ) -> float:
+        """One step over its padded launch shape (cost.engine_step.engine_step_us)."""
         return engine_step_us(self.fit, new, ctx)
 
     def decode_run_us(
         self, ctx: np.ndarray, tok_bytes: np.ndarray, model: np.ndarray, num_steps: int
     ) -> np.ndarray:
+        """Each step priced over its padded shape (cost.engine_step.decode_run_us)."""
         return decode_run_us(self.fit, ctx, num_steps)
 
 
