@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from cachepilot_sim.config import PolicyConfig
-from cachepilot_sim.policies.base import CacheEntry, RankingPolicy, register
+from cachepilot_sim.policies.base import CacheEntry, KeyScope, RankingPolicy, register
 from cachepilot_sim.policies.reuse import GapEstimator
 
 
@@ -34,6 +34,7 @@ class FifoPolicy(_TracksEvictions):
     """The entry that entered the GPU cache first is evicted first."""
 
     name = "fifo"
+    key_scope = KeyScope.ENTRY  # a miss re-keys at on_access; the managers refresh then
 
     def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
         super().__init__(cfg, estimator)
@@ -60,6 +61,7 @@ class LfuPolicy(RankingPolicy):
     """Fewest uses first, least recently used among equals."""
 
     name = "lfu"
+    key_scope = KeyScope.ENTRY
 
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
         return (entry.num_uses, entry.last_used_us, entry.entry_id)
@@ -185,6 +187,7 @@ class GdsfPolicy(_TracksEvictions):
     inflation L rises to the H of each victim, so long-idle entries age out."""
 
     name = "gdsf"
+    key_scope = KeyScope.DECISION  # reads the decision's restore estimate
 
     def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
         super().__init__(cfg, estimator)

@@ -25,6 +25,7 @@ from cachepilot_sim.config import PolicyConfig
 from cachepilot_sim.policies.base import (
     CacheEntry,
     Chains,
+    KeyScope,
     RankingPolicy,
     greedy_on_chains,
     register,
@@ -70,6 +71,7 @@ class _ClassReuse:
 @register("wild")
 class WildPolicy(RankingPolicy):
     name = "wild"
+    key_scope = KeyScope.DECISION  # reuse probability decays with idle time
 
     def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
         super().__init__(cfg, estimator)

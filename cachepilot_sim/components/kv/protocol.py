@@ -34,6 +34,7 @@ class Tier(IntEnum):
 
 class Admit(IntEnum):
     """The outcome of asking a KV manager to admit a request."""
+
     READY = 0  # blocks allocated; the request can run
     WAIT = 1  # its KV is in flight; the manager hands it back when the copy lands
     BLOCKED = 2  # not enough free memory yet
