@@ -1,0 +1,8 @@
+"""CachePilot-Sim: a discrete-event simulator of KV-cache management in LLM serving.
+
+Importing the package registers every eviction policy and admission controller, with its config
+class, in config's registries: a config can then be validated (and Hydra's schema stored) before
+anything else is imported. Neither package imports the other's consumers, so this is no cycle.
+"""
+
+from cachepilot_sim import admission, policies  # noqa: F401  (registers the named choices)

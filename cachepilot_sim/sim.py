@@ -24,7 +24,12 @@ from cachepilot_sim.components.signal import Signal
 from cachepilot_sim.components.vram_pool import VramPool
 from cachepilot_sim.config import SimConfig, TraceFormat
 from cachepilot_sim.cost import compute_fit, transfer_fits
-from cachepilot_sim.metrics import latency_metrics, outcome_metrics, request_frame
+from cachepilot_sim.metrics import (
+    latency_metrics,
+    outcome_metrics,
+    request_frame,
+    restore_metrics,
+)
 from cachepilot_sim.policies import GapEstimator, make_policy
 from cachepilot_sim.policies.oracle import ShadowOracle
 from cachepilot_sim.rng import make_streams
@@ -81,8 +86,9 @@ class Simulation:
         # gets the ports it talks through, nothing is wired afterwards.
         wake = Signal(env)
         self.queue = RequestQueue(env, cfg.scheduler, wake)
-        deps = KvDeps(env, self.pool, self.link, self.policy, self.estimator, fit, events,
-                      self.queue, wake)
+        deps = KvDeps(
+            env, self.pool, self.link, self.policy, self.estimator, fit, events, self.queue, wake
+        )
         self.kv = make_kv_manager(cfg, deps)
         self.scheduler = Scheduler(env, self.queue, self.kv, events)
         self.replay: ReplayWorkload | None = None
@@ -160,8 +166,9 @@ class Simulation:
     def requests(self) -> pl.DataFrame:
         if isinstance(self.clients, ReplayClients):
             assert self.replay is not None
-            frame = request_frame(self.clients.requests, self.clients.class_names,
-                                  self.clients.ttft_slo_us)
+            frame = request_frame(
+                self.clients.requests, self.clients.class_names, self.clients.ttft_slo_us
+            )
             # Engine sessions are per request in replay; report the inferred session instead.
             return frame.with_columns(pl.Series("session", self.replay.sessions.session))
         names = self.clients.factory.class_names
@@ -179,14 +186,8 @@ class Simulation:
         out: dict[str, Any] = {"policy": self.cfg.policy.name, "seed": self.cfg.seed}
         out |= outcome_metrics(frame, duration)
         out |= latency_metrics(frame)
+        out |= restore_metrics(asdict(kv))
         out |= {
-            "realized_restore_s": (kv.realized_reload_us + kv.realized_recompute_us) / 1e6,
-            "realized_reload_s": kv.realized_reload_us / 1e6,
-            "realized_recompute_s": kv.realized_recompute_us / 1e6,
-            "preempt_recompute_s": kv.preempt_recompute_us / 1e6,
-            "expected_evict_cost_s": kv.expected_evict_cost_us / 1e6,
-            "evictions": kv.evictions_offload + kv.evictions_drop,
-            "evicted_gb": (kv.evicted_bytes_offload + kv.evicted_bytes_drop) / 1e9,
             # GPU time converting KV for a quantized CPU tier (kv.offload_dtype_bytes); 0 otherwise.
             "kv_convert_s": kv.convert_us / 1e6,
             # KV the CPU store dropped to make room: restored by recompute when needed again.
@@ -212,8 +213,10 @@ class Simulation:
         out |= self.policy.metrics()
         gate = self.batcher.gate
         if gate is not None:
-            out |= {"admission_deferred": gate.num_deferred,
-                    "admission_rejected": gate.num_rejected}
+            out |= {
+                "admission_deferred": gate.num_deferred,
+                "admission_rejected": gate.num_rejected,
+            }
         out |= self.kv.metrics()
         if self.replay is not None:
             out |= {"trace_rows_skipped": self.replay.table.num_skipped}

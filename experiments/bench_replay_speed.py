@@ -41,29 +41,43 @@ def main() -> None:
             start, cpu_start = time.perf_counter(), time.process_time()
             cell = run_cells(one, Path(out))[0]
             wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-        results[policy] = {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
-                           "requests": cell["requests"],
-                           "completed": cell["completed"], "iterations": cell["iterations"],
-                           "trace_events": cell["events"], "simulated_s": cell["duration_s"]}
-        print(f"{args.experiment} {policy}: {cell['requests']} requests replayed in {wall:.2f} s "
-              f"wall, {cpu:.2f} s CPU ({cell['duration_s']:.0f} s simulated, "
-              f"{cell['iterations']} iterations)")
+        results[policy] = {
+            "wall_s": round(wall, 3),
+            "cpu_s": round(cpu, 3),
+            "requests": cell["requests"],
+            "completed": cell["completed"],
+            "iterations": cell["iterations"],
+            "trace_events": cell["events"],
+            "simulated_s": cell["duration_s"],
+        }
+        print(
+            f"{args.experiment} {policy}: {cell['requests']} requests replayed in {wall:.2f} s "
+            f"wall, {cpu:.2f} s CPU ({cell['duration_s']:.0f} s simulated, "
+            f"{cell['iterations']} iterations)"
+        )
     if args.out:
-        meta = {"date": date.today().isoformat(), "experiment": args.experiment,
-                "trace": cfg.replay.path, "machine": platform.machine(),
-                "python": platform.python_version(), "cpus": os.cpu_count(),
-                "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                "load_average_1_5_15_min": os.getloadavg(),
-                "note": "per policy: trace read + simulation + per-request Parquet, in this "
-                        "process (one cell, no worker pool); the machine's 2 CPUs are shared "
-                        "with other jobs, so CPU seconds and the load average are recorded too"}
+        meta = {
+            "date": date.today().isoformat(),
+            "experiment": args.experiment,
+            "trace": cfg.replay.path,
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "load_average_1_5_15_min": os.getloadavg(),
+            "note": "per policy: trace read + simulation + per-request Parquet, in this "
+            "process (one cell, no worker pool); the machine's 2 CPUs are shared "
+            "with other jobs, so CPU seconds and the load average are recorded too",
+        }
         args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
 
 
 def compose_one(conf: Path, experiment: str, policy: str):  # noqa: ANN201
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        return compose("config", overrides=[f"+experiment={experiment}",
-                                            f"compare_policies=[{policy}]", "seeds=1"])
+        return compose(
+            "config",
+            overrides=[f"+experiment={experiment}", f"compare_policies=[{policy}]", "seeds=1"],
+        )
 
 
 if __name__ == "__main__":

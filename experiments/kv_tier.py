@@ -26,19 +26,37 @@ VARIANTS = {
     "bf16 KV, no offload": ["kv.offload_enabled=false"],
     "FP8 KV on the GPU, no offload": ["model.kv_dtype_bytes=1", "kv.offload_enabled=false"],
 }
-COLUMNS = (("kv_pool_gb", "KV pool GB", "{:.2f}"), ("evictions", "evictions", "{:.0f}"),
-           ("reloads", "reloads", "{:.0f}"), ("recomputes", "recomputes", "{:.0f}"),
-           ("pcie_d2h_gb", "offloaded GB", "{:.1f}"), ("realized_reload_s", "reload s", "{:.2f}"),
-           ("realized_restore_s", "restore s", "{:.2f}"), ("kv_convert_s", "convert s", "{:.3f}"),
-           ("ttft_p50_s", "TTFT p50 s", "{:.3f}"), ("ttft_p99_s", "TTFT p99 s", "{:.2f}"),
-           ("goodput_req_s", "goodput req/s", "{:.3f}"))
+COLUMNS = (
+    ("kv_pool_gb", "KV pool GB", "{:.2f}"),
+    ("evictions", "evictions", "{:.0f}"),
+    ("reloads", "reloads", "{:.0f}"),
+    ("recomputes", "recomputes", "{:.0f}"),
+    ("pcie_d2h_gb", "offloaded GB", "{:.1f}"),
+    ("realized_reload_s", "reload s", "{:.2f}"),
+    ("realized_restore_s", "restore s", "{:.2f}"),
+    ("kv_convert_s", "convert s", "{:.3f}"),
+    ("ttft_p50_s", "TTFT p50 s", "{:.3f}"),
+    ("ttft_p99_s", "TTFT p99 s", "{:.2f}"),
+    ("goodput_req_s", "goodput req/s", "{:.3f}"),
+)
 
 
 def cells(overrides: list[str], seeds: int) -> list[dict[str, float]]:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = to_config(compose("config", overrides=[
-            "+experiment=mixed_spike", "trace.enabled=false", "write_requests=false",
-            "compare_policies=[perc]", f"seeds={seeds}", "jobs=2", *overrides]))
+        cfg = to_config(
+            compose(
+                "config",
+                overrides=[
+                    "+experiment=mixed_spike",
+                    "trace.enabled=false",
+                    "write_requests=false",
+                    "compare_policies=[perc]",
+                    f"seeds={seeds}",
+                    "jobs=2",
+                    *overrides,
+                ],
+            )
+        )
     return run_cells(cfg, None)
 
 
@@ -54,16 +72,23 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     register_configs()
-    rows = ["| variant | " + " | ".join(c[1] for c in COLUMNS) + " |",
-            "|---|" + "---:|" * len(COLUMNS)]
+    rows = [
+        "| variant | " + " | ".join(c[1] for c in COLUMNS) + " |",
+        "|---|" + "---:|" * len(COLUMNS),
+    ]
     for name, overrides in VARIANTS.items():
         run = cells(overrides, args.seeds)
-        rows.append(f"| {name} | " + " | ".join(
-            fmt([c[key] for c in run], spec) for key, _, spec in COLUMNS) + " |")
+        rows.append(
+            f"| {name} | "
+            + " | ".join(fmt([c[key] for c in run], spec) for key, _, spec in COLUMNS)
+            + " |"
+        )
         print(rows[-1], flush=True)
-    head = (f"# KV tier on mixed_spike (PERC, seeds 0-{args.seeds - 1}, calibrated H200)\n\n"
-            f"Command: `python experiments/kv_tier.py --seeds {args.seeds} "
-            "--out experiments/kv_tier.md`; mean ± σ (sample) over seeds.\n\n")
+    head = (
+        f"# KV tier on mixed_spike (PERC, seeds 0-{args.seeds - 1}, calibrated H200)\n\n"
+        f"Command: `python experiments/kv_tier.py --seeds {args.seeds} "
+        "--out experiments/kv_tier.md`; mean ± σ (sample) over seeds.\n\n"
+    )
     text = head + "\n".join(rows) + "\n"
     if args.out:
         args.out.write_text(text)

@@ -22,9 +22,11 @@ from cachepilot_sim.workloads.traces import read_trace
 
 HEAD_ROWS = 300
 MOONCAKE_SESSIONS = 65
-CSV_FILES = ("azure_llm_2023/AzureLLMInferenceTrace_conv.csv",
-             "azure_llm_2023/AzureLLMInferenceTrace_code.csv",
-             "sharegpt_lengths/sharegpt_8k_filtered_stats_llama2_tokenizer.csv")
+CSV_FILES = (
+    "azure_llm_2023/AzureLLMInferenceTrace_conv.csv",
+    "azure_llm_2023/AzureLLMInferenceTrace_code.csv",
+    "sharegpt_lengths/sharegpt_8k_filtered_stats_llama2_tokenizer.csv",
+)
 MOONCAKE_FILE = "mooncake_synthetic/synthetic_trace.jsonl"
 
 

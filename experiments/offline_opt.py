@@ -30,10 +30,14 @@ def main() -> None:
     args = parser.parse_args()
     register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        run_cfg = to_config(compose("config", overrides=["+experiment=mixed_spike",
-                                                         "trace.enabled=false"]))
-    rows = ["| policy | seed | realized restore s | LP bound s | 0/1 optimum s | proven bound s "
-            "| LP / optimum | MILP wall s |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        run_cfg = to_config(
+            compose("config", overrides=["+experiment=mixed_spike", "trace.enabled=false"])
+        )
+    rows = [
+        "| policy | seed | realized restore s | LP bound s | 0/1 optimum s | proven bound s "
+        "| LP / optimum | MILP wall s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for policy, seed in RUNS:
         cfg = run_cfg.sim_for(policy, seed)
         result = build(cfg).run()
@@ -42,13 +46,17 @@ def main() -> None:
         start = time.perf_counter()
         opt = integral_optimum(seq, args.time_limit_s)
         wall = time.perf_counter() - start
-        rows.append(f"| {policy} | {seed} | {result.metrics['realized_restore_s']:.3f} | "
-                    f"{lp.restore_us / 1e6:.3f} | {opt.restore_us / 1e6:.3f} | "
-                    f"{opt.bound_us / 1e6:.3f} | {lp.restore_us / opt.restore_us:.4f} | "
-                    f"{wall:.0f} |")
+        rows.append(
+            f"| {policy} | {seed} | {result.metrics['realized_restore_s']:.3f} | "
+            f"{lp.restore_us / 1e6:.3f} | {opt.restore_us / 1e6:.3f} | "
+            f"{opt.bound_us / 1e6:.3f} | {lp.restore_us / opt.restore_us:.4f} | "
+            f"{wall:.0f} |"
+        )
         print(rows[-1], flush=True)
-    head = ("# Offline LP bound vs the 0/1 offline optimum (mixed_spike)\n\n"
-            "Command: `python experiments/offline_opt.py --out experiments/offline_opt.md`\n\n")
+    head = (
+        "# Offline LP bound vs the 0/1 offline optimum (mixed_spike)\n\n"
+        "Command: `python experiments/offline_opt.py --out experiments/offline_opt.md`\n\n"
+    )
     if args.out:
         args.out.write_text(head + "\n".join(rows) + "\n")
 

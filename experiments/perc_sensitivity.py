@@ -24,8 +24,17 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 
 def cells(overrides: list[str]) -> list[dict[str, float]]:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = to_config(compose("config", overrides=[
-            "+experiment=mixed_spike", "trace.enabled=false", "write_requests=false", *overrides]))
+        cfg = to_config(
+            compose(
+                "config",
+                overrides=[
+                    "+experiment=mixed_spike",
+                    "trace.enabled=false",
+                    "write_requests=false",
+                    *overrides,
+                ],
+            )
+        )
     return run_cells(cfg, None)
 
 
@@ -42,23 +51,37 @@ def main() -> None:
     register_configs()
     seeds = f"seeds={args.seeds}"
     lru = {c["seed"]: c["realized_restore_s"] for c in cells([seeds, "compare_policies=[lru]"])}
-    rows = ["| delta s | EMA weight | realized restore s | vs LRU (paired) | oracle gap mean "
-            "| oracle gap worst | TTFT p99 s |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| delta s | EMA weight | realized restore s | vs LRU (paired) | oracle gap mean "
+        "| oracle gap worst | TTFT p99 s |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     settings = [(d, 0.3) for d in DELTAS_S] + [(30.0, w) for w in EMA_WEIGHTS if w != 0.3]
     for delta, weight in settings:
-        run = cells([seeds, "compare_policies=[perc]", f"policy.delta_s={delta}",
-                     f"policy.ema_weight={weight}", "policy.shadow_oracle=true"])
+        run = cells(
+            [
+                seeds,
+                "compare_policies=[perc]",
+                f"policy.delta_s={delta}",
+                f"policy.ema_weight={weight}",
+                "policy.shadow_oracle=true",
+            ]
+        )
         restore = [c["realized_restore_s"] for c in run]
         ratio = [c["realized_restore_s"] / lru[c["seed"]] for c in run]
-        rows.append(f"| {delta:g} | {weight:g} | {fmt(restore, '{:.2f}')} | {fmt(ratio)} | "
-                    f"{fmt([c['oracle_gap_mean'] for c in run], '{:.2f}')} | "
-                    f"{fmt([c['oracle_gap_worst'] for c in run], '{:.1f}')} | "
-                    f"{fmt([c['ttft_p99_s'] for c in run], '{:.2f}')} |")
+        rows.append(
+            f"| {delta:g} | {weight:g} | {fmt(restore, '{:.2f}')} | {fmt(ratio)} | "
+            f"{fmt([c['oracle_gap_mean'] for c in run], '{:.2f}')} | "
+            f"{fmt([c['oracle_gap_worst'] for c in run], '{:.1f}')} | "
+            f"{fmt([c['ttft_p99_s'] for c in run], '{:.2f}')} |"
+        )
         print(rows[-1], flush=True)
-    head = ("# PERC sensitivity to delta and the EMA weight "
-            f"(mixed_spike, seeds 0-{args.seeds - 1})"
-            "\n\nCommand: `python experiments/perc_sensitivity.py --seeds "
-            f"{args.seeds} --out experiments/perc_sensitivity.md`; mean ± σ over seeds.\n\n")
+    head = (
+        "# PERC sensitivity to delta and the EMA weight "
+        f"(mixed_spike, seeds 0-{args.seeds - 1})"
+        "\n\nCommand: `python experiments/perc_sensitivity.py --seeds "
+        f"{args.seeds} --out experiments/perc_sensitivity.md`; mean ± σ over seeds.\n\n"
+    )
     text = head + "\n".join(rows) + "\n"
     if args.out:
         args.out.write_text(text)

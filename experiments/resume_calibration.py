@@ -40,8 +40,9 @@ def auc(p: np.ndarray, truth: np.ndarray) -> float:
 
 def record(policy: str, seed: int) -> tuple[np.ndarray, np.ndarray, float]:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = to_config(compose("config", overrides=["+experiment=mixed_spike",
-                                                     "trace.enabled=false"]))
+        cfg = to_config(
+            compose("config", overrides=["+experiment=mixed_spike", "trace.enabled=false"])
+        )
     sim = build(cfg.sim_for(policy, seed))
     pol, est = sim.policy, sim.estimator
     delta = est.delta_us
@@ -56,8 +57,10 @@ def record(policy: str, seed: int) -> tuple[np.ndarray, np.ndarray, float]:
             p = np.array([est.resume_probability(e, now) for e in entries])
         for e, pe in zip(entries, p, strict=True):
             preds.append(float(pe))
-            truth.append(0 <= e.next_arrival_us - now <= delta or
-                         (e.next_arrival_us >= 0 and e.next_arrival_us < now))
+            truth.append(
+                0 <= e.next_arrival_us - now <= delta
+                or (e.next_arrival_us >= 0 and e.next_arrival_us < now)
+            )
         return inner(entries, need, now)
 
     pol.select_victims = spy  # type: ignore[method-assign]
@@ -71,19 +74,25 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     register_configs()
-    rows = ["| policy | candidates scored | base rate | mean P | Brier | AUC "
-            "| realized restore s |", "|---|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| policy | candidates scored | base rate | mean P | Brier | AUC | realized restore s |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for policy in ("perc", "perc_hazard"):
         runs = [record(policy, seed) for seed in range(args.seeds)]
         p = np.concatenate([r[0] for r in runs])
         t = np.concatenate([r[1] for r in runs])
-        rows.append(f"| {policy} | {p.size} | {t.mean():.3f} | {p.mean():.3f} | "
-                    f"{np.mean((p - t) ** 2):.3f} | {auc(p, t):.3f} | "
-                    f"{np.mean([r[2] for r in runs]):.2f} |")
+        rows.append(
+            f"| {policy} | {p.size} | {t.mean():.3f} | {p.mean():.3f} | "
+            f"{np.mean((p - t) ** 2):.3f} | {auc(p, t):.3f} | "
+            f"{np.mean([r[2] for r in runs]):.2f} |"
+        )
         print(rows[-1], flush=True)
-    head = (f"# Resume-probability calibration (mixed_spike, seeds 0-{args.seeds - 1})\n\n"
-            f"Command: `python experiments/resume_calibration.py --seeds {args.seeds} "
-            "--out experiments/resume_calibration.md`\n\n")
+    head = (
+        f"# Resume-probability calibration (mixed_spike, seeds 0-{args.seeds - 1})\n\n"
+        f"Command: `python experiments/resume_calibration.py --seeds {args.seeds} "
+        "--out experiments/resume_calibration.md`\n\n"
+    )
     if args.out:
         args.out.write_text(head + "\n".join(rows) + "\n")
 

@@ -3,10 +3,10 @@
 from cachepilot_sim.admission.controllers import (
     AdmissionController,
     Decision,
-    known_controllers,
     make_controller,
 )
 from cachepilot_sim.admission.features import FEATURE_NAMES, AdmissionView, features
+from cachepilot_sim.config.admission import known_controllers
 
 __all__ = [
     "FEATURE_NAMES",

@@ -7,15 +7,16 @@ pressure (components/admission_gate.py decides when) and answers admit, defer or
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from cachepilot_sim.admission.features import AdmissionView, features
 from cachepilot_sim.admission.mlp import Mlp
-from cachepilot_sim.config import AdmissionConfig
+from cachepilot_sim.config import ADMISSION, AdmissionConfig, bounded, require
 
 
 class Decision(IntEnum):
@@ -28,27 +29,26 @@ class AdmissionController(Protocol):
     def decide(self, view: AdmissionView) -> Decision: ...
 
 
-_REGISTRY: dict[str, Callable[[AdmissionConfig, list[str]], AdmissionController]] = {}
+ControllerFactory = Callable[[Any, list[str]], AdmissionController]
 
 
-def register(name: str) -> Callable[[Callable], Callable]:
-    def wrap(factory: Callable) -> Callable:
-        if name in _REGISTRY:
-            raise ValueError(f"admission controller {name!r} registered twice")
-        _REGISTRY[name] = factory
+def register(
+    name: str, config: type[AdmissionConfig] = AdmissionConfig
+) -> Callable[[ControllerFactory], ControllerFactory]:
+    """Make a controller available as `admission=<name>`, reading `config` (an AdmissionConfig
+    subclass declared beside it when it has knobs of its own). Duplicates are an error."""
+
+    def wrap(factory: ControllerFactory) -> ControllerFactory:
+        ADMISSION.add(name, factory, config)
         return factory
 
     return wrap
 
 
-def known_controllers() -> list[str]:
-    return sorted(_REGISTRY)
-
-
 def make_controller(cfg: AdmissionConfig, feature_names: list[str]) -> AdmissionController:
-    if cfg.name not in _REGISTRY:
-        raise ValueError(f"unknown admission controller {cfg.name!r}; known: {known_controllers()}")
-    return _REGISTRY[cfg.name](cfg, feature_names)
+    """The registered controller `cfg.name` (a ValueError lists the known names)."""
+    factory: ControllerFactory = ADMISSION.entry(cfg.name).factory
+    return factory(cfg, feature_names)
 
 
 class AdmitAll:
@@ -76,8 +76,18 @@ class Threshold:
         return Decision.DEFER if view.num_defers < view.max_defers else Decision.REJECT
 
 
-@register("threshold")
-def _make_threshold(cfg: AdmissionConfig, feature_names: list[str]) -> AdmissionController:
+@dataclass
+class ThresholdAdmissionConfig(AdmissionConfig):
+    """Defer (then reject) when (used + in flight) / pool > threshold_load_fraction and queue
+    depth > threshold_queue_depth."""
+
+    name: str = "threshold"
+    threshold_load_fraction: float = bounded(0.9, ge=0, le=1)
+    threshold_queue_depth: int = bounded(16, ge=0)
+
+
+@register("threshold", config=ThresholdAdmissionConfig)
+def _make_threshold(cfg: ThresholdAdmissionConfig, feature_names: list[str]) -> AdmissionController:
     return Threshold(cfg.threshold_load_fraction, cfg.threshold_queue_depth)
 
 
@@ -108,6 +118,23 @@ class Learned:
         return Decision(a)
 
 
-@register("learned")
-def _make_learned(cfg: AdmissionConfig, feature_names: list[str]) -> AdmissionController:
+@dataclass
+class LearnedAdmissionConfig(AdmissionConfig):
+    """The learned controller reads its MLP's weights: the .npz written by train_admission."""
+
+    name: str = "learned"
+    weights: str = ""
+
+    def validate(self, prefix: str) -> None:
+        super().validate(prefix)
+        require(
+            bool(self.weights),
+            f"{prefix}.weights",
+            self.weights,
+            "admission=learned needs admission.weights=PATH (an .npz from train_admission)",
+        )
+
+
+@register("learned", config=LearnedAdmissionConfig)
+def _make_learned(cfg: LearnedAdmissionConfig, feature_names: list[str]) -> AdmissionController:
     return Learned(Mlp.load(Path(cfg.weights), feature_names))

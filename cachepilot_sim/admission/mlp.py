@@ -67,8 +67,11 @@ class Mlp:
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         np.savez(path, w1=self.w1, b1=self.b1, w2=self.w2, b2=self.b2)
-        spec = {"features": self.feature_names, "actions": ["admit", "defer", "reject"],
-                "hidden": int(self.b1.size)}
+        spec = {
+            "features": self.feature_names,
+            "actions": ["admit", "defer", "reject"],
+            "hidden": int(self.b1.size),
+        }
         path.with_suffix(".json").write_text(json.dumps(spec, indent=1) + "\n")
 
     @classmethod
@@ -86,12 +89,16 @@ class Mlp:
                 f"admission weights {path} (spec {spec_path}) unreadable: {e}"
             ) from e
         if names != list(feature_names):
-            raise WeightsError(f"admission weights {path}: trained on features {names}, this "
-                               f"simulation has {list(feature_names)}")
+            raise WeightsError(
+                f"admission weights {path}: trained on features {names}, this "
+                f"simulation has {list(feature_names)}"
+            )
         w1, b1, w2, b2 = arrays
         n, hidden = len(names), b1.size
         shapes = [(n, hidden), (hidden,), (hidden, NUM_ACTIONS), (NUM_ACTIONS,)]
         if [a.shape for a in arrays] != shapes or not all(np.isfinite(a).all() for a in arrays):
-            raise WeightsError(f"admission weights {path}: array shapes {[a.shape for a in arrays]}"
-                               f" (expected {shapes}) or non-finite values")
+            raise WeightsError(
+                f"admission weights {path}: array shapes {[a.shape for a in arrays]}"
+                f" (expected {shapes}) or non-finite values"
+            )
         return cls(w1, b1, w2, b2, names)

@@ -110,4 +110,3 @@ class AdmissionGate:
         timer = self.env.timeout(self.defer_us)
         timer.callbacks.append(lambda _: self.queue.requeue(req))
         return False
-

@@ -40,6 +40,7 @@ CTX, PREFILL_LEFT, DECODE_LEFT, BLOCKS, BLOCK_BYTES, TOKEN_BYTES, MODEL, ORDER, 
 @dataclass
 class EngineStats:
     """Engine counters over the run: iterations, busy time, tokens, KV occupancy."""
+
     iterations: int = 0
     busy_us: int = 0
     tokens_prefilled: int = 0
@@ -84,8 +85,9 @@ class Batcher:
         # Admission control of new sessions under pressure; None (`all`): every request admitted.
         self.gate: AdmissionGate | None = None
         if cfg.admission.name != "all":
-            self.gate = AdmissionGate(self.env, cfg, self.queue, self.kv, self.pool, self.reject,
-                                      self.running_fraction)
+            self.gate = AdmissionGate(
+                self.env, cfg, self.queue, self.kv, self.pool, self.reject, self.running_fraction
+            )
 
     def running_fraction(self) -> float:
         """Running sequences over the current sequence limit (an admission feature)."""
@@ -330,8 +332,9 @@ class Batcher:
         """Cost-model time of one iteration (before rounding up to whole microseconds)."""
         idx = np.concatenate((decode, chunk_idx))
         new = np.concatenate((np.ones(decode.size), chunks.astype(np.float64)))
-        return batch_iteration_us(self.fit, self.weight_bytes, new, self.ctx[idx],
-                                  self.tok_bytes[idx], self.model[idx])
+        return batch_iteration_us(
+            self.fit, self.weight_bytes, new, self.ctx[idx], self.tok_bytes[idx], self.model[idx]
+        )
 
     def _account(self, duration: int, steps: int) -> None:
         st = self.stats

@@ -81,8 +81,14 @@ class Clients:
             yield slot
             # The session's turn 0 will be request `first` (-1: the request budget is spent).
             first = self.num_issued if self.num_issued < self.wl.num_requests else -1
-            self.events.session_start(self.env.now, spec.session_id, first, spec.model_index,
-                                      self.env.now - arrived_us, spec.class_index)
+            self.events.session_start(
+                self.env.now,
+                spec.session_id,
+                first,
+                spec.model_index,
+                self.env.now - arrived_us,
+                spec.class_index,
+            )
             context = 0
             for turn in range(spec.num_turns):
                 if self.num_issued >= self.wl.num_requests:

@@ -16,6 +16,7 @@ from cachepilot_sim.cost import TransferFit, transfer_us
 
 class PcieLink:
     """Two DMA lanes (h2d, d2h), each serving one transfer at a time."""
+
     def __init__(self, env: SimEnvironment, h2d: TransferFit, d2h: TransferFit) -> None:
         self.env = env
         self.fits = {"h2d": h2d, "d2h": d2h}

@@ -49,10 +49,19 @@ class ReplayClients:
             if t > int(self.env.now):
                 yield self.env.timeout(t - int(self.env.now))
             req = Request(
-                self.env, req_id=i, session_id=i, turn=turns[i], class_index=0, model_index=0,
-                priority=self.priority, arrival_us=int(self.env.now),
-                deadline_us=int(self.env.now) + self.ttft_slo_us[0], tpot_slo_us=self.tpot_slo_us,
-                context_tokens=0, prompt_tokens=inputs[i], output_tokens=outputs[i],
+                self.env,
+                req_id=i,
+                session_id=i,
+                turn=turns[i],
+                class_index=0,
+                model_index=0,
+                priority=self.priority,
+                arrival_us=int(self.env.now),
+                deadline_us=int(self.env.now) + self.ttft_slo_us[0],
+                tpot_slo_us=self.tpot_slo_us,
+                context_tokens=0,
+                prompt_tokens=inputs[i],
+                output_tokens=outputs[i],
             )
             # What the prefix KV manager reads: the prompt's block hashes, the inferred session,
             # and the earlier request this one continues (parents come first in the trace).

@@ -9,6 +9,7 @@ from cachepilot_sim.clock import SimEnvironment
 
 class Outcome(IntEnum):
     """How a request ended (PENDING until it completes or is rejected)."""
+
     PENDING = 0
     COMPLETED = 1
     REJECTED = 2

@@ -26,6 +26,7 @@ from cachepilot_sim.trace.events import TraceEvents
 
 class ArrivalListener(Protocol):
     """Told of every request as it reaches the scheduler, before it is queued."""
+
     def on_arrival(self, req: Request) -> None:
         """Called once per request, at its arrival, before it is queued."""
 
@@ -112,8 +113,13 @@ class RequestQueue:
 class Scheduler:
     """Process: take arrivals from the inbox Store, tell the arrival listener, queue them."""
 
-    def __init__(self, env: SimEnvironment, queue: RequestQueue, arrivals: ArrivalListener,
-                 events: TraceEvents) -> None:
+    def __init__(
+        self,
+        env: SimEnvironment,
+        queue: RequestQueue,
+        arrivals: ArrivalListener,
+        events: TraceEvents,
+    ) -> None:
         self.env = env
         self.inbox: simpy.Store = simpy.Store(env)
         self.queue = queue

@@ -9,6 +9,7 @@ from cachepilot_sim.clock import SimEnvironment
 
 class Signal:
     """A one-shot event renewed on every notify (the engine's wake-up)."""
+
     def __init__(self, env: SimEnvironment) -> None:
         self.env = env
         self._event = env.event()

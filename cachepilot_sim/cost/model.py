@@ -109,8 +109,9 @@ def batch_iteration_us(
     kv_read = ctx * kv_bytes_per_token
     pairs = new_tokens * (ctx + new_tokens / 2.0)
     if len(weight_bytes) == 1:
-        return iteration_us(fit, weight_bytes[0], float(new_tokens.sum()), float(kv_read.sum()),
-                            float(pairs.sum()))
+        return iteration_us(
+            fit, weight_bytes[0], float(new_tokens.sum()), float(kv_read.sum()), float(pairs.sum())
+        )
     m = len(weight_bytes)
     tokens = np.bincount(model_index, weights=new_tokens, minlength=m)
     reads = np.bincount(model_index, weights=kv_read, minlength=m)

@@ -145,9 +145,13 @@ def integral_optimum(seq: AccessSequence, time_limit_s: float = 60.0) -> Offline
     if not seq.gaps:
         return OfflineOptimum(0.0, 0.0, True)
     cost, a, need, _ = _memory_rows(seq)
-    res = milp(cost, constraints=[LinearConstraint(a, need, np.inf)],
-               integrality=np.ones(len(cost)), bounds=Bounds(0, 1),
-               options={"time_limit": time_limit_s})
+    res = milp(
+        cost,
+        constraints=[LinearConstraint(a, need, np.inf)],
+        integrality=np.ones(len(cost)),
+        bounds=Bounds(0, 1),
+        options={"time_limit": time_limit_s},
+    )
     if res.x is None:
         raise RuntimeError(f"offline MILP found no solution: {res.message}")
     value = float(cost @ np.round(res.x))
@@ -186,6 +190,8 @@ def belady_misses(accesses: Sequence[Hashable], capacity: int) -> int:
 def offline_metrics(cfg: SimConfig, requests: pl.DataFrame) -> dict[str, float]:
     """The LP bound in seconds, for the runner's table (realized restore s is the cell's own)."""
     bound = lp_lower_bound(access_sequence(cfg, requests))
-    return {"offline_lp_restore_s": bound.restore_us / 1e6,
-            "offline_never_kept_s": bound.never_kept_us / 1e6,
-            "offline_gaps": bound.num_gaps}
+    return {
+        "offline_lp_restore_s": bound.restore_us / 1e6,
+        "offline_never_kept_s": bound.never_kept_us / 1e6,
+        "offline_gaps": bound.num_gaps,
+    }

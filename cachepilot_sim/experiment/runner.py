@@ -213,8 +213,10 @@ def run_experiment(cfg: RunConfig, out_dir: Path, console: Console | None = None
         rc, first = cfg.replay, cells[0]
         skipped = first.get("trace_rows_skipped", 0)
         note = f" ({skipped} bad rows skipped)" if skipped else ""
-        workload = (f"{rc.format!s} trace {Path(rc.path).name}: {first['requests']} requests"
-                    f"{note}, time x{rc.time_scale:g}")
+        workload = (
+            f"{rc.format!s} trace {Path(rc.path).name}: {first['requests']} requests"
+            f"{note}, time x{rc.time_scale:g}"
+        )
     title = f"{workload}, {cfg.vram_gb:g} GB VRAM, {cfg.model.name}, {seeds}; mean ± σ [min, max]"
     report = {"title": title, "cells": cells, "summary": summary}
     _write_atomic(

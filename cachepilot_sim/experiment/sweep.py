@@ -50,8 +50,12 @@ def read_job(job_dir: Path) -> dict[str, Any] | None:
 def is_complete(job_dir: Path, digest: str) -> bool:
     """True when the job finished for exactly this config and its metrics are on disk."""
     record = read_job(job_dir)
-    return (record is not None and record.get("status") == "complete"
-            and record.get("config_sha256") == digest and (job_dir / "metrics.json").is_file())
+    return (
+        record is not None
+        and record.get("status") == "complete"
+        and record.get("config_sha256") == digest
+        and (job_dir / "metrics.json").is_file()
+    )
 
 
 def run_job(cfg: DictConfig, out_dir: Path, overrides: list[str], job_num: int) -> str:
@@ -80,8 +84,10 @@ def run_job(cfg: DictConfig, out_dir: Path, overrides: list[str], job_num: int) 
     except Exception as err:  # noqa: BLE001 - a job's failure must not take down the sweep
         reason = f"{type(err).__name__}: {err}"
         print(f"cachepilot_sim: {label} failed: {reason}", file=sys.stderr)
-        write_json_atomic(out_dir / JOB_FILE, record | {
-            "status": "failed", "error": reason, "traceback": traceback.format_exc()})
+        write_json_atomic(
+            out_dir / JOB_FILE,
+            record | {"status": "failed", "error": reason, "traceback": traceback.format_exc()},
+        )
         return "failed"
     write_json_atomic(out_dir / JOB_FILE, record | {"status": "complete"})
     restore = [round(c["realized_restore_s"], 3) for c in report["cells"]]
@@ -101,8 +107,11 @@ def sweep_status(sweep_dir: Path) -> dict[str, list[dict[str, Any]]]:
     for job_dir in job_dirs(sweep_dir):
         record = read_job(job_dir) or {"status": "incomplete"}
         status = record.get("status")
-        entry = {"dir": str(job_dir.relative_to(sweep_dir)), "overrides": record.get("overrides"),
-                 "error": record.get("error", "")}
+        entry = {
+            "dir": str(job_dir.relative_to(sweep_dir)),
+            "overrides": record.get("overrides"),
+            "error": record.get("error", ""),
+        }
         if status == "complete" and (job_dir / "metrics.json").is_file():
             out["complete"].append(entry)
         elif status == "failed":
@@ -130,8 +139,10 @@ class SweepReport(Callback):  # type: ignore[misc]
         status = sweep_status(sweep_dir)
         write_json_atomic(sweep_dir / STATUS_FILE, status)
         bad = status["failed"] + status["incomplete"]
-        print(f"cachepilot_sim: sweep {sweep_dir}: {len(status['complete'])} jobs complete, "
-              f"{len(status['failed'])} failed, {len(status['incomplete'])} incomplete")
+        print(
+            f"cachepilot_sim: sweep {sweep_dir}: {len(status['complete'])} jobs complete, "
+            f"{len(status['failed'])} failed, {len(status['incomplete'])} incomplete"
+        )
         for job in bad:
             print(f"  FAILED {job['dir']}: {job['error']}", file=sys.stderr)
         if bad:

@@ -40,8 +40,11 @@ PROGRESS = (
 )
 # Run metrics with a panel on the dashboard: (title, unit, metric keys).
 PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("Realized restore (reload + recompute)", "s", ("realized_restore_s", "realized_reload_s",
-                                                    "realized_recompute_s")),
+    (
+        "Realized restore (reload + recompute)",
+        "s",
+        ("realized_restore_s", "realized_reload_s", "realized_recompute_s"),
+    ),
     ("Expected eviction cost (seed metric)", "s", ("expected_evict_cost_s",)),
     ("Evictions", "short", ("evictions_offload", "evictions_drop")),
     ("TTFT percentiles", "s", ("ttft_p50_s", "ttft_p95_s", "ttft_p99_s")),
@@ -72,11 +75,12 @@ class Telemetry:
             from prometheus_client import start_http_server
 
             try:
-                self.server, _ = start_http_server(port, addr="127.0.0.1",
-                                                   registry=self.registry)
+                self.server, _ = start_http_server(port, addr="127.0.0.1", registry=self.registry)
             except OSError as err:  # busy port (another run, another sweep job): run unserved
-                print(f"cachepilot_sim: not serving metrics on 127.0.0.1:{port}: {err}",
-                      file=sys.stderr)
+                print(
+                    f"cachepilot_sim: not serving metrics on 127.0.0.1:{port}: {err}",
+                    file=sys.stderr,
+                )
         self._t0 = time.perf_counter()
 
     def _gauge(self, name: str, doc: str) -> Gauge:
@@ -87,8 +91,9 @@ class Telemetry:
     def start_cell(self) -> None:
         self._t0 = time.perf_counter()
 
-    def progress(self, policy: str, seed: int, sim_us: int, done: int, total: int,
-                 events: int) -> float:
+    def progress(
+        self, policy: str, seed: int, sim_us: int, done: int, total: int, events: int
+    ) -> float:
         """Update the live progress gauges of one cell; returns events per wall second."""
         labels = {"policy": policy, "seed": str(seed)}
         wall = max(time.perf_counter() - self._t0, 1e-9)
@@ -142,10 +147,14 @@ class RunMonitor:
             )
 
             self.bar = Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
                 TextColumn("sim {task.fields[sim_s]:,.0f} s"),
-                TextColumn("{task.fields[eps]:,.0f} events/s"), TimeElapsedColumn(),
-                console=self.console)
+                TextColumn("{task.fields[eps]:,.0f} events/s"),
+                TimeElapsedColumn(),
+                console=self.console,
+            )
             self.bar.start()
 
     @property
@@ -158,8 +167,11 @@ class RunMonitor:
         cfg = sim.cfg
         policy, seed, total = cfg.policy.name, cfg.seed, cfg.workload.num_requests
         requests = sim.clients.requests
-        task = None if self.bar is None else self.bar.add_task(
-            f"{policy} seed {seed}", total=total, sim_s=0.0, eps=0.0)
+        task = (
+            None
+            if self.bar is None
+            else self.bar.add_task(f"{policy} seed {seed}", total=total, sim_s=0.0, eps=0.0)
+        )
         self.telemetry.start_cell()
         prefix, events = 0, 0  # requests[:prefix] are all done: each call scans only the rest
 
@@ -194,34 +206,62 @@ class RunMonitor:
 
 
 def _panel(pid: int, title: str, unit: str, names: Sequence[str], y: int, x: int) -> dict:
-    targets = [{"refId": chr(65 + i), "expr": f'{n}{{policy=~"$policy"}}',
-                "legendFormat": f"{n.removeprefix(PREFIX)} {{{{policy}}}} s{{{{seed}}}}"}
-               for i, n in enumerate(names)]
-    return {"id": pid, "type": "timeseries", "title": title, "datasource": "${datasource}",
-            "gridPos": {"h": 8, "w": 12, "x": x, "y": y},
-            "fieldConfig": {"defaults": {"unit": unit}, "overrides": []}, "targets": targets}
+    targets = [
+        {
+            "refId": chr(65 + i),
+            "expr": f'{n}{{policy=~"$policy"}}',
+            "legendFormat": f"{n.removeprefix(PREFIX)} {{{{policy}}}} s{{{{seed}}}}",
+        }
+        for i, n in enumerate(names)
+    ]
+    return {
+        "id": pid,
+        "type": "timeseries",
+        "title": title,
+        "datasource": "${datasource}",
+        "gridPos": {"h": 8, "w": 12, "x": x, "y": y},
+        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+        "targets": targets,
+    }
 
 
 def grafana_dashboard() -> dict[str, Any]:
     """A Grafana dashboard (JSON model) over the progress gauges and the run-metric gauges."""
     rows: list[tuple[str, str, list[str]]] = [
         ("Simulated time", "s", [PREFIX + "progress_sim_seconds"]),
-        ("Requests done / total", "short",
-         [PREFIX + "progress_requests_done", PREFIX + "progress_requests_total"]),
+        (
+            "Requests done / total",
+            "short",
+            [PREFIX + "progress_requests_done", PREFIX + "progress_requests_total"],
+        ),
         ("Events per wall second", "short", [PREFIX + "progress_events_per_wall_second"]),
     ]
     rows += [(title, unit, [metric_name(k) for k in keys]) for title, unit, keys in PANELS]
-    panels = [_panel(i + 1, t, u, n, 8 * (i // 2), 12 * (i % 2)) for i, (t, u, n) in
-              enumerate(rows)]
+    panels = [
+        _panel(i + 1, t, u, n, 8 * (i // 2), 12 * (i % 2)) for i, (t, u, n) in enumerate(rows)
+    ]
     templating = [
         {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Prometheus"},
-        {"name": "policy", "type": "query", "datasource": "${datasource}", "includeAll": True,
-         "multi": True, "query": f"label_values({PREFIX}progress_events, policy)",
-         "current": {"text": "All", "value": "$__all"}},
+        {
+            "name": "policy",
+            "type": "query",
+            "datasource": "${datasource}",
+            "includeAll": True,
+            "multi": True,
+            "query": f"label_values({PREFIX}progress_events, policy)",
+            "current": {"text": "All", "value": "$__all"},
+        },
     ]
-    return {"title": "CachePilot-Sim", "uid": "cachepilot-sim", "schemaVersion": 39,
-            "tags": ["cachepilot"], "time": {"from": "now-6h", "to": "now"}, "refresh": "10s",
-            "templating": {"list": templating}, "panels": panels}
+    return {
+        "title": "CachePilot-Sim",
+        "uid": "cachepilot-sim",
+        "schemaVersion": 39,
+        "tags": ["cachepilot"],
+        "time": {"from": "now-6h", "to": "now"},
+        "refresh": "10s",
+        "templating": {"list": templating},
+        "panels": panels,
+    }
 
 
 def panel_metric_names(dashboard: dict[str, Any]) -> set[str]:
@@ -234,8 +274,9 @@ def panel_metric_names(dashboard: dict[str, Any]) -> set[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m cachepilot_sim.experiment.telemetry",
-                                 description=__doc__)
+    ap = argparse.ArgumentParser(
+        prog="python -m cachepilot_sim.experiment.telemetry", description=__doc__
+    )
     ap.add_argument("what", choices=["grafana"])
     ap.add_argument("--out", type=Path, default=None, help="file to write (default: stdout)")
     args = ap.parse_args(argv)

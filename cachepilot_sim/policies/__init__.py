@@ -1,5 +1,6 @@
 """Eviction policies: the protocol and registry (base.py) and one module per registered policy."""
 
+from cachepilot_sim.config.policy import known_policies
 from cachepilot_sim.policies import (  # noqa: F401  (registers the policies)
     classic,
     lru,
@@ -15,7 +16,6 @@ from cachepilot_sim.policies.base import (
     EvictionPolicy,
     KeyScope,
     RankingPolicy,
-    known_policies,
     make_policy,
     register,
 )

@@ -10,9 +10,9 @@ import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
-from cachepilot_sim.config import PolicyConfig
+from cachepilot_sim.config.policy import POLICIES, PolicyConfig
 from cachepilot_sim.policies.reuse import GapEstimator
 
 
@@ -59,7 +59,7 @@ class KeyScope(StrEnum):
     DECISION: the key also reads the time or the restore estimate of the decision (PERC's resume
     probability decays with idle time), but each entry alone: the prefix manager keys only the
     current chain tails at the decision. SET: the decision needs every candidate (an exact oracle,
-    a rule relative to the set): `select_victims` sees them all.
+    a rule relative to the set, read in `prepare`): `select_victims` sees them all.
     """
 
     ENTRY = "entry"
@@ -83,8 +83,12 @@ class EvictionPolicy(Protocol):
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]: ...
 
     def select_victims(
-        self, entries: Sequence[CacheEntry], bytes_needed: int, now_us: int,
-        chains: Chains | None = None, parents: Sequence[int] | None = None,
+        self,
+        entries: Sequence[CacheEntry],
+        bytes_needed: int,
+        now_us: int,
+        chains: Chains | None = None,
+        parents: Sequence[int] | None = None,
     ) -> list[CacheEntry]: ...
 
     def on_access(self, entry: CacheEntry, now_us: int) -> None: ...
@@ -97,7 +101,15 @@ class EvictionPolicy(Protocol):
 
 
 class RankingPolicy:
-    """Greedy by key until `bytes_needed` are freed. Keys must end with the unique entry_id."""
+    """The key is the ranking: greedy by key until `bytes_needed` are freed.
+
+    Keys must end with the unique entry_id. A rule stated relative to the candidates (SLRU's and
+    ARC's segment shares of the idle bytes, Marconi's min-max normalisation) reads them in
+    `prepare`, once per decision; the key then ranks each entry alone, as SGLang's one-method
+    strategies do, and sorting by it gives the decision exactly (tests/property checks every
+    registered ranking policy). Outside a decision (a trace score, say) a key uses the state of
+    the last one.
+    """
 
     name = "ranking"
     # Safe default: a subclass that ranks each entry alone by `key` says so (ENTRY or DECISION).
@@ -107,16 +119,26 @@ class RankingPolicy:
         self.cfg = cfg
         self.estimator = estimator
 
+    def prepare(self, entries: Sequence[CacheEntry], now_us: int) -> None:
+        """Read what a rule relative to the candidates needs, before any key of this decision;
+        most policies need nothing."""
+
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
         raise NotImplementedError
 
     def order(self, entries: Sequence[CacheEntry], now_us: int) -> list[CacheEntry]:
-        """All entries, first victim first."""
+        """All entries, first victim first: `prepare`, then sorted by key. Override only to get
+        the same order faster (PERC vectorises its keys)."""
+        self.prepare(entries, now_us)
         return sorted(entries, key=lambda e: self.key(e, now_us))
 
     def select_victims(
-        self, entries: Sequence[CacheEntry], bytes_needed: int, now_us: int,
-        chains: Chains | None = None, parents: Sequence[int] | None = None,
+        self,
+        entries: Sequence[CacheEntry],
+        bytes_needed: int,
+        now_us: int,
+        chains: Chains | None = None,
+        parents: Sequence[int] | None = None,
     ) -> list[CacheEntry]:
         victims: list[CacheEntry] = []
         freed = 0
@@ -125,8 +147,9 @@ class RankingPolicy:
         if chains is not None:  # the policy's order, restricted to what is a tail at each step
             ranked = self.order(entries, now_us)
             rank = {e.entry_id: r for r, e in enumerate(ranked)}
-            picks = greedy_on_chains([rank[e.entry_id] for e in entries], entries, chains,
-                                     bytes_needed, parents)
+            picks = greedy_on_chains(
+                [rank[e.entry_id] for e in entries], entries, chains, bytes_needed, parents
+            )
             return [entries[i] for i in picks]
         for entry in self.order(entries, now_us):
             victims.append(entry)
@@ -149,8 +172,13 @@ class RankingPolicy:
         return {}
 
 
-def greedy_on_chains(rank: Sequence[Any], entries: Sequence[CacheEntry], chains: Chains,
-                     bytes_needed: int, parents: Sequence[int] | None = None) -> list[int]:
+def greedy_on_chains(
+    rank: Sequence[Any],
+    entries: Sequence[CacheEntry],
+    chains: Chains,
+    bytes_needed: int,
+    parents: Sequence[int] | None = None,
+) -> list[int]:
     """Positions cut greedily, smallest rank first among the chains' current tails.
 
     Cutting a chain's tail exposes the item before it; a chain's tail is exposed once every chain
@@ -182,30 +210,24 @@ def greedy_on_chains(rank: Sequence[Any], entries: Sequence[CacheEntry], chains:
 
 
 PolicyFactory = Callable[[PolicyConfig, GapEstimator], EvictionPolicy]
-_REGISTRY: dict[str, PolicyFactory] = {}
 
 
-def register(name: str) -> Callable[[PolicyFactory], PolicyFactory]:
-    """Class decorator: make a policy available as `policy=<name>`. Duplicates are an error."""
+def register(
+    name: str, config: type[PolicyConfig] = PolicyConfig
+) -> Callable[[PolicyFactory], PolicyFactory]:
+    """Class decorator: make a policy available as `policy=<name>`, reading `config` (a
+    PolicyConfig subclass declared beside it when it has knobs of its own). Duplicates are an
+    error. The registry is config's (config/registry.py), so configs validate names without
+    importing policies."""
 
     def wrap(factory: PolicyFactory) -> PolicyFactory:
-        if name in _REGISTRY:
-            raise ValueError(f"eviction policy {name!r} is already registered")
-        _REGISTRY[name] = factory
+        POLICIES.add(name, factory, config)
         return factory
 
     return wrap
 
 
-def known_policies() -> list[str]:
-    return sorted(_REGISTRY)
-
-
 def make_policy(cfg: PolicyConfig, estimator: GapEstimator) -> EvictionPolicy:
-    try:
-        factory = _REGISTRY[cfg.name]
-    except KeyError:
-        raise ValueError(
-            f"unknown eviction policy {cfg.name!r}; known: {known_policies()}"
-        ) from None
-    return factory(cfg, estimator)
+    """The registered policy `cfg.name`, built from `cfg` (a ValueError lists the known names)."""
+    factory = POLICIES.entry(cfg.name).factory
+    return cast(EvictionPolicy, factory(cfg, estimator))

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from cachepilot_sim.config import PolicyConfig
+from cachepilot_sim.config import PolicyConfig, bounded
 from cachepilot_sim.policies.base import CacheEntry, KeyScope, RankingPolicy, register
 from cachepilot_sim.policies.reuse import GapEstimator
 
@@ -67,7 +68,15 @@ class LfuPolicy(RankingPolicy):
         return (entry.num_uses, entry.last_used_us, entry.entry_id)
 
 
-@register("slru")
+@dataclass
+class SlruConfig(PolicyConfig):
+    """SLRU's knob: the share of the idle KV bytes the protected (reused) segment may hold."""
+
+    name: str = "slru"
+    slru_protected_fraction: float = bounded(0.8, ge=0, le=1)
+
+
+@register("slru", config=SlruConfig)
 class SlruPolicy(_TracksEvictions):
     """A hit promotes to the protected segment (at most `slru_protected_fraction` of the idle bytes;
     its least recent overflow is demoted); probationary entries go first, each segment LRU."""
@@ -76,7 +85,10 @@ class SlruPolicy(_TracksEvictions):
 
     def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
         super().__init__(cfg, estimator)
+        assert isinstance(cfg, SlruConfig), type(cfg)  # the registry pairs them
+        self.protected_fraction = cfg.slru_protected_fraction
         self.protected: set[int] = set()
+        self.kept: set[int] = set()  # protected entries within the segment's share (`prepare`)
 
     def on_access(self, entry: CacheEntry, now_us: int) -> None:
         if entry.entry_id in self.evicted:  # a miss re-enters probationary
@@ -88,23 +100,24 @@ class SlruPolicy(_TracksEvictions):
         super().on_evict(entry, now_us)
         self.protected.discard(entry.entry_id)
 
-    def order(self, entries: Sequence[CacheEntry], now_us: int) -> list[CacheEntry]:
-        room = self.cfg.slru_protected_fraction * sum(e.num_bytes for e in entries)
-        prot = sorted((e for e in entries if e.entry_id in self.protected),
-                      key=lambda e: (-e.last_used_us, e.entry_id))
-        kept: list[CacheEntry] = []
+    def prepare(self, entries: Sequence[CacheEntry], now_us: int) -> None:
+        """The protected segment holds at most its share of these idle bytes: its most recent
+        entries that fit stay, the least recent overflow is demoted to probation."""
+        room = self.protected_fraction * sum(e.num_bytes for e in entries)
+        prot = sorted(
+            (e for e in entries if e.entry_id in self.protected),
+            key=lambda e: (-e.last_used_us, e.entry_id),
+        )
+        self.kept.clear()
         for e in prot:  # most recent first; the overflow is demoted
             if e.num_bytes > room:
                 break
-            kept.append(e)
+            self.kept.add(e.entry_id)
             room -= e.num_bytes
-        keep = {e.entry_id for e in kept}
-        probation = [e for e in entries if e.entry_id not in keep]
-        lru = lambda e: (e.last_used_us, e.entry_id)  # noqa: E731
-        return sorted(probation, key=lru) + sorted(kept, key=lru)
 
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
-        return (int(entry.entry_id in self.protected), entry.last_used_us, entry.entry_id)
+        """Probation before the protected segment, each least recently used first."""
+        return (int(entry.entry_id in self.kept), entry.last_used_us, entry.entry_id)
 
 
 @register("arc")
@@ -126,6 +139,7 @@ class ArcPolicy(_TracksEvictions):
         # Bytes held by ghost1 and ghost2, kept as running sums: prefix replay calls the hooks
         # once per block, and summing the lists each time would be quadratic.
         self.ghost_bytes = [0, 0]
+        self.t1_excess: set[int] = set()  # T1 entries REPLACE takes before T2 (`prepare`)
 
     def _ghost_pop(self, which: int, eid: int) -> int:
         num_bytes = (self.ghost1, self.ghost2)[which].pop(eid)
@@ -137,11 +151,13 @@ class ArcPolicy(_TracksEvictions):
         b1 = self.ghost_bytes[0] or 1
         b2 = self.ghost_bytes[1] or 1
         if eid in self.ghost1:
-            self.target_bytes = min(self.target_bytes + max(b2 / b1, 1.0) * self._ghost_pop(0, eid),
-                                    self.capacity_bytes)
+            self.target_bytes = min(
+                self.target_bytes + max(b2 / b1, 1.0) * self._ghost_pop(0, eid), self.capacity_bytes
+            )
         elif eid in self.ghost2:
-            self.target_bytes = max(self.target_bytes - max(b1 / b2, 1.0) * self._ghost_pop(1, eid),
-                                    0.0)
+            self.target_bytes = max(
+                self.target_bytes - max(b1 / b2, 1.0) * self._ghost_pop(1, eid), 0.0
+            )
         if eid in self.evicted:  # a miss: stored again, into T1
             self.evicted.discard(eid)
         else:  # a hit: T1 -> T2 (or MRU of T2)
@@ -159,26 +175,28 @@ class ArcPolicy(_TracksEvictions):
             while g and self.ghost_bytes[w] > self.capacity_bytes:
                 self.ghost_bytes[w] -= g.popitem(last=False)[1]
 
-    def order(self, entries: Sequence[CacheEntry], now_us: int) -> list[CacheEntry]:
+    def prepare(self, entries: Sequence[CacheEntry], now_us: int) -> None:
+        """REPLACE over these entries: T1's least recent entries go first while T1 holds more
+        than the target, then T2, then the rest of T1 (each LRU); `t1_excess` is that first
+        run."""
         self.capacity_bytes = max(self.capacity_bytes, float(sum(e.num_bytes for e in entries)))
-        lru = lambda e: (e.last_used_us, e.entry_id)  # noqa: E731
-        t1 = sorted((e for e in entries if e.entry_id not in self.frequent), key=lru)
-        t2 = sorted((e for e in entries if e.entry_id in self.frequent), key=lru)
+        t1 = sorted(
+            (e for e in entries if e.entry_id not in self.frequent),
+            key=lambda e: (e.last_used_us, e.entry_id),
+        )
         t1_bytes = float(sum(e.num_bytes for e in t1))
-        out: list[CacheEntry] = []
-        i = j = 0
-        while i < len(t1) or j < len(t2):
-            if i < len(t1) and (t1_bytes > self.target_bytes or j == len(t2)):
-                out.append(t1[i])
-                t1_bytes -= t1[i].num_bytes
-                i += 1
-            else:
-                out.append(t2[j])
-                j += 1
-        return out
+        self.t1_excess.clear()
+        for e in t1:
+            if t1_bytes <= self.target_bytes:
+                break
+            self.t1_excess.add(e.entry_id)
+            t1_bytes -= e.num_bytes
 
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
-        return (int(entry.entry_id in self.frequent), entry.last_used_us, entry.entry_id)
+        """T1 beyond the target, then T2, then the rest of T1; least recently used first."""
+        eid = entry.entry_id
+        segment = 1 if eid in self.frequent else 0 if eid in self.t1_excess else 2
+        return (segment, entry.last_used_us, eid)
 
 
 @register("gdsf")

@@ -23,17 +23,22 @@ class CoverProblem:
     parents: tuple[int, ...] = ()
 
     @staticmethod
-    def of(sizes: Sequence[int], costs: Sequence[float], need: int,
-           chains: Sequence[Sequence[int]] | None = None,
-           parents: Sequence[int] | None = None) -> CoverProblem:
+    def of(
+        sizes: Sequence[int],
+        costs: Sequence[float],
+        need: int,
+        chains: Sequence[Sequence[int]] | None = None,
+        parents: Sequence[int] | None = None,
+    ) -> CoverProblem:
         """Build and check a problem; chains default to one per item (whole-session entries)."""
         n = len(sizes)
         if len(costs) != n:
             raise ValueError(f"{n} sizes but {len(costs)} costs")
         if any(s <= 0 for s in sizes) or any(not c >= 0 for c in costs):
             raise ValueError("sizes must be > 0 and costs >= 0 (and not NaN)")
-        groups = tuple(tuple(c) for c in chains) if chains is not None else tuple(
-            (i,) for i in range(n))
+        groups = (
+            tuple(tuple(c) for c in chains) if chains is not None else tuple((i,) for i in range(n))
+        )
         flat = sorted(i for g in groups for i in g)
         if flat != list(range(n)) or any(len(g) == 0 for g in groups):
             raise ValueError("chains must partition the item indices 0..n-1 without empty chains")
@@ -42,8 +47,9 @@ class CoverProblem:
             raise ValueError("parents must give one chain index (or -1) per chain, without cycles")
         if all(p < 0 for p in links):
             links = ()
-        return CoverProblem(tuple(int(s) for s in sizes), tuple(float(c) for c in costs),
-                            int(need), groups, links)
+        return CoverProblem(
+            tuple(int(s) for s in sizes), tuple(float(c) for c in costs), int(need), groups, links
+        )
 
     @property
     def total_size(self) -> int:
@@ -55,7 +61,7 @@ class CoverProblem:
         picked = set(chosen)
         for chain in self.chains:
             flags = [i in picked for i in chain]
-            if any(flags) and not all(flags[flags.index(True):]):
+            if any(flags) and not all(flags[flags.index(True) :]):
                 return False
         for g, p in enumerate(self.parents):
             if p >= 0 and self.chains[p][-1] in picked and self.chains[g][0] not in picked:

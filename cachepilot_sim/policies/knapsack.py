@@ -62,7 +62,7 @@ def solve_dp(p: CoverProblem) -> CoverSolution:
     for g in range(len(p.chains) - 1, -1, -1):
         k = int(picks[g, c])
         if k:
-            tail = p.chains[g][len(p.chains[g]) - k:]
+            tail = p.chains[g][len(p.chains[g]) - k :]
             chosen.extend(tail)
             c = max(c - sum(p.sizes[i] for i in tail) // unit, 0)
     chosen.sort()
@@ -118,7 +118,7 @@ def _solve_forest_dp(p: CoverProblem) -> CoverSolution:
     def collect(g: int, u: int, out: list[int]) -> None:
         k = int(cut[g][u])
         if k:  # every chain below goes whole, then g's tail of k items
-            out.extend(p.chains[g][len(p.chains[g]) - k:])
+            out.extend(p.chains[g][len(p.chains[g]) - k :])
             for h in kids[g]:
                 _all_below(h, out)
             return
@@ -179,8 +179,13 @@ def solve_milp(p: CoverProblem, time_limit_s: float = 1.0) -> CoverSolution:
     if num_rows:
         a = coo_array((vals, (rows, cols)), shape=(num_rows, n)).tocsr()
         constraints.append(LinearConstraint(a, lb=-np.inf, ub=0.0))
-    res = milp(np.array(p.costs), constraints=constraints, integrality=np.ones(n),
-               bounds=Bounds(0, 1), options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9})
+    res = milp(
+        np.array(p.costs),
+        constraints=constraints,
+        integrality=np.ones(n),
+        bounds=Bounds(0, 1),
+        options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9},
+    )
     if res.x is None:  # no incumbent within the limit: fall back to the greedy set
         fallback = tuple(greedy_by_ratio(p))
         bound = float(getattr(res, "mip_dual_bound", 0.0) or 0.0)
@@ -193,8 +198,9 @@ def solve_milp(p: CoverProblem, time_limit_s: float = 1.0) -> CoverSolution:
     return CoverSolution(chosen, cost, True, optimal, bound, "milp")
 
 
-def solve_exact(p: CoverProblem, time_limit_s: float = 1.0,
-                max_dp_cells: int = DEFAULT_MAX_DP_CELLS) -> CoverSolution:
+def solve_exact(
+    p: CoverProblem, time_limit_s: float = 1.0, max_dp_cells: int = DEFAULT_MAX_DP_CELLS
+) -> CoverSolution:
     """DP when (need in gcd units) x items is at most `max_dp_cells`, else the MILP."""
     if p.need <= 0 or p.total_size < p.need:
         return solve_dp(p)

@@ -21,8 +21,9 @@ from cachepilot_sim.policies.perc import PercPolicy
 from cachepilot_sim.policies.reuse import GapEstimator
 
 
-def expected_costs(estimator: GapEstimator, entries: Sequence[CacheEntry],
-                   now_us: int) -> np.ndarray:
+def expected_costs(
+    estimator: GapEstimator, entries: Sequence[CacheEntry], now_us: int
+) -> np.ndarray:
     """P(resume within delta) x restore_us per entry (µs), vectorised."""
     n = len(entries)
     gap = np.fromiter((e.gap_ema_us for e in entries), dtype=np.float64, count=n)
@@ -31,9 +32,13 @@ def expected_costs(estimator: GapEstimator, entries: Sequence[CacheEntry],
     return estimator.resume_probabilities(gap, idle) * restore
 
 
-def cover_problem(entries: Sequence[CacheEntry], costs: np.ndarray, bytes_needed: int,
-                  chains: Chains | None = None,
-                  parents: Sequence[int] | None = None) -> CoverProblem:
+def cover_problem(
+    entries: Sequence[CacheEntry],
+    costs: np.ndarray,
+    bytes_needed: int,
+    chains: Chains | None = None,
+    parents: Sequence[int] | None = None,
+) -> CoverProblem:
     """The decision as a covering knapsack over `entries`.
 
     chains: positions in `entries` grouped root first, where only a tail may be evicted (blocks
@@ -57,17 +62,29 @@ class OraclePolicy(PercPolicy):
         self.num_not_proven = 0
         self.worst_bound_gap = 0.0
 
-    def solve(self, entries: Sequence[CacheEntry], bytes_needed: int, now_us: int,
-              chains: Chains | None = None,
-              parents: Sequence[int] | None = None) -> CoverSolution:
+    def solve(
+        self,
+        entries: Sequence[CacheEntry],
+        bytes_needed: int,
+        now_us: int,
+        chains: Chains | None = None,
+        parents: Sequence[int] | None = None,
+    ) -> CoverSolution:
         """Exact least-expected-cost cover; `chains`, `parents` as in `cover_problem`."""
         costs = expected_costs(self.estimator, entries, now_us)
-        return solve_exact(cover_problem(entries, costs, bytes_needed, chains, parents),
-                           self.cfg.oracle_time_limit_s)
+        return solve_exact(
+            cover_problem(entries, costs, bytes_needed, chains, parents),
+            self.cfg.oracle_time_limit_s,
+        )
 
-    def select_victims(self, entries: Sequence[CacheEntry], bytes_needed: int,
-                       now_us: int, chains: Chains | None = None,
-                       parents: Sequence[int] | None = None) -> list[CacheEntry]:
+    def select_victims(
+        self,
+        entries: Sequence[CacheEntry],
+        bytes_needed: int,
+        now_us: int,
+        chains: Chains | None = None,
+        parents: Sequence[int] | None = None,
+    ) -> list[CacheEntry]:
         if bytes_needed <= 0 or not entries:
             return []
         sol = self.solve(entries, bytes_needed, now_us, chains, parents)
@@ -78,9 +95,11 @@ class OraclePolicy(PercPolicy):
         return [entries[i] for i in sol.chosen]
 
     def metrics(self) -> dict[str, float]:
-        return {"oracle_decisions": self.num_decisions,
-                "oracle_not_proven": self.num_not_proven,
-                "oracle_worst_bound_gap": self.worst_bound_gap}
+        return {
+            "oracle_decisions": self.num_decisions,
+            "oracle_not_proven": self.num_not_proven,
+            "oracle_worst_bound_gap": self.worst_bound_gap,
+        }
 
 
 class ShadowOracle:
@@ -114,16 +133,23 @@ class ShadowOracle:
     def on_evict(self, entry: CacheEntry, now_us: int) -> None:
         self.inner.on_evict(entry, now_us)
 
-    def select_victims(self, entries: Sequence[CacheEntry], bytes_needed: int,
-                       now_us: int, chains: Chains | None = None,
-                       parents: Sequence[int] | None = None) -> list[CacheEntry]:
+    def select_victims(
+        self,
+        entries: Sequence[CacheEntry],
+        bytes_needed: int,
+        now_us: int,
+        chains: Chains | None = None,
+        parents: Sequence[int] | None = None,
+    ) -> list[CacheEntry]:
         # Score on the state the policy sees; the oracle must not change the policy's inputs.
         victims = self.inner.select_victims(entries, bytes_needed, now_us, chains, parents)
         if bytes_needed <= 0 or not entries:
             return victims
         costs = expected_costs(self.estimator, entries, now_us)
-        best = solve_exact(cover_problem(entries, costs, bytes_needed, chains, parents),
-                           self.oracle.cfg.oracle_time_limit_s)
+        best = solve_exact(
+            cover_problem(entries, costs, bytes_needed, chains, parents),
+            self.oracle.cfg.oracle_time_limit_s,
+        )
         index = {e.entry_id: i for i, e in enumerate(entries)}
         chosen = [index[v.entry_id] for v in victims]
         paid = float(costs[chosen].sum()) if chosen else 0.0

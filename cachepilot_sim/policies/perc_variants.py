@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from cachepilot_sim.config import PolicyConfig
+from cachepilot_sim.config import PolicyConfig, bounded
 from cachepilot_sim.policies.base import CacheEntry, Chains, KeyScope, RankingPolicy, register
 from cachepilot_sim.policies.knapsack import CoverProblem
 from cachepilot_sim.policies.knapsack_greedy import greedy_by_ratio, greedy_plus_one
@@ -27,9 +28,14 @@ class PercPlusOnePolicy(PercPolicy):
     name = "perc_plus1"
     key_scope = KeyScope.SET  # its own select: the +1 step looks at every entry
 
-    def select_victims(self, entries: Sequence[CacheEntry], bytes_needed: int,
-                       now_us: int, chains: Chains | None = None,
-                       parents: Sequence[int] | None = None) -> list[CacheEntry]:
+    def select_victims(
+        self,
+        entries: Sequence[CacheEntry],
+        bytes_needed: int,
+        now_us: int,
+        chains: Chains | None = None,
+        parents: Sequence[int] | None = None,
+    ) -> list[CacheEntry]:
         if bytes_needed <= 0 or not entries:
             return []
         costs = expected_costs(self.estimator, entries, now_us)
@@ -113,7 +119,16 @@ def _survival_at(times: np.ndarray, surv: np.ndarray, t: np.ndarray) -> np.ndarr
     return np.where(idx == 0, 1.0, surv[np.maximum(idx - 1, 0)])
 
 
-@register("perc_hazard")
+@dataclass
+class PercHazardConfig(PolicyConfig):
+    """PERC-hazard's knob: idle gaps kept per workload class for the survival estimate (oldest
+    dropped)."""
+
+    name: str = "perc_hazard"
+    hazard_max_gaps: int = bounded(512, gt=0)
+
+
+@register("perc_hazard", config=PercHazardConfig)
 class PercHazardPolicy(RankingPolicy):
     """PERC with P(resume within delta | idle t) = 1 - S(t + delta) / S(t) per workload class."""
 
@@ -121,11 +136,13 @@ class PercHazardPolicy(RankingPolicy):
 
     def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
         super().__init__(cfg, estimator)
+        assert isinstance(cfg, PercHazardConfig), type(cfg)  # the registry pairs them
+        self.max_gaps = cfg.hazard_max_gaps
         self.classes: dict[int, SurvivalEstimate] = {}
 
     def _estimate(self, class_index: int) -> SurvivalEstimate:
         if class_index not in self.classes:
-            self.classes[class_index] = SurvivalEstimate(self.cfg.hazard_max_gaps)
+            self.classes[class_index] = SurvivalEstimate(self.max_gaps)
         return self.classes[class_index]
 
     def on_release(self, entry: CacheEntry, now_us: int) -> None:

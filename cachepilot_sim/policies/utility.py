@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-import numpy as np
-
-from cachepilot_sim.config import PolicyConfig
+from cachepilot_sim.config import PolicyConfig, bounded
 from cachepilot_sim.policies.base import (
     CacheEntry,
     Chains,
@@ -33,28 +32,49 @@ from cachepilot_sim.policies.base import (
 from cachepilot_sim.policies.reuse import GapEstimator
 
 
-def _minmax(v: np.ndarray) -> np.ndarray:
-    span = float(v.max() - v.min()) if v.size else 0.0
-    return np.zeros_like(v) if span <= 0 else (v - v.min()) / span
+@dataclass
+class MarconiConfig(PolicyConfig):
+    """Marconi's knob: the weight of FLOP efficiency against recency in the utility."""
+
+    name: str = "marconi"
+    flop_weight: float = bounded(1.0, ge=0)
 
 
-@register("marconi")
+@register("marconi", config=MarconiConfig)
 class MarconiPolicy(RankingPolicy):
     name = "marconi"
 
-    def utilities(self, entries: Sequence[CacheEntry]) -> np.ndarray:
-        recency = np.array([e.last_used_us for e in entries], dtype=np.float64)
-        flops = np.array([e.recompute_us / max(e.num_bytes, 1) for e in entries])
-        return _minmax(recency) + self.cfg.flop_weight * _minmax(flops)
+    def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
+        super().__init__(cfg, estimator)
+        assert isinstance(cfg, MarconiConfig), type(cfg)  # the registry pairs them
+        self.flop_weight = cfg.flop_weight
+        self.recency_range = self.flops_range = (0.0, 0.0)  # (min, span) over the candidates
 
-    def order(self, entries: Sequence[CacheEntry], now_us: int) -> list[CacheEntry]:
-        u = self.utilities(entries)
-        ranked = sorted(range(len(entries)), key=lambda i: (u[i], entries[i].entry_id))
-        return [entries[i] for i in ranked]
+    def prepare(self, entries: Sequence[CacheEntry], now_us: int) -> None:
+        """Both terms are min-max normalised over the candidates: record their ranges."""
+        self.recency_range = _range([float(e.last_used_us) for e in entries])
+        self.flops_range = _range([_flops(e) for e in entries])
 
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
-        # Alone, an entry has no normalisation range: report its raw FLOP efficiency.
-        return (entry.recompute_us / max(entry.num_bytes, 1), entry.entry_id)
+        """Lowest utility first: normalised recency + flop_weight x normalised FLOP efficiency."""
+        recency = _scaled(float(entry.last_used_us), self.recency_range)
+        flops = _scaled(_flops(entry), self.flops_range)
+        return (recency + self.flop_weight * flops, entry.entry_id)
+
+
+def _flops(entry: CacheEntry) -> float:
+    """Recompute work saved per byte kept (recompute_us stands in for FLOPs)."""
+    return entry.recompute_us / max(entry.num_bytes, 1)
+
+
+def _range(values: list[float]) -> tuple[float, float]:
+    """(minimum, span) of `values`; span 0 when empty or constant."""
+    return (min(values), max(values) - min(values)) if values else (0.0, 0.0)
+
+
+def _scaled(value: float, value_range: tuple[float, float]) -> float:
+    low, span = value_range
+    return 0.0 if span <= 0 else (value - low) / span
 
 
 class _ClassReuse:
@@ -102,25 +122,44 @@ class WildPolicy(RankingPolicy):
         return (self.reuse_probability(entry, now_us), entry.last_used_us, entry.entry_id)
 
 
-@register("tlru")
+@dataclass
+class TlruConfig(PolicyConfig):
+    """T-LRU's knob: restore time (ms) under which losing a session's KV cannot breach the TTFT
+    tail target."""
+
+    name: str = "tlru"
+    tlru_threshold_ms: float = bounded(200.0, ge=0)
+
+
+@register("tlru", config=TlruConfig)
 class TailLruPolicy(RankingPolicy):
     """Entries whose restore fits within `tlru_threshold_ms` first, each group LRU."""
 
     name = "tlru"
 
+    def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
+        super().__init__(cfg, estimator)
+        assert isinstance(cfg, TlruConfig), type(cfg)  # the registry pairs them
+        self.threshold_us = cfg.tlru_threshold_ms * 1000.0
+
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
-        matters = int(entry.restore_us > self.cfg.tlru_threshold_ms * 1000.0)
+        matters = int(entry.restore_us > self.threshold_us)
         return (matters, entry.last_used_us, entry.entry_id)
 
-    def select_victims(self, entries: Sequence[CacheEntry], bytes_needed: int, now_us: int,
-                       chains: Chains | None = None,
-                       parents: Sequence[int] | None = None) -> list[CacheEntry]:
+    def select_victims(
+        self,
+        entries: Sequence[CacheEntry],
+        bytes_needed: int,
+        now_us: int,
+        chains: Chains | None = None,
+        parents: Sequence[int] | None = None,
+    ) -> list[CacheEntry]:
         """On chains: a block matters when a next turn through it would restore more than the
         target if the chain were cut down to it (it, the blocks after it, and the longest path
         through the chains below); excess tails go first, each class LRU."""
         if chains is None or bytes_needed <= 0:
             return super().select_victims(entries, bytes_needed, now_us, chains, parents)
-        limit_us = self.cfg.tlru_threshold_ms * 1000.0
+        limit_us = self.threshold_us
         below_us = [0.0] * len(chains)  # longest restore path through the chains below g
         for g in _bottom_up(parents, len(chains)):
             path_us = below_us[g] + sum(entries[i].restore_us for i in chains[g])

@@ -128,8 +128,13 @@ def default_param(frame: pl.DataFrame, overrides: list[str]) -> str | None:
     return None
 
 
-def collect(sweep_dir: Path, out_dir: Path | None = None, metric: str = "realized_restore_s",
-            param: str | None = None, fmt: str = "png") -> dict[str, Any]:
+def collect(
+    sweep_dir: Path,
+    out_dir: Path | None = None,
+    metric: str = "realized_restore_s",
+    param: str | None = None,
+    fmt: str = "png",
+) -> dict[str, Any]:
     """Write the table, the job list and the plot. Returns `jobs` and `failed` (dicts of job,
     status, error) and, when a job completed, `table`, `parquet`, `params` (override keys) and
     `plot` (when a parameter to plot against was given or found)."""
@@ -177,8 +182,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cachepilot_sim.tools.collect: {err}", file=sys.stderr)
         return 2
     n_ok = sum(j["status"] == "complete" for j in result["jobs"])
-    print(f"collected {n_ok} of {len(result['jobs'])} jobs"
-          + (f" -> {result['parquet']}" if "parquet" in result else " (no complete job)"))
+    print(
+        f"collected {n_ok} of {len(result['jobs'])} jobs"
+        + (f" -> {result['parquet']}" if "parquet" in result else " (no complete job)")
+    )
     if "plot" in result:
         print(f"plot: {result['plot']}")
     for job in result["failed"]:

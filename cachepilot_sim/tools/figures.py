@@ -45,23 +45,41 @@ def tier_timeline(trace: pl.LazyFrame) -> pl.DataFrame:
     """GB per tier over time: gpu = KV pool bytes used + in flight (iteration rows), cpu = CPU
     store bytes, flight = bytes being copied either way (running sums over copy events)."""
     b = pl.col("bytes")
-    delta = trace.filter(K.is_in(["evict_offload", "offload_done", "reload_start", "reload_done",
-                                  "evict_drop"])).sort("seq").select(
-        "t_us",
-        pl.when(K == "evict_offload").then(b).when(K == "reload_done").then(-b)
-        .when((K == "evict_drop") & (pl.col("tier") == "cpu")).then(-b).otherwise(0)
-        .cum_sum().alias("cpu"),
-        pl.when(K.is_in(["evict_offload", "reload_start"])).then(b)
-        .when(K.is_in(["offload_done", "reload_done"])).then(-b).otherwise(0)
-        .cum_sum().alias("flight"),
+    delta = (
+        trace.filter(
+            K.is_in(["evict_offload", "offload_done", "reload_start", "reload_done", "evict_drop"])
+        )
+        .sort("seq")
+        .select(
+            "t_us",
+            pl.when(K == "evict_offload")
+            .then(b)
+            .when(K == "reload_done")
+            .then(-b)
+            .when((K == "evict_drop") & (pl.col("tier") == "cpu"))
+            .then(-b)
+            .otherwise(0)
+            .cum_sum()
+            .alias("cpu"),
+            pl.when(K.is_in(["evict_offload", "reload_start"]))
+            .then(b)
+            .when(K.is_in(["offload_done", "reload_done"]))
+            .then(-b)
+            .otherwise(0)
+            .cum_sum()
+            .alias("flight"),
+        )
     )
     gpu = trace.filter(K == "iteration").select("t_us", b.alias("gpu"))
-    long = pl.concat([
-        gpu.unpivot(index="t_us", variable_name="tier", value_name="bytes"),
-        delta.unpivot(index="t_us", variable_name="tier", value_name="bytes"),
-    ]).collect()
-    return long.with_columns((pl.col("t_us") / 1e6).alias("time_s"),
-                             (pl.col("bytes") / 1e9).alias("GB"))
+    long = pl.concat(
+        [
+            gpu.unpivot(index="t_us", variable_name="tier", value_name="bytes"),
+            delta.unpivot(index="t_us", variable_name="tier", value_name="bytes"),
+        ]
+    ).collect()
+    return long.with_columns(
+        (pl.col("t_us") / 1e6).alias("time_s"), (pl.col("bytes") / 1e9).alias("GB")
+    )
 
 
 def _save(fig: plt.Figure, out_dir: Path, name: str, fmt: str) -> Path:
@@ -77,19 +95,35 @@ def _save(fig: plt.Figure, out_dir: Path, name: str, fmt: str) -> Path:
 def plot_vram(traces: list[tuple[str, pl.LazyFrame]]) -> plt.Figure:
     """One panel per trace: GB by tier over time; GPU evictions as ticks along the bottom."""
     traces = traces[:MAX_TIMELINES]
-    fig, axes = plt.subplots(len(traces), 1, figsize=(9, 2.6 * len(traces)), squeeze=False,
-                             sharex=True)
+    fig, axes = plt.subplots(
+        len(traces), 1, figsize=(9, 2.6 * len(traces)), squeeze=False, sharex=True
+    )
     for ax, (label, lf) in zip(axes[:, 0], traces, strict=True):
         line = tier_timeline(lf)
         # estimator=None: raw steps; seaborn's default would bootstrap a CI at every time point.
-        sns.lineplot(data=line.to_pandas(), x="time_s", y="GB", hue="tier", ax=ax,
-                     drawstyle="steps-post", hue_order=["gpu", "cpu", "flight"],
-                     estimator=None, errorbar=None, sort=False)
+        sns.lineplot(
+            data=line.to_pandas(),
+            x="time_s",
+            y="GB",
+            hue="tier",
+            ax=ax,
+            drawstyle="steps-post",
+            hue_order=["gpu", "cpu", "flight"],
+            estimator=None,
+            errorbar=None,
+            sort=False,
+        )
         # GPU evictions only (a cpu-tier evict_drop is the CPU store making room), as in the metrics
         gpu = (K == "evict_offload") | ((K == "evict_drop") & (pl.col("tier") != "cpu"))
         ev = lf.filter(gpu).select("t_us", "kind").collect()
-        ax.plot(ev["t_us"].to_numpy() / 1e6, [0.0] * ev.height, "|", color="crimson", ms=10,
-                label=f"evictions ({ev.height})")
+        ax.plot(
+            ev["t_us"].to_numpy() / 1e6,
+            [0.0] * ev.height,
+            "|",
+            color="crimson",
+            ms=10,
+            label=f"evictions ({ev.height})",
+        )
         ax.set_title(label, fontsize=9)
         ax.legend(loc="upper left", fontsize=7)
     return fig
@@ -97,11 +131,13 @@ def plot_vram(traces: list[tuple[str, pl.LazyFrame]]) -> plt.Figure:
 
 def plot_latency_cdfs(requests: pl.DataFrame) -> plt.Figure:
     done = requests.filter(pl.col("outcome") == "completed").with_columns(
-        (pl.col("ttft_us") / 1e6).alias("TTFT s"), (pl.col("tpot_us") / 1e3).alias("TPOT ms"))
+        (pl.col("ttft_us") / 1e6).alias("TTFT s"), (pl.col("tpot_us") / 1e3).alias("TPOT ms")
+    )
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     sns.ecdfplot(data=done.to_pandas(), x="TTFT s", hue="policy", ax=a, log_scale=True)
-    sns.ecdfplot(data=done.filter(pl.col("generated") > 1).to_pandas(), x="TPOT ms", hue="policy",
-                 ax=b)
+    sns.ecdfplot(
+        data=done.filter(pl.col("generated") > 1).to_pandas(), x="TPOT ms", hue="policy", ax=b
+    )
     a.set_title("TTFT CDF")
     b.set_title("TPOT CDF")
     return fig
@@ -110,10 +146,17 @@ def plot_latency_cdfs(requests: pl.DataFrame) -> plt.Figure:
 def plot_restore_by_class(requests: pl.DataFrame) -> plt.Figure:
     """Realized restore seconds (reload + recompute) per workload class, mean over seeds."""
     per = requests.group_by("policy", "seed", "workload_class").agg(
-        ((pl.col("reload_us") + pl.col("recompute_us")).sum() / 1e6).alias("restore s"))
+        ((pl.col("reload_us") + pl.col("recompute_us")).sum() / 1e6).alias("restore s")
+    )
     fig, ax = plt.subplots(figsize=(8, 4))
-    sns.barplot(data=per.sort("workload_class", "policy").to_pandas(), x="workload_class",
-                y="restore s", hue="policy", errorbar="sd", ax=ax)
+    sns.barplot(
+        data=per.sort("workload_class", "policy").to_pandas(),
+        x="workload_class",
+        y="restore s",
+        hue="policy",
+        errorbar="sd",
+        ax=ax,
+    )
     ax.set_title("realized restore cost by workload class (bars: mean over seeds, whiskers: sd)")
     return fig
 
@@ -122,8 +165,15 @@ def plot_gap_estimates(gaps: pl.DataFrame) -> plt.Figure:
     """Predicted gap (1/lambda of the reuse estimator) against the true gap, log-log."""
     fig, ax = plt.subplots(figsize=(5.5, 5))
     if gaps.height:
-        sns.scatterplot(data=gaps.to_pandas(), x="true gap s", y="predicted gap s",
-                        hue="policy", s=12, alpha=0.6, ax=ax)
+        sns.scatterplot(
+            data=gaps.to_pandas(),
+            x="true gap s",
+            y="predicted gap s",
+            hue="policy",
+            s=12,
+            alpha=0.6,
+            ax=ax,
+        )
         both = gaps.select(pl.concat_list("true gap s", "predicted gap s").explode())
         lo = max(float(both.min().item()), 1e-3)
         hi = float(both.max().item())
@@ -142,9 +192,15 @@ def load_runs(root: Path) -> tuple[list[tuple[str, pl.LazyFrame]], pl.DataFrame,
         tag = [pl.lit(meta.get("policy")).alias("policy"), pl.lit(meta.get("seed")).alias("seed")]
         traces.append((_label(meta, trace_dir, Path(root)), lf))
         requests.append(request_results(lf, meta).with_columns(tag))
-        gaps.append(lf.filter(K == "reuse_gap").select(
-            (pl.col("value") / 1e6).alias("true gap s"),
-            (pl.col("score") / 1e6).alias("predicted gap s"), *tag).collect())
+        gaps.append(
+            lf.filter(K == "reuse_gap")
+            .select(
+                (pl.col("value") / 1e6).alias("true gap s"),
+                (pl.col("score") / 1e6).alias("predicted gap s"),
+                *tag,
+            )
+            .collect()
+        )
     if not traces:
         raise TraceError(f"{root}: no complete trace folder (trace/<policy>_seed<k>/meta.json)")
     return traces, pl.concat(requests), pl.concat(gaps)
@@ -153,21 +209,31 @@ def load_runs(root: Path) -> tuple[list[tuple[str, pl.LazyFrame]], pl.DataFrame,
 def run_figures(root: Path, out_dir: Path, fmt: str = "png") -> list[Path]:
     """Draw and save the four run figures; returns their paths."""
     traces, requests, gaps = load_runs(root)
-    return [_save(plot_vram(traces), out_dir, "vram_by_tier", fmt),
-            _save(plot_latency_cdfs(requests), out_dir, "latency_cdfs", fmt),
-            _save(plot_restore_by_class(requests), out_dir, "restore_by_class", fmt),
-            _save(plot_gap_estimates(gaps), out_dir, "gap_estimates", fmt)]
+    return [
+        _save(plot_vram(traces), out_dir, "vram_by_tier", fmt),
+        _save(plot_latency_cdfs(requests), out_dir, "latency_cdfs", fmt),
+        _save(plot_restore_by_class(requests), out_dir, "restore_by_class", fmt),
+        _save(plot_gap_estimates(gaps), out_dir, "gap_estimates", fmt),
+    ]
 
 
-def metric_vs_param(frame: pl.DataFrame, metric: str, param: str, out_dir: Path,
-                    fmt: str = "png", hue: str = "policy") -> Path:
+def metric_vs_param(
+    frame: pl.DataFrame,
+    metric: str,
+    param: str,
+    out_dir: Path,
+    fmt: str = "png",
+    hue: str = "policy",
+) -> Path:
     """Save `fig_metric_vs_param` as `<metric>_vs_<param>.<fmt>`."""
-    return _save(fig_metric_vs_param(frame, metric, param, hue), out_dir,
-                 f"{metric}_vs_{param}", fmt)
+    return _save(
+        fig_metric_vs_param(frame, metric, param, hue), out_dir, f"{metric}_vs_{param}", fmt
+    )
 
 
-def fig_metric_vs_param(frame: pl.DataFrame, metric: str, param: str,
-                        hue: str = "policy") -> plt.Figure:
+def fig_metric_vs_param(
+    frame: pl.DataFrame, metric: str, param: str, hue: str = "policy"
+) -> plt.Figure:
     """Mean of `metric` against `param` per policy, band = sd over seeds, dots = single seeds."""
     data = frame.select(param, metric, *([hue] if hue in frame.columns else [])).to_pandas()
     hue_arg = hue if hue in data.columns else None

@@ -30,8 +30,14 @@ from cachepilot_sim.config import ConfigError, WorkloadClass, WorkloadConfig
 from cachepilot_sim.workloads.datasets import DatasetError, DatasetFormat, read_messages
 from cachepilot_sim.workloads.tokens import TokenCounter, make_counter
 
-KEYS = {"path": "", "format": "auto", "tokenizer": "auto", "out": "", "name": "",
-        "max_records": "0"}
+KEYS = {
+    "path": "",
+    "format": "auto",
+    "tokenizer": "auto",
+    "out": "",
+    "name": "",
+    "max_records": "0",
+}
 SERIES = ("prompt_tokens", "new_prompt_tokens", "response_tokens", "total_tokens")
 
 
@@ -39,13 +45,16 @@ def requests_of(messages: pl.DataFrame, counter: TokenCounter) -> pl.DataFrame:
     """One row per assistant message: context, new prompt, response and total tokens."""
     tokens = counter.count(messages["text"].to_list())
     answer = pl.col("role") == "assistant"
-    msgs = (messages.with_columns(pl.Series("tokens", tokens, dtype=pl.Int64))
-            .sort("conversation", "position")
-            .with_columns(
-                (pl.col("tokens").cum_sum() - pl.col("tokens")).over("conversation")
-                .alias("before"),
-                (answer.cast(pl.Int64).cum_sum() - answer.cast(pl.Int64)).over("conversation")
-                .alias("segment")))
+    msgs = (
+        messages.with_columns(pl.Series("tokens", tokens, dtype=pl.Int64))
+        .sort("conversation", "position")
+        .with_columns(
+            (pl.col("tokens").cum_sum() - pl.col("tokens")).over("conversation").alias("before"),
+            (answer.cast(pl.Int64).cum_sum() - answer.cast(pl.Int64))
+            .over("conversation")
+            .alias("segment"),
+        )
+    )
     reqs = msgs.group_by("conversation", "segment", maintain_order=True).agg(
         pl.col("before").min().alias("context_tokens"),
         pl.col("tokens").filter(pl.col("role") == "user").sum().alias("new_prompt_tokens"),
@@ -53,19 +62,25 @@ def requests_of(messages: pl.DataFrame, counter: TokenCounter) -> pl.DataFrame:
         answer.any().alias("answered"),
     )
     reqs = reqs.filter(pl.col("answered")).with_columns(
-        (pl.col("context_tokens") + pl.col("new_prompt_tokens")).alias("prompt_tokens"))
+        (pl.col("context_tokens") + pl.col("new_prompt_tokens")).alias("prompt_tokens")
+    )
     reqs = reqs.filter(pl.col("prompt_tokens") > 0)
     return reqs.with_columns(
-        (pl.col("prompt_tokens") + pl.col("response_tokens")).alias("total_tokens"))
+        (pl.col("prompt_tokens") + pl.col("response_tokens")).alias("total_tokens")
+    )
 
 
 def describe(values: np.ndarray) -> dict[str, float]:
     v = values.astype(np.float64)
     pos = v[v > 0]
     return {
-        "count": int(v.size), "mean": float(v.mean()), "std": float(v.std()),
-        "p50": float(np.percentile(v, 50)), "p90": float(np.percentile(v, 90)),
-        "p99": float(np.percentile(v, 99)), "max": float(v.max()),
+        "count": int(v.size),
+        "mean": float(v.mean()),
+        "std": float(v.std()),
+        "p50": float(np.percentile(v, 50)),
+        "p90": float(np.percentile(v, 90)),
+        "p99": float(np.percentile(v, 99)),
+        "max": float(v.max()),
         "lognormal_sigma": float(np.log(pos).std()) if pos.size > 1 else 0.0,
     }
 
@@ -74,7 +89,8 @@ def workload_from(stats: dict[str, Any], name: str) -> WorkloadConfig:
     """A one-class synthetic workload with the measured distributions (validated)."""
     new, out = stats["new_prompt_tokens"], stats["response_tokens"]
     cls = WorkloadClass(
-        share=1.0, prompt_tokens_mean=round(max(new["mean"], 1.0), 1),
+        share=1.0,
+        prompt_tokens_mean=round(max(new["mean"], 1.0), 1),
         prompt_tokens_sigma=round(new["lognormal_sigma"], 3),
         output_tokens_mean=round(max(out["mean"], 1.0), 1),
         output_tokens_sigma=round(out["lognormal_sigma"], 3),
@@ -102,9 +118,11 @@ def workload_yaml(wl: WorkloadConfig, source: str, counter: TokenCounter) -> str
 def histogram_svg(series: dict[str, np.ndarray], title: str) -> str:
     """Log10-binned histograms, one panel per series (plain SVG: no plotting dependency)."""
     width, panel_h, pad = 640, 150, 40
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
-             f'height="{panel_h * len(series) + pad}" font-family="sans-serif" font-size="11">',
-             f'<text x="10" y="18" font-size="13">{title}</text>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
+        f'height="{panel_h * len(series) + pad}" font-family="sans-serif" font-size="11">',
+        f'<text x="10" y="18" font-size="13">{title}</text>',
+    ]
     edges = np.linspace(0, 6, 49)  # 1 .. 1e6 tokens
     for k, (name, values) in enumerate(series.items()):
         top = pad + k * panel_h
@@ -113,13 +131,17 @@ def histogram_svg(series: dict[str, np.ndarray], title: str) -> str:
         bar_w = (width - 80) / counts.size
         for i, c in enumerate(counts.tolist()):
             h = (panel_h - 40) * c / peak
-            parts.append(f'<rect x="{60 + i * bar_w:.1f}" y="{top + panel_h - 25 - h:.1f}" '
-                         f'width="{bar_w - 1:.1f}" height="{h:.1f}" fill="#4477aa"/>')
+            parts.append(
+                f'<rect x="{60 + i * bar_w:.1f}" y="{top + panel_h - 25 - h:.1f}" '
+                f'width="{bar_w - 1:.1f}" height="{h:.1f}" fill="#4477aa"/>'
+            )
         for decade in range(7):
             x = 60 + decade * 8 * bar_w
             parts.append(f'<text x="{x:.0f}" y="{top + panel_h - 10}">1e{decade}</text>')
-        parts.append(f'<text x="60" y="{top + 8}">{name} (n={values.size}, '
-                     f'mean {values.mean():.0f}, p50 {np.median(values):.0f})</text>')
+        parts.append(
+            f'<text x="60" y="{top + 8}">{name} (n={values.size}, '
+            f"mean {values.mean():.0f}, p50 {np.median(values):.0f})</text>"
+        )
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
@@ -131,8 +153,9 @@ def _write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def profile(path: Path, fmt: str, tokenizer: str, out: Path, name: str,
-            max_records: int) -> dict[str, Any]:
+def profile(
+    path: Path, fmt: str, tokenizer: str, out: Path, name: str, max_records: int
+) -> dict[str, Any]:
     """Measure, then write profile.json, tokens.svg and workload/<name>.yaml under `out`."""
     counter = make_counter(tokenizer)
     messages, used, skipped = read_messages(path, DatasetFormat(fmt), max_records)
@@ -143,11 +166,18 @@ def profile(path: Path, fmt: str, tokenizer: str, out: Path, name: str,
     turns = reqs.group_by("conversation").len()["len"].to_numpy()
     stats["turns_per_conversation"] = describe(turns)
     wl = workload_from(stats, name)
-    summary = {"source": str(path), "format": str(used), "tokenizer": counter.name,
-               "tokenizer_exact": counter.exact, "conversations": int(turns.size),
-               "requests": reqs.height, "messages": messages.height,
-               "skipped_messages": skipped, "distributions": stats,
-               "workload_file": f"workload/{name}.yaml"}
+    summary = {
+        "source": str(path),
+        "format": str(used),
+        "tokenizer": counter.name,
+        "tokenizer_exact": counter.exact,
+        "conversations": int(turns.size),
+        "requests": reqs.height,
+        "messages": messages.height,
+        "skipped_messages": skipped,
+        "distributions": stats,
+        "workload_file": f"workload/{name}.yaml",
+    }
     _write(out / "profile.json", json.dumps(summary, indent=1, allow_nan=False) + "\n")
     series = {k: reqs[k].to_numpy() for k in ("prompt_tokens", "response_tokens", "total_tokens")}
     _write(out / "tokens.svg", histogram_svg(series, f"{path.name}: tokens per request"))
@@ -178,14 +208,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"profile_dataset: {err}", file=sys.stderr)
         return 2
     d = summary["distributions"]
-    print(f"{summary['requests']} requests in {summary['conversations']} conversations "
-          f"({summary['tokenizer']}); skipped messages: {summary['skipped_messages'] or 'none'}")
+    print(
+        f"{summary['requests']} requests in {summary['conversations']} conversations "
+        f"({summary['tokenizer']}); skipped messages: {summary['skipped_messages'] or 'none'}"
+    )
     for key in (*SERIES, "turns_per_conversation"):
         s = d[key]
-        print(f"  {key:24s} mean {s['mean']:9.1f}  p50 {s['p50']:8.0f}  p90 {s['p90']:8.0f}  "
-              f"p99 {s['p99']:8.0f}  max {s['max']:8.0f}")
-    print(f"wrote {out}/profile.json, tokens.svg, workload/{name}.yaml; run it with:\n"
-          f"  python -m cachepilot_sim 'hydra.searchpath=[file://{out.resolve()}]' workload={name}")
+        print(
+            f"  {key:24s} mean {s['mean']:9.1f}  p50 {s['p50']:8.0f}  p90 {s['p90']:8.0f}  "
+            f"p99 {s['p99']:8.0f}  max {s['max']:8.0f}"
+        )
+    print(
+        f"wrote {out}/profile.json, tokens.svg, workload/{name}.yaml; run it with:\n"
+        f"  python -m cachepilot_sim 'hydra.searchpath=[file://{out.resolve()}]' workload={name}"
+    )
     assert math.isfinite(d["total_tokens"]["mean"])
     return 0
 

@@ -44,8 +44,13 @@ from cachepilot_sim.cost.roofline import (
 )
 from cachepilot_sim.tools import CONF_DIR
 
-DEFAULTS = {"model": "llama3_8b", "context_tokens": "2048", "batch": "0",
-            "activation_reserve_gb": str(KVConfig().activation_reserve_bytes / GB), "gpus": ""}
+DEFAULTS = {
+    "model": "llama3_8b",
+    "context_tokens": "2048",
+    "batch": "0",
+    "activation_reserve_gb": str(KVConfig().activation_reserve_bytes / GB),
+    "gpus": "",
+}
 
 
 def _load(cls: type, path: Path) -> Any:
@@ -94,7 +99,8 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
         key, sep, value = arg.partition("=")
         if not sep or key not in DEFAULTS:
             raise ConfigError(
-                f"argument {arg!r}: expected key=value with key in {sorted(DEFAULTS)}")
+                f"argument {arg!r}: expected key=value with key in {sorted(DEFAULTS)}"
+            )
         values[key] = value
     out: dict[str, Any] = {"model": values["model"]}
     for key in ("context_tokens", "batch"):
@@ -108,19 +114,26 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
         reserve_gb = float(values["activation_reserve_gb"])
     except ValueError:
         reserve_gb = -1.0
-    require(reserve_gb >= 0, "activation_reserve_gb", values["activation_reserve_gb"],
-            "must be a number >= 0")
+    require(
+        reserve_gb >= 0,
+        "activation_reserve_gb",
+        values["activation_reserve_gb"],
+        "must be a number >= 0",
+    )
     out["reserve_bytes"] = int(reserve_gb * GB)
     out["gpus"] = [g for g in values["gpus"].split(",") if g]
     return out
 
 
-def score(gpu: GpuSpecConfig, model: ModelConfig, context_tokens: int, batch: int,
-          reserve_bytes: int) -> TierScore:
+def score(
+    gpu: GpuSpecConfig, model: ModelConfig, context_tokens: int, batch: int, reserve_bytes: int
+) -> TierScore:
     """The roofline and capacity figures of one tier (batch 0: the largest FP16 batch that fits)."""
     pool = kv_pool_bytes(gpu, model, reserve_bytes)
-    tokens = {d: capacity_tokens(pool, kv_bytes_per_token(model, d.value_bytes, d.scale_bytes))
-              for d in KvDtype}
+    tokens = {
+        d: capacity_tokens(pool, kv_bytes_per_token(model, d.value_bytes, d.scale_bytes))
+        for d in KvDtype
+    }
     fp16 = kv_bytes_per_token(model, KvDtype.FP16.value_bytes)
     fits = gpu.hbm_bytes >= model.weight_bytes + reserve_bytes
     num_seqs = batch or max(1, tokens[KvDtype.FP16] // context_tokens)
@@ -134,12 +147,18 @@ def measured_rows(
     """Datasheet vs the calibrated hardware file's figures: (quantity, datasheet, measured)."""
     gpu = ts.gpu
     hw = load_hardware(gpu.calibrated_hardware)
-    rows = [("HBM GB/s (effective, decode fit)", f"{gpu.hbm_gbps:,.0f}",
-             f"{hw.hbm_bytes_per_us / 1e3:,.0f}")]
+    rows = [
+        (
+            "HBM GB/s (effective, decode fit)",
+            f"{gpu.hbm_gbps:,.0f}",
+            f"{hw.hbm_bytes_per_us / 1e3:,.0f}",
+        )
+    ]
     if gpu.calibration_num_params:
         tflops = 2.0 * gpu.calibration_num_params / hw.prefill_token_us / 1e6
-        rows.append(("dense BF16 TFLOP/s (prefill fit)", f"{gpu.bf16_dense_tflops:,.1f}",
-                     f"{tflops:,.1f}"))
+        rows.append(
+            ("dense BF16 TFLOP/s (prefill fit)", f"{gpu.bf16_dense_tflops:,.1f}", f"{tflops:,.1f}")
+        )
     link = pcie_gbps(gpu)
     rows.append(("PCIe h2d GB/s", f"{link:.1f}", f"{hw.pcie_h2d_bytes_per_us / 1e3:.1f}"))
     rows.append(("PCIe d2h GB/s", f"{link:.1f}", f"{hw.pcie_d2h_bytes_per_us / 1e3:.1f}"))
@@ -147,31 +166,60 @@ def measured_rows(
     if ts.bound is not None:
         b = ts.bound
         fp16 = kv_bytes_per_token(model, KvDtype.FP16.value_bytes)
-        sim_us = iteration_us(compute_fit(hw), model.weight_bytes, b.batch,
-                              b.batch * context_tokens * fp16, b.batch * (context_tokens + 0.5))
-        rows.append((f"decode step ms, batch {b.batch}", f"{b.step_us / 1e3:.2f} (roofline)",
-                     f"{sim_us / 1e3:.2f} (cost model)"))
+        sim_us = iteration_us(
+            compute_fit(hw),
+            model.weight_bytes,
+            b.batch,
+            b.batch * context_tokens * fp16,
+            b.batch * (context_tokens + 0.5),
+        )
+        rows.append(
+            (
+                f"decode step ms, batch {b.batch}",
+                f"{b.step_us / 1e3:.2f} (roofline)",
+                f"{sim_us / 1e3:.2f} (cost model)",
+            )
+        )
     return rows
 
 
-def render(scores: list[TierScore], model: ModelConfig, context_tokens: int, console: Console,
-           reserve_bytes: int) -> None:
+def render(
+    scores: list[TierScore],
+    model: ModelConfig,
+    context_tokens: int,
+    console: Console,
+    reserve_bytes: int,
+) -> None:
     sheet = Table(title="Datasheet figures (conf/gpu/*.yaml; dense tensor-core rates)")
     for col in ("GPU", "HBM GB", "HBM GB/s", "BF16 TFLOP/s", "FP8 TFLOP/s", "PCIe (GB/s/dir)"):
         sheet.add_column(col, justify="left" if col == "GPU" else "right")
     for ts in scores:
         g = ts.gpu
-        sheet.add_row(g.display_name, f"{g.hbm_gb:.0f}", f"{g.hbm_gbps:,.0f}",
-                      f"{g.bf16_dense_tflops:,.1f}",
-                      f"{g.fp8_dense_tflops:,.1f}" if g.fp8_dense_tflops else "-",
-                      f"Gen{g.pcie_gen} x{g.pcie_lanes} ({pcie_gbps(g):.1f})")
+        sheet.add_row(
+            g.display_name,
+            f"{g.hbm_gb:.0f}",
+            f"{g.hbm_gbps:,.0f}",
+            f"{g.bf16_dense_tflops:,.1f}",
+            f"{g.fp8_dense_tflops:,.1f}" if g.fp8_dense_tflops else "-",
+            f"Gen{g.pcie_gen} x{g.pcie_lanes} ({pcie_gbps(g):.1f})",
+        )
     console.print(sheet)
 
     fp16 = kv_bytes_per_token(model, KvDtype.FP16.value_bytes)
-    roof = Table(title=f"Decode roofline: {model.name}, {context_tokens} context tokens a "
-                       f"sequence, FP16 KV ({fp16 / 1024:.0f} KiB/token)")
-    for col in ("GPU", "batch", "bytes/step GB", "bandwidth ms", "compute ms", "binds",
-                "ceiling tok/s", "ridge batch"):
+    roof = Table(
+        title=f"Decode roofline: {model.name}, {context_tokens} context tokens a "
+        f"sequence, FP16 KV ({fp16 / 1024:.0f} KiB/token)"
+    )
+    for col in (
+        "GPU",
+        "batch",
+        "bytes/step GB",
+        "bandwidth ms",
+        "compute ms",
+        "binds",
+        "ceiling tok/s",
+        "ridge batch",
+    ):
         roof.add_column(col, justify="left" if col in ("GPU", "binds") else "right")
     for ts in scores:
         b = ts.bound
@@ -179,29 +227,51 @@ def render(scores: list[TierScore], model: ModelConfig, context_tokens: int, con
         if b is None:
             roof.add_row(ts.gpu.display_name, "-", "-", "-", "-", "weights do not fit", "-", "-")
             continue
-        roof.add_row(ts.gpu.display_name, str(b.batch), f"{b.step_bytes / GB:.2f}",
-                     f"{b.bandwidth_us / 1e3:.2f}", f"{b.compute_us / 1e3:.2f}", b.binding,
-                     f"{b.tokens_per_s:,.0f}", ridge)
+        roof.add_row(
+            ts.gpu.display_name,
+            str(b.batch),
+            f"{b.step_bytes / GB:.2f}",
+            f"{b.bandwidth_us / 1e3:.2f}",
+            f"{b.compute_us / 1e3:.2f}",
+            b.binding,
+            f"{b.tokens_per_s:,.0f}",
+            ridge,
+        )
     console.print(roof)
 
-    cap = Table(title=f"KV capacity after {model.weight_bytes / GB:.2f} GB of weights and "
-                      f"{reserve_bytes / GB:.2f} GB activation reserve (context tokens, all "
-                      f"sequences)")
-    for col in ("GPU", "KV pool GB", "FP16 tokens", "FP8 tokens", "INT8 tokens",
-                f"seqs of {context_tokens} (FP16)"):
+    cap = Table(
+        title=f"KV capacity after {model.weight_bytes / GB:.2f} GB of weights and "
+        f"{reserve_bytes / GB:.2f} GB activation reserve (context tokens, all "
+        f"sequences)"
+    )
+    for col in (
+        "GPU",
+        "KV pool GB",
+        "FP16 tokens",
+        "FP8 tokens",
+        "INT8 tokens",
+        f"seqs of {context_tokens} (FP16)",
+    ):
         cap.add_column(col, justify="left" if col == "GPU" else "right")
     for ts in scores:
         t = ts.tokens
-        cap.add_row(ts.gpu.display_name, f"{ts.pool_bytes / GB:.2f}", f"{t[KvDtype.FP16]:,}",
-                    f"{t[KvDtype.FP8]:,}", f"{t[KvDtype.INT8]:,}",
-                    f"{t[KvDtype.FP16] // context_tokens:,}")
+        cap.add_row(
+            ts.gpu.display_name,
+            f"{ts.pool_bytes / GB:.2f}",
+            f"{t[KvDtype.FP16]:,}",
+            f"{t[KvDtype.FP8]:,}",
+            f"{t[KvDtype.INT8]:,}",
+            f"{t[KvDtype.FP16] // context_tokens:,}",
+        )
     console.print(cap)
 
     for ts in scores:
         if not ts.gpu.calibrated_hardware:
             continue
-        meas = Table(title=f"{ts.gpu.display_name}: datasheet vs measured "
-                           f"(conf/hardware/{ts.gpu.calibrated_hardware}.yaml)")
+        meas = Table(
+            title=f"{ts.gpu.display_name}: datasheet vs measured "
+            f"(conf/hardware/{ts.gpu.calibrated_hardware}.yaml)"
+        )
         for col in ("quantity", "datasheet", "measured"):
             meas.add_column(col, justify="left" if col == "quantity" else "right")
         for row in measured_rows(ts, model, context_tokens):

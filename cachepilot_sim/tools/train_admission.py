@@ -26,7 +26,7 @@ from hydra import compose, initialize_config_dir
 from cachepilot_sim.admission import AdmissionController, AdmissionView, Decision, features
 from cachepilot_sim.admission.controllers import Learned, Threshold, allowed
 from cachepilot_sim.admission.mlp import Mlp
-from cachepilot_sim.config import AdmissionConfig, SimConfig, register_configs, to_config
+from cachepilot_sim.config import SimConfig, admission_config, register_configs, to_config
 from cachepilot_sim.sim import build
 from cachepilot_sim.tools import CONF_DIR
 
@@ -41,14 +41,17 @@ Row = tuple[np.ndarray, int, np.ndarray]
 def base_config(overrides: list[str], experiment: str = "mixed_spike") -> SimConfig:
     """`experiment` (no event trace) with `overrides`, as one SimConfig (seed 0, PERC)."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = to_config(compose("config", overrides=[
-            f"+experiment={experiment}", "trace.enabled=false", *overrides]))
+        cfg = to_config(
+            compose(
+                "config", overrides=[f"+experiment={experiment}", "trace.enabled=false", *overrides]
+            )
+        )
     return cfg.sim_for(cfg.policy.name, cfg.seed)
 
 
 def with_admission(cfg: SimConfig, seed: int, **admission: Any) -> SimConfig:
     values = {"name": "threshold", **admission}
-    return replace(cfg, seed=seed, admission=AdmissionConfig(**values))
+    return replace(cfg, seed=seed, admission=admission_config(**values))
 
 
 class Recording:
@@ -106,8 +109,11 @@ class Adam:
 
 
 def stack(rows: list[Row]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return (np.array([r[0] for r in rows]), np.array([r[1] for r in rows]),
-            np.array([r[2] for r in rows]))
+    return (
+        np.array([r[0] for r in rows]),
+        np.array([r[1] for r in rows]),
+        np.array([r[2] for r in rows]),
+    )
 
 
 def imitate(mlp: Mlp, rows: list[Row], epochs: int, lr: float, rng: np.random.Generator) -> list:
@@ -119,7 +125,7 @@ def imitate(mlp: Mlp, rows: list[Row], epochs: int, lr: float, rng: np.random.Ge
     for _ in range(epochs):
         order, total = rng.permutation(len(a)), 0.0
         for start in range(0, len(a), 64):
-            b = order[start:start + 64]
+            b = order[start : start + 64]
             loss, grads = mlp.loss_and_grads(x[b], a[b], np.full(b.size, 1.0 / b.size), mask[b])
             opt.step(grads)
             total += loss * b.size
@@ -147,8 +153,9 @@ def train(args: Args) -> dict[str, Any]:
     """Teacher, imitation, REINFORCE; writes the weights and returns the training log."""
     rng = np.random.default_rng(np.random.SeedSequence(args.seed))
     overrides = OVERLOAD if args.overrides is None else args.overrides
-    cfg = base_config([*overrides, f"workload.num_requests={args.episode_requests}"],
-                      args.experiment)
+    cfg = base_config(
+        [*overrides, f"workload.num_requests={args.episode_requests}"], args.experiment
+    )
     seeds = list(range(args.seed + 1000, args.seed + 1000 + args.train_seeds))
     load, depth, teacher_goodput = tune_teacher(cfg, seeds)
     kw = {"threshold_load_fraction": load, "threshold_queue_depth": depth}
@@ -167,9 +174,13 @@ def train(args: Args) -> dict[str, Any]:
         return score([run_episode(with_admission(cfg, s), Learned(mlp)) for s in seeds])
 
     best = (greedy_score(), [p.copy() for p in mlp.params()], 0)
-    log: dict[str, Any] = {"teacher": {**kw, "goodput_req_s": teacher_goodput},
-                           "imitation_loss": losses, "num_imitation_rows": len(rows),
-                           "rl_mean_goodput": [], "greedy": [[0, best[0]]]}
+    log: dict[str, Any] = {
+        "teacher": {**kw, "goodput_req_s": teacher_goodput},
+        "imitation_loss": losses,
+        "num_imitation_rows": len(rows),
+        "rl_mean_goodput": [],
+        "greedy": [[0, best[0]]],
+    }
     opt = Adam(mlp.params(), args.lr * 0.3)
     for it in range(1, args.iterations + 1):
         s = seeds[it % len(seeds)]
@@ -212,9 +223,14 @@ def parse(argv: list[str] | None = None) -> Args:
     p.add_argument("--hidden", type=int, default=16)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--experiment", default="mixed_spike", help="conf/experiment/<name>.yaml")
-    p.add_argument("--override", dest="overrides", action="append", default=None,
-                   help="a Hydra override of the training scenario (repeatable); default: the "
-                        "overloaded mixed_spike (" + " ".join(OVERLOAD) + ")")
+    p.add_argument(
+        "--override",
+        dest="overrides",
+        action="append",
+        default=None,
+        help="a Hydra override of the training scenario (repeatable); default: the "
+        "overloaded mixed_spike (" + " ".join(OVERLOAD) + ")",
+    )
     ns = p.parse_args(argv)
     return Args(**{k: getattr(ns, k) for k in Args.__dataclass_fields__})
 
@@ -222,8 +238,12 @@ def parse(argv: list[str] | None = None) -> Args:
 def main(argv: list[str] | None = None) -> None:
     register_configs()
     log = train(parse(argv))
-    print(json.dumps({k: v for k, v in log.items() if k not in ("imitation_loss",
-                                                               "rl_mean_goodput")}, indent=1))
+    print(
+        json.dumps(
+            {k: v for k, v in log.items() if k not in ("imitation_loss", "rl_mean_goodput")},
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

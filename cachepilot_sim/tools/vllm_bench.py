@@ -30,8 +30,9 @@ POLICIES = ("lru", "arc", "perc")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m cachepilot_sim.tools.vllm_bench",
-                                description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m cachepilot_sim.tools.vllm_bench", description=__doc__
+    )
     p.add_argument("--model", required=True, help="local model dir (weights, or config only)")
     p.add_argument(
         "--dummy-weights", action="store_true", help="random weights (load_format=dummy)"

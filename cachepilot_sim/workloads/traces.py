@@ -22,10 +22,19 @@ from cachepilot_sim.config import OnError, TraceFormat
 
 _LENGTHS = ("input_length", "output_length")
 _HASH_TYPE = pl.List(pl.Int64)
-MOONCAKE_SCHEMA = pl.Struct({"timestamp": pl.Float64, "input_length": pl.Float64,
-                             "output_length": pl.Float64, "hash_ids": _HASH_TYPE})
-AZURE_COLUMNS = {"TIMESTAMP": "timestamp", "ContextTokens": "input_length",
-                 "GeneratedTokens": "output_length"}
+MOONCAKE_SCHEMA = pl.Struct(
+    {
+        "timestamp": pl.Float64,
+        "input_length": pl.Float64,
+        "output_length": pl.Float64,
+        "hash_ids": _HASH_TYPE,
+    }
+)
+AZURE_COLUMNS = {
+    "TIMESTAMP": "timestamp",
+    "ContextTokens": "input_length",
+    "GeneratedTokens": "output_length",
+}
 SHAREGPT_COLUMNS = {"num_prefill_tokens": "input_length", "num_decode_tokens": "output_length"}
 
 
@@ -57,7 +66,7 @@ class TraceTable:
     def hash_ids(self, i: int) -> np.ndarray:
         if self.hash_offsets is None or self.hash_values is None:
             return np.empty(0, dtype=np.int64)
-        return self.hash_values[self.hash_offsets[i]:self.hash_offsets[i + 1]]
+        return self.hash_values[self.hash_offsets[i] : self.hash_offsets[i + 1]]
 
     def head(self, n: int) -> TraceTable:
         """The first n requests (all when n <= 0 or n >= the number of requests)."""
@@ -67,19 +76,33 @@ class TraceTable:
         if self.hash_offsets is not None and self.hash_values is not None:
             offsets = self.hash_offsets[: n + 1]
             values = self.hash_values[: offsets[-1]]
-        return TraceTable(self.path, self.line[:n], self.arrival_us[:n], self.input_tokens[:n],
-                          self.output_tokens[:n], offsets, values, dict(self.skipped))
+        return TraceTable(
+            self.path,
+            self.line[:n],
+            self.arrival_us[:n],
+            self.input_tokens[:n],
+            self.output_tokens[:n],
+            offsets,
+            values,
+            dict(self.skipped),
+        )
 
 
 def _length_reason(name: str) -> pl.Expr:
     c = pl.col(name)
     return (
-        pl.when(c.is_null()).then(pl.lit(f"missing or non-numeric field '{name}'"))
-        .when(c.is_nan()).then(pl.lit(f"'{name}' is NaN"))
-        .when(c < 0).then(pl.format(f"negative '{name}' = {{}}", c))
-        .when(c.is_infinite()).then(pl.lit(f"'{name}' is infinite"))
-        .when(c != c.floor()).then(pl.format(f"'{name}' = {{}} is not a whole number", c))
-        .when(c < 1).then(pl.lit(f"'{name}' is 0 (every request needs at least one token)"))
+        pl.when(c.is_null())
+        .then(pl.lit(f"missing or non-numeric field '{name}'"))
+        .when(c.is_nan())
+        .then(pl.lit(f"'{name}' is NaN"))
+        .when(c < 0)
+        .then(pl.format(f"negative '{name}' = {{}}", c))
+        .when(c.is_infinite())
+        .then(pl.lit(f"'{name}' is infinite"))
+        .when(c != c.floor())
+        .then(pl.format(f"'{name}' = {{}} is not a whole number", c))
+        .when(c < 1)
+        .then(pl.lit(f"'{name}' is 0 (every request needs at least one token)"))
     )
 
 
@@ -88,24 +111,36 @@ def _row_reasons(hash_block_tokens: int | None) -> pl.Expr:
     reasons = [_length_reason(name) for name in _LENGTHS]
     ts = pl.col("timestamp")
     reasons.append(
-        pl.when(ts.is_null()).then(pl.lit("missing or unparseable 'timestamp'"))
-        .when(ts.is_nan() | ts.is_infinite()).then(pl.lit("'timestamp' is not finite"))
+        pl.when(ts.is_null())
+        .then(pl.lit("missing or unparseable 'timestamp'"))
+        .when(ts.is_nan() | ts.is_infinite())
+        .then(pl.lit("'timestamp' is not finite"))
     )
     if hash_block_tokens is not None:
         h = pl.col("hash_ids")
         need = (pl.col("input_length") / hash_block_tokens).ceil().cast(pl.Int64)
         reasons.append(
-            pl.when(h.is_null()).then(pl.lit("missing field 'hash_ids'"))
-            .when(h.list.len() != need).then(pl.format(
-                "'hash_ids' has {} entries but input_length {} needs {} blocks of "
-                f"{hash_block_tokens} tokens", h.list.len(), pl.col("input_length"), need))
-            .when(h.list.n_unique() != h.list.len()).then(pl.lit("'hash_ids' repeats an id"))
+            pl.when(h.is_null())
+            .then(pl.lit("missing field 'hash_ids'"))
+            .when(h.list.len() != need)
+            .then(
+                pl.format(
+                    "'hash_ids' has {} entries but input_length {} needs {} blocks of "
+                    f"{hash_block_tokens} tokens",
+                    h.list.len(),
+                    pl.col("input_length"),
+                    need,
+                )
+            )
+            .when(h.list.n_unique() != h.list.len())
+            .then(pl.lit("'hash_ids' repeats an id"))
         )
     return pl.coalesce(reasons)
 
 
-def _validate(frame: pl.DataFrame, path: Path, on_error: OnError,
-              hash_block_tokens: int | None) -> tuple[pl.DataFrame, dict[str, int]]:
+def _validate(
+    frame: pl.DataFrame, path: Path, on_error: OnError, hash_block_tokens: int | None
+) -> tuple[pl.DataFrame, dict[str, int]]:
     """Drop or raise on bad rows; returns the good rows and the skip counts per reason."""
     checked = frame.with_columns(_row_reasons(hash_block_tokens).alias("reason"))
     skipped: dict[str, int] = {}
@@ -115,20 +150,26 @@ def _validate(frame: pl.DataFrame, path: Path, on_error: OnError,
     prev = pl.col("timestamp").cum_max().shift(1)
     good = good.with_columns(
         pl.when(pl.col("timestamp") < prev)
-        .then(pl.format("timestamp {} goes backwards (an earlier row has {})",
-                        pl.col("timestamp"), prev))
+        .then(
+            pl.format(
+                "timestamp {} goes backwards (an earlier row has {})", pl.col("timestamp"), prev
+            )
+        )
         .alias("reason")
     )
     bad = pl.concat([bad, good.filter(pl.col("reason").is_not_null())]).sort("line")
     good = good.filter(pl.col("reason").is_null())
     if bad.height and on_error == OnError.RAISE:
         row = bad.row(0, named=True)
-        raise TraceError(f"{path}:{row['line']}: {row['reason']} (set replay.on_error=SKIP to "
-                         f"skip bad rows; {bad.height} bad rows in this file)")
+        raise TraceError(
+            f"{path}:{row['line']}: {row['reason']} (set replay.on_error=SKIP to "
+            f"skip bad rows; {bad.height} bad rows in this file)"
+        )
     if bad.height:
         # Count by the reason's kind: the text with every number written as N.
-        kinds = (bad["reason"].str.replace_all(r"-?\d+(\.\d+)?(e-?\d+)?", "N")
-                 .value_counts(sort=True))
+        kinds = (
+            bad["reason"].str.replace_all(r"-?\d+(\.\d+)?(e-?\d+)?", "N").value_counts(sort=True)
+        )
         skipped = dict(zip(kinds["reason"].to_list(), kinds["count"].to_list(), strict=True))
     return good.drop("reason"), skipped
 
@@ -136,8 +177,9 @@ def _validate(frame: pl.DataFrame, path: Path, on_error: OnError,
 def _scan_lines(path: Path) -> pl.LazyFrame:
     """The file as one text column with its 1-based line numbers; blank lines are dropped."""
     return (
-        pl.scan_csv(path, has_header=False, separator="\x1f", quote_char=None,
-                    schema={"raw": pl.Utf8})
+        pl.scan_csv(
+            path, has_header=False, separator="\x1f", quote_char=None, schema={"raw": pl.Utf8}
+        )
         .with_row_index("line", offset=1)
         .filter(pl.col("raw").is_not_null() & (pl.col("raw").str.strip_chars() != ""))
     )
@@ -148,8 +190,9 @@ def _decode_slow(lines: pl.DataFrame) -> pl.DataFrame:
 
     A line that is not a JSON object becomes a row of nulls with its reason in `parse_error`.
     """
-    rows: dict[str, list[object]] = {k: [] for k in ("timestamp", *_LENGTHS, "hash_ids",
-                                                      "parse_error")}
+    rows: dict[str, list[object]] = {
+        k: [] for k in ("timestamp", *_LENGTHS, "hash_ids", "parse_error")
+    }
     for raw in lines["raw"].to_list():
         try:
             obj = json.loads(raw)
@@ -157,18 +200,26 @@ def _decode_slow(lines: pl.DataFrame) -> pl.DataFrame:
                 raise ValueError("not a JSON object")
             values = [_as_float(obj.get(k)) for k in ("timestamp", *_LENGTHS)]
             ids = obj.get("hash_ids")
-            if ids is not None and not (isinstance(ids, list)
-                                        and all(isinstance(x, int) for x in ids)):
+            if ids is not None and not (
+                isinstance(ids, list) and all(isinstance(x, int) for x in ids)
+            ):
                 raise ValueError("'hash_ids' is not a list of integers")
             error = None
         except ValueError as err:  # json.JSONDecodeError is a ValueError
             values, ids, error = [None, None, None], None, f"not a valid JSON request: {err}"
-        for key, value in zip(("timestamp", *_LENGTHS, "hash_ids", "parse_error"),
-                              (*values, ids, error), strict=True):
+        for key, value in zip(
+            ("timestamp", *_LENGTHS, "hash_ids", "parse_error"), (*values, ids, error), strict=True
+        ):
             rows[key].append(value)
-    schema = pl.Schema([("timestamp", pl.Float64), ("input_length", pl.Float64),
-                        ("output_length", pl.Float64), ("hash_ids", _HASH_TYPE),
-                        ("parse_error", pl.Utf8)])
+    schema = pl.Schema(
+        [
+            ("timestamp", pl.Float64),
+            ("input_length", pl.Float64),
+            ("output_length", pl.Float64),
+            ("hash_ids", _HASH_TYPE),
+            ("parse_error", pl.Utf8),
+        ]
+    )
     return pl.DataFrame(rows, schema=schema).with_columns(lines["line"])
 
 
@@ -208,18 +259,25 @@ def read_mooncake(path: Path, on_error: OnError, hash_block_tokens: int = 512) -
     return table
 
 
-def _check_prefix_tree(good: pl.DataFrame, path: Path, on_error: OnError,
-                       skipped: dict[str, int]) -> pl.DataFrame:
+def _check_prefix_tree(
+    good: pl.DataFrame, path: Path, on_error: OnError, skipped: dict[str, int]
+) -> pl.DataFrame:
     """A prefix hash names its whole prefix: every occurrence of an id must follow the same id.
 
     Rows breaking this would make one cached block the child of two parents; they are bad rows.
     """
-    pos = (good.select("line", "hash_ids").explode("hash_ids").drop_nulls("hash_ids")
-           .with_columns(pl.col("hash_ids").shift(1).over("line").fill_null(-1).alias("prev")))
+    pos = (
+        good.select("line", "hash_ids")
+        .explode("hash_ids")
+        .drop_nulls("hash_ids")
+        .with_columns(pl.col("hash_ids").shift(1).over("line").fill_null(-1).alias("prev"))
+    )
     first = pos.group_by("hash_ids", maintain_order=True).agg(
-        pl.col("prev").first().alias("first_prev"), pl.col("line").first().alias("first_line"))
-    clash = (pos.join(first, on="hash_ids", how="left", maintain_order="left")
-             .filter(pl.col("prev") != pl.col("first_prev")))
+        pl.col("prev").first().alias("first_prev"), pl.col("line").first().alias("first_line")
+    )
+    clash = pos.join(first, on="hash_ids", how="left", maintain_order="left").filter(
+        pl.col("prev") != pl.col("first_prev")
+    )
     if clash.height == 0:
         return good
     row = clash.row(0, named=True)
@@ -227,7 +285,8 @@ def _check_prefix_tree(good: pl.DataFrame, path: Path, on_error: OnError,
         raise TraceError(
             f"{path}:{row['line']}: hash id {row['hash_ids']} follows id {row['prev']} here but "
             f"{row['first_prev']} on line {row['first_line']} (-1: first block); prefix hashes "
-            "must name the whole prefix (set replay.on_error=SKIP to skip such rows)")
+            "must name the whole prefix (set replay.on_error=SKIP to skip such rows)"
+        )
     bad_lines = clash["line"].unique()
     skipped["hash id follows a different prefix than on an earlier line"] = bad_lines.len()
     return good.filter(~pl.col("line").is_in(bad_lines.implode()))
@@ -240,8 +299,9 @@ def _scan_csv_columns(path: Path, columns: dict[str, str]) -> pl.DataFrame:
     missing = [c for c in columns if c not in header]
     if missing:
         raise TraceError(f"{path}:1: header lacks column(s) {missing}; found {header[1:]}")
-    return (lf.select("line", *(pl.col(src).alias(dst) for src, dst in columns.items()))
-            .collect(engine="streaming"))
+    return lf.select("line", *(pl.col(src).alias(dst) for src, dst in columns.items())).collect(
+        engine="streaming"
+    )
 
 
 def _numeric(name: str) -> pl.Expr:
@@ -251,8 +311,11 @@ def _numeric(name: str) -> pl.Expr:
 def read_azure(path: Path, on_error: OnError) -> TraceTable:
     """Azure LLM inference 2023: TIMESTAMP (datetime), ContextTokens, GeneratedTokens."""
     raw = _scan_csv_columns(path, AZURE_COLUMNS)
-    stamp = pl.col("timestamp").str.strip_chars().str.to_datetime(
-        "%Y-%m-%d %H:%M:%S%.f", time_unit="ns", strict=False)
+    stamp = (
+        pl.col("timestamp")
+        .str.strip_chars()
+        .str.to_datetime("%Y-%m-%d %H:%M:%S%.f", time_unit="ns", strict=False)
+    )
     frame = raw.with_columns(
         (stamp.dt.epoch("ns").cast(pl.Float64) / 1_000.0).alias("timestamp"),
         *(_numeric(n) for n in _LENGTHS),
@@ -269,24 +332,31 @@ def read_sharegpt(path: Path, on_error: OnError) -> TraceTable:
     return _to_table(good, path, skipped, time_to_us=1.0)
 
 
-def _to_table(good: pl.DataFrame, path: Path, skipped: dict[str, int],
-              time_to_us: float) -> TraceTable:
+def _to_table(
+    good: pl.DataFrame, path: Path, skipped: dict[str, int], time_to_us: float
+) -> TraceTable:
     ts = good["timestamp"].to_numpy()
     arrival = np.rint((ts - (ts[0] if ts.size else 0.0)) * time_to_us).astype(np.int64)
     return TraceTable(
-        str(path), good["line"].to_numpy().astype(np.int64), arrival,
+        str(path),
+        good["line"].to_numpy().astype(np.int64),
+        arrival,
         good["input_length"].to_numpy().astype(np.int64),
-        good["output_length"].to_numpy().astype(np.int64), skipped=skipped,
+        good["output_length"].to_numpy().astype(np.int64),
+        skipped=skipped,
     )
 
 
-def read_trace(fmt: TraceFormat, path: str | Path, on_error: OnError,
-               hash_block_tokens: int = 512) -> TraceTable:
+def read_trace(
+    fmt: TraceFormat, path: str | Path, on_error: OnError, hash_block_tokens: int = 512
+) -> TraceTable:
     """Read and validate one trace file of the given format."""
     p = Path(path)
     if not p.is_file():
-        raise TraceError(f"{p}: no such trace file (set replay.path, or CACHEPILOT_TRACES_DIR to "
-                         f"a folder laid out like cachepilot_sim/workloads/samples)")
+        raise TraceError(
+            f"{p}: no such trace file (set replay.path, or CACHEPILOT_TRACES_DIR to "
+            f"a folder laid out like cachepilot_sim/workloads/samples)"
+        )
     if fmt == TraceFormat.MOONCAKE:
         table = read_mooncake(p, on_error, hash_block_tokens)
     elif fmt == TraceFormat.AZURE:

@@ -31,18 +31,26 @@ from cachepilot_sim.tools.train_admission import (  # noqa: E402
 HERE = Path(__file__).resolve().parent
 WEIGHTS = HERE / "weights.npz"
 SCENARIOS = {"mixed_spike (stock)": [], "mixed_spike overload (256 slots, spike x16)": OVERLOAD}
-METRICS = (("goodput_req_s", "goodput req/s", "{:.3f}"), ("ttft_p99_s", "TTFT p99 s", "{:.2f}"),
-           ("ttft_p50_s", "TTFT p50 s", "{:.3f}"), ("rejected", "rejected", "{:.1f}"),
-           ("admission_deferred", "deferred", "{:.1f}"))
+METRICS = (
+    ("goodput_req_s", "goodput req/s", "{:.3f}"),
+    ("ttft_p99_s", "TTFT p99 s", "{:.2f}"),
+    ("ttft_p50_s", "TTFT p50 s", "{:.3f}"),
+    ("rejected", "rejected", "{:.1f}"),
+    ("admission_deferred", "deferred", "{:.1f}"),
+)
 
 
 def controllers(teacher: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    tuned = {"threshold_load_fraction": teacher["threshold_load_fraction"],
-             "threshold_queue_depth": teacher["threshold_queue_depth"]}
-    return {"all (admit everything)": {"name": "all"},
-            "threshold (default 0.9 / 16)": {"name": "threshold"},
-            "threshold tuned (teacher)": {"name": "threshold", **tuned},
-            "learned": {"name": "learned", "weights": str(WEIGHTS)}}
+    tuned = {
+        "threshold_load_fraction": teacher["threshold_load_fraction"],
+        "threshold_queue_depth": teacher["threshold_queue_depth"],
+    }
+    return {
+        "all (admit everything)": {"name": "all"},
+        "threshold (default 0.9 / 16)": {"name": "threshold"},
+        "threshold tuned (teacher)": {"name": "threshold", **tuned},
+        "learned": {"name": "learned", "weights": str(WEIGHTS)},
+    }
 
 
 def plot_curve(log: dict[str, Any], path: Path) -> None:
@@ -73,12 +81,17 @@ def main() -> None:
     plot_curve(log, HERE / "training_curve.png")
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     out: dict[str, Any] = {"seeds": seeds, "teacher": log["teacher"], "results": {}}
-    lines = [f"Held-out seeds {seeds[0]}..{seeds[-1]}, PERC eviction, 1000 requests; mean ± σ "
-             "over seeds, then paired differences per seed.\n"]
+    lines = [
+        f"Held-out seeds {seeds[0]}..{seeds[-1]}, PERC eviction, 1000 requests; mean ± σ "
+        "over seeds, then paired differences per seed.\n"
+    ]
     for scen, overrides in SCENARIOS.items():
         cfg = base_config(list(overrides))
-        lines += [f"\n### {scen}\n", "| controller | " + " | ".join(t for _, t, _ in METRICS)
-                  + " |", "|---|" + "---:|" * len(METRICS)]
+        lines += [
+            f"\n### {scen}\n",
+            "| controller | " + " | ".join(t for _, t, _ in METRICS) + " |",
+            "|---|" + "---:|" * len(METRICS),
+        ]
         cells: dict[str, list[dict[str, Any]]] = {}
         for name, adm in controllers(log["teacher"]).items():
             runs = []
@@ -97,8 +110,10 @@ def main() -> None:
                 pairs = zip(cells["learned"], cells[base], strict=True)
                 d = np.array([a[k] - b[k] for a, b in pairs])
                 wins = int((d > 0).sum()) if k == "goodput_req_s" else int((d < 0).sum())
-                lines.append(f"- learned − {base}, {k}: mean {d.mean():+.4f}, σ "
-                             f"{d.std(ddof=1):.4f}, better on {wins}/{len(d)} seeds")
+                lines.append(
+                    f"- learned − {base}, {k}: mean {d.mean():+.4f}, σ "
+                    f"{d.std(ddof=1):.4f}, better on {wins}/{len(d)} seeds"
+                )
         out["results"][scen] = cells
     (HERE / "results.md").write_text("\n".join(lines) + "\n")
     (HERE / "results.json").write_text(json.dumps(out, indent=1))

@@ -24,11 +24,11 @@ from cachepilot_sim.components.request import Request
 from cachepilot_sim.config import (
     KVConfig,
     ModelConfig,
-    PolicyConfig,
     ReplayConfig,
     SimConfig,
     TraceConfig,
     TraceFormat,
+    policy_config,
 )
 from cachepilot_sim.policies import CacheEntry, KeyScope, known_policies, make_policy
 from cachepilot_sim.policies.reuse import GapEstimator
@@ -39,7 +39,7 @@ HASH_TOKENS = 512
 INDEXED = [
     p
     for p in known_policies()
-    if make_policy(PolicyConfig(name=p), GapEstimator(0.3, 1e6, 1e6)).key_scope != KeyScope.SET
+    if make_policy(policy_config(p), GapEstimator(0.3, 1e6, 1e6)).key_scope != KeyScope.SET
 ]
 
 
@@ -195,7 +195,7 @@ def session_config(
     return make_sim_config(
         model=MODEL,
         kv=kv,
-        policy=PolicyConfig(name=policy),
+        policy=policy_config(policy),
         vram_gb=(1e9 + pool_blocks * block) / 1e9,
     )
 
@@ -214,7 +214,7 @@ def prefix_config(
     return make_sim_config(
         model=MODEL,
         kv=kv,
-        policy=PolicyConfig(name=policy),
+        policy=policy_config(policy),
         trace=TraceConfig(enabled=False),
         replay=replay,
         vram_gb=(1e9 + pool_blocks * hash_bytes) / 1e9,

@@ -25,14 +25,16 @@ def problems(draw: st.DrawFn, chained: bool = False, equal_sizes: bool = False) 
     n = len(sizes)
     if equal_sizes:
         sizes = [sizes[0]] * n
-    costs = draw(st.lists(st.floats(min_value=0, max_value=1000, allow_nan=False), min_size=n,
-                          max_size=n))
+    costs = draw(
+        st.lists(st.floats(min_value=0, max_value=1000, allow_nan=False), min_size=n, max_size=n)
+    )
     need = draw(st.integers(min_value=0, max_value=sum(sizes)))
     chains: list[list[int]] = [[i] for i in range(n)]
     if chained:
         perm = draw(st.permutations(list(range(n))))
-        cuts = sorted(draw(st.sets(st.integers(min_value=1, max_value=max(n - 1, 1)),
-                                   max_size=n - 1)))
+        cuts = sorted(
+            draw(st.sets(st.integers(min_value=1, max_value=max(n - 1, 1)), max_size=n - 1))
+        )
         bounds = [0, *[c for c in cuts if c < n], n]
         chains = [list(perm[a:b]) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
     return CoverProblem.of(sizes, costs, need, chains)

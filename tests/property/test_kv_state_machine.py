@@ -25,11 +25,11 @@ from cachepilot_sim.components.request import Request
 from cachepilot_sim.config import (
     KVConfig,
     ModelConfig,
-    PolicyConfig,
     ReplayConfig,
     SimConfig,
     TraceConfig,
     TraceFormat,
+    policy_config,
 )
 from cachepilot_sim.policies import known_policies
 from tests.conftest import make_kv, make_sim_config
@@ -169,7 +169,7 @@ class SessionKvMachine(QueueMachine):
             make_sim_config(
                 model=MODEL,
                 kv=kv,
-                policy=PolicyConfig(name=policy),
+                policy=policy_config(policy),
                 vram_gb=(1e9 + pool_blocks * block) / 1e9,
             )
         )
@@ -262,6 +262,7 @@ class PrefixKvMachine(QueueMachine):
         watermark=st.sampled_from([0.0, 0.05, 0.2, 0.45]),
         policy=st.sampled_from(POLICIES),
         offload=st.booleans(),
+        int8_cpu=st.booleans(),
         lru_store=st.booleans(),
         cap=st.sampled_from([0, 6]),
     )
@@ -272,6 +273,7 @@ class PrefixKvMachine(QueueMachine):
         watermark: float,
         policy: str,
         offload: bool,
+        int8_cpu: bool,
         lru_store: bool,
         cap: int,
     ) -> None:
@@ -281,6 +283,7 @@ class PrefixKvMachine(QueueMachine):
             cpu_store_bytes=cpu_blocks * hash_bytes,
             watermark_fraction=watermark,
             offload_enabled=offload,
+            offload_dtype_bytes=1 if int8_cpu else 0,
             cpu_store_evicts_lru=lru_store,
         )
         replay = ReplayConfig(
@@ -290,7 +293,7 @@ class PrefixKvMachine(QueueMachine):
             make_sim_config(
                 model=MODEL,
                 kv=kv,
-                policy=PolicyConfig(name=policy),
+                policy=policy_config(policy),
                 trace=TraceConfig(enabled=False),
                 replay=replay,
                 vram_gb=(1e9 + pool_hash_blocks * hash_bytes) / 1e9,

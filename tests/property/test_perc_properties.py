@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cachepilot_sim.config import HardwareConfig, PolicyConfig
+from cachepilot_sim.config import HardwareConfig, policy_config
 from cachepilot_sim.cost import compute_fit, recompute_us
 from cachepilot_sim.policies import CacheEntry, GapEstimator, make_policy
 from cachepilot_sim.policies.perc import PercPolicy
@@ -19,7 +19,7 @@ idles = st.integers(min_value=0, max_value=10**10)
 
 
 def perc(delta_s: float = 30.0) -> PercPolicy:
-    cfg = PolicyConfig(name="perc", delta_s=delta_s)
+    cfg = policy_config("perc", delta_s=delta_s)
     policy = make_policy(cfg, GapEstimator(cfg.ema_weight, 20e6, delta_s * 1e6))
     assert isinstance(policy, PercPolicy)
     return policy

@@ -10,7 +10,7 @@ from pathlib import Path
 import polars as pl
 from polars.testing import assert_frame_equal
 
-from cachepilot_sim.config import PolicyConfig
+from cachepilot_sim.config import policy_config
 from cachepilot_sim.sim import build
 from tests.conftest import make_sim_config, make_workload
 
@@ -30,7 +30,7 @@ COLUMNS = [
 
 
 def tiny_run(policy: str) -> pl.DataFrame:
-    cfg = make_sim_config(policy=PolicyConfig(name=policy), workload=make_workload(num_requests=60))
+    cfg = make_sim_config(policy=policy_config(policy), workload=make_workload(num_requests=60))
     return build(cfg).run().requests.select(COLUMNS).with_columns(pl.lit(policy).alias("policy"))
 
 

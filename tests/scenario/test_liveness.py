@@ -27,8 +27,16 @@ def assert_every_request_accounted_for(sim_requests: list[Request]) -> None:
 @pytest.mark.parametrize("policy", known_policies())
 def test_trace_replay_at_16_gb_finishes_for_every_policy(policy: str) -> None:
     """The shipped Mooncake sample at 16 GB stopped with 38-41 requests never finished."""
-    run = to_config(compose_run(["+experiment=mooncake_synthetic", "vram_gb=16",
-                                 "replay.limit=300", "trace.enabled=false"]))
+    run = to_config(
+        compose_run(
+            [
+                "+experiment=mooncake_synthetic",
+                "vram_gb=16",
+                "replay.limit=300",
+                "trace.enabled=false",
+            ]
+        )
+    )
     sim = build(run.sim_for(policy, 0))
     metrics = sim.run().metrics  # raises SimulationError on a deadlock
     assert metrics["completed"] + metrics["rejected"] == 300
@@ -42,9 +50,17 @@ def test_trace_replay_at_16_gb_finishes_for_every_policy(policy: str) -> None:
 def test_trace_experiments_finish_at_every_vram_size(experiment: str, offload: str) -> None:
     """From just above the weights (8.03 GB + 1 GiB reserve + 64 blocks) up."""
     for vram_gb in (9.3, 10.0, 12.0, 16.0, 24.0):
-        run = to_config(compose_run([f"+experiment={experiment}", f"vram_gb={vram_gb}",
-                                     "replay.limit=150", "trace.enabled=false",
-                                     f"kv.offload_enabled={offload}"]))
+        run = to_config(
+            compose_run(
+                [
+                    f"+experiment={experiment}",
+                    f"vram_gb={vram_gb}",
+                    "replay.limit=150",
+                    "trace.enabled=false",
+                    f"kv.offload_enabled={offload}",
+                ]
+            )
+        )
         sim = build(run.sim_for("lru", 0))
         metrics = sim.run().metrics
         assert metrics["completed"] + metrics["rejected"] == 150, vram_gb
@@ -54,14 +70,21 @@ def test_trace_experiments_finish_at_every_vram_size(experiment: str, offload: s
 def test_admission_gate_sees_the_idle_prefix_blocks_of_a_trace() -> None:
     """The gate read 0 evictable bytes on traces (the prefix manager never filled the state the
     inherited method summed), so its evictable-fraction feature was always 0."""
-    run = to_config(compose_run(["+experiment=mooncake_synthetic", "replay.limit=60",
-                                 "trace.enabled=false", "admission=threshold"]))
+    run = to_config(
+        compose_run(
+            [
+                "+experiment=mooncake_synthetic",
+                "replay.limit=60",
+                "trace.enabled=false",
+                "admission=threshold",
+            ]
+        )
+    )
     sim = build(run.sim_for("lru", 0))
     sim.run()
     gate = sim.batcher.gate
     assert gate is not None
-    idle_blocks = sum(1 for b in sim.kv.tree.blocks.values() if b.refcount == 0
-                      and b.tier == 0)  # type: ignore[attr-defined]
+    idle_blocks = sum(1 for b in sim.kv.tree.blocks.values() if b.refcount == 0 and b.tier == 0)  # type: ignore[attr-defined]
     assert idle_blocks > 0
     probe = sim.clients.requests[-1]
     view = gate.view(probe)

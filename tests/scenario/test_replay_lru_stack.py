@@ -19,10 +19,10 @@ from cachepilot_sim.config import (
     KVConfig,
     ModelConfig,
     OnError,
-    PolicyConfig,
     ReplayConfig,
     TraceConfig,
     TraceFormat,
+    policy_config,
 )
 from cachepilot_sim.sim import build
 from cachepilot_sim.workloads.traces import TraceTable, read_trace
@@ -52,12 +52,15 @@ def lru_stack_hits(table: TraceTable, capacity: int) -> tuple[int, int]:
 
 def replay_sequential(capacity: int, policy: str = "lru") -> tuple[dict, pl.DataFrame]:
     cfg = make_sim_config(
-        vram_gb=141.0, model=ModelConfig(max_context_tokens=262_144),
-        policy=PolicyConfig(name=policy), trace=TraceConfig(enabled=False),
+        vram_gb=141.0,
+        model=ModelConfig(max_context_tokens=262_144),
+        policy=policy_config(policy),
+        trace=TraceConfig(enabled=False),
         batcher=BatcherConfig(throughput_max_seqs=1, latency_max_seqs=1),
         kv=KVConfig(offload_enabled=False),  # one tier, as the LRU stack
-        replay=ReplayConfig(format=TraceFormat.MOONCAKE, path=SAMPLE,
-                            prefix_cache_max_blocks=capacity),
+        replay=ReplayConfig(
+            format=TraceFormat.MOONCAKE, path=SAMPLE, prefix_cache_max_blocks=capacity
+        ),
     )
     result = build(cfg).run()
     return result.metrics, result.requests
@@ -65,8 +68,11 @@ def replay_sequential(capacity: int, policy: str = "lru") -> tuple[dict, pl.Data
 
 @pytest.fixture(scope="module")
 def table() -> TraceTable:
-    return read_trace(TraceFormat.MOONCAKE, SAMPLES_DIR / "mooncake_synthetic" /
-                      "synthetic_trace.jsonl", OnError.RAISE)
+    return read_trace(
+        TraceFormat.MOONCAKE,
+        SAMPLES_DIR / "mooncake_synthetic" / "synthetic_trace.jsonl",
+        OnError.RAISE,
+    )
 
 
 @pytest.mark.parametrize("capacity", [64, 256, 1024])

@@ -10,10 +10,10 @@ import pytest
 from cachepilot_sim.config import (
     KVConfig,
     ModelConfig,
-    PolicyConfig,
     ReplayConfig,
     TraceConfig,
     TraceFormat,
+    policy_config,
 )
 from cachepilot_sim.policies import CacheEntry
 from cachepilot_sim.policies.classic import ArcPolicy, GdsfPolicy
@@ -27,11 +27,12 @@ SAMPLE = "samples:mooncake_synthetic/synthetic_trace.jsonl"
 def make_replay(policy: str, offload: bool = True, shadow: bool = False) -> Simulation:
     """The Mooncake sample with a 96-block prefix cache: hundreds of chained eviction decisions."""
     cfg = make_sim_config(
-        vram_gb=141.0, model=ModelConfig(max_context_tokens=262_144),
-        policy=PolicyConfig(name=policy, shadow_oracle=shadow), trace=TraceConfig(enabled=False),
+        vram_gb=141.0,
+        model=ModelConfig(max_context_tokens=262_144),
+        policy=policy_config(policy, shadow_oracle=shadow),
+        trace=TraceConfig(enabled=False),
         kv=KVConfig(offload_enabled=offload, cpu_store_bytes=32 * 64 * 1024 * 1024),
-        replay=ReplayConfig(format=TraceFormat.MOONCAKE, path=SAMPLE,
-                            prefix_cache_max_blocks=96),
+        replay=ReplayConfig(format=TraceFormat.MOONCAKE, path=SAMPLE, prefix_cache_max_blocks=96),
     )
     return build(cfg)
 
@@ -68,9 +69,14 @@ def test_oracle_and_shadow_decide_on_chains() -> None:
 class _CutsRoots(LruPolicy):
     """Breaks the contract: evicts chain roots."""
 
-    def select_victims(self, entries: Sequence[CacheEntry], bytes_needed: int, now_us: int,
-                       chains: Sequence[Sequence[int]] | None = None,
-                       parents: Sequence[int] | None = None) -> list[CacheEntry]:
+    def select_victims(
+        self,
+        entries: Sequence[CacheEntry],
+        bytes_needed: int,
+        now_us: int,
+        chains: Sequence[Sequence[int]] | None = None,
+        parents: Sequence[int] | None = None,
+    ) -> list[CacheEntry]:
         assert chains is not None
         return [entries[c[0]] for c in chains if len(c) > 1][:1] or [entries[chains[0][-1]]]
 
@@ -81,4 +87,3 @@ def test_a_selection_that_is_not_a_tail_is_refused() -> None:
     sim.policy = sim.kv.policy = bad
     with pytest.raises(ValueError, match="not tails"):
         sim.run()
-

@@ -11,7 +11,7 @@ import pytest
 from cachepilot_sim.admission import Decision
 from cachepilot_sim.admission.controllers import Learned
 from cachepilot_sim.admission.mlp import Mlp, WeightsError
-from cachepilot_sim.config import AdmissionConfig
+from cachepilot_sim.config import admission_config
 from cachepilot_sim.sim import build
 from tests.conftest import make_sim_config
 from tests.unit.test_admission import make_view, overloaded
@@ -88,14 +88,14 @@ def test_learned_controller_never_defers_once_defers_are_spent() -> None:
 
 
 def test_learned_admission_runs_from_a_weights_file(tmp_path: Path) -> None:
-    sim0 = build(overloaded(AdmissionConfig(name="threshold")))
+    sim0 = build(overloaded(admission_config("threshold")))
     assert sim0.batcher.gate is not None
     path = tmp_path / "w.npz"
     Mlp.init(sim0.batcher.gate.feature_names, 4, np.random.default_rng(0)).save(path)
-    result = build(overloaded(AdmissionConfig(name="learned", weights=str(path)))).run()
+    result = build(overloaded(admission_config("learned", weights=str(path)))).run()
     assert set(result.requests["outcome"].unique()) <= {"completed", "rejected"}
     with pytest.raises(WeightsError, match="missing.npz"):
-        build(make_sim_config(admission=AdmissionConfig(name="learned", weights="missing.npz")))
+        build(make_sim_config(admission=admission_config("learned", weights="missing.npz")))
 
 
 def test_training_is_deterministic_given_the_seed(tmp_path: Path) -> None:
@@ -103,8 +103,22 @@ def test_training_is_deterministic_given_the_seed(tmp_path: Path) -> None:
     from cachepilot_sim.tools.train_admission import main
 
     register_configs()
-    tiny = ["--train-seeds", "1", "--episode-requests", "150", "--imitation-epochs", "2",
-            "--iterations", "1", "--episodes", "2", "--eval-every", "1", "--hidden", "4"]
+    tiny = [
+        "--train-seeds",
+        "1",
+        "--episode-requests",
+        "150",
+        "--imitation-epochs",
+        "2",
+        "--iterations",
+        "1",
+        "--episodes",
+        "2",
+        "--eval-every",
+        "1",
+        "--hidden",
+        "4",
+    ]
     arrays = []
     for run in ("a", "b"):
         out = tmp_path / run / "w.npz"

@@ -104,8 +104,17 @@ def _kv_tier_variants() -> dict[str, list[str]]:
 def test_every_kv_tier_variant_runs_at_tiny_size(
     name: str, overrides: list[str], tmp_path: Path
 ) -> None:
-    cfg = to_config(compose_run(["+experiment=mixed_spike", "compare_policies=[perc]", "seeds=1",
-                                 "workload.num_requests=25", "workload.max_active_sessions=6",
-                                 *overrides]))
+    cfg = to_config(
+        compose_run(
+            [
+                "+experiment=mixed_spike",
+                "compare_policies=[perc]",
+                "seeds=1",
+                "workload.num_requests=25",
+                "workload.max_active_sessions=6",
+                *overrides,
+            ]
+        )
+    )
     report = run_experiment(cfg, tmp_path)
     assert report["cells"][0]["completed"] + report["cells"][0]["rejected"] == 25, name

@@ -22,9 +22,7 @@ PACKAGE = "cachepilot_sim"
 ROOT = Path(__file__).resolve().parents[2] / PACKAGE
 
 # Edges a parallel branch removes; each names the branch. The lead deletes the entry at merge.
-KNOWN_EDGES = {
-    ("cachepilot_sim.config", "cachepilot_sim.policies"),  # removed by the config branch
-}
+KNOWN_EDGES: set[tuple[str, str]] = set()
 
 
 def module_name(path: Path) -> str:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachepilot_sim.config import PolicyConfig
+from cachepilot_sim.config import policy_config
 from cachepilot_sim.experiment.offline import (
     AccessSequence,
     IdleGap,
@@ -59,8 +59,9 @@ def uniform_sequence(accesses: list[int], capacity: int) -> AccessSequence:
 
 @settings(deadline=None, max_examples=60)
 @given(accesses_st, st.integers(min_value=1, max_value=3))
-def test_lp_bound_never_exceeds_belady_on_unit_sizes_and_costs(accesses: list[int],
-                                                                capacity: int) -> None:
+def test_lp_bound_never_exceeds_belady_on_unit_sizes_and_costs(
+    accesses: list[int], capacity: int
+) -> None:
     compulsory = len(set(accesses))
     bound = lp_lower_bound(uniform_sequence(accesses, capacity))
     assert 0.0 <= bound.restore_us <= belady_misses(accesses, capacity) - compulsory + 1e-7
@@ -69,8 +70,9 @@ def test_lp_bound_never_exceeds_belady_on_unit_sizes_and_costs(accesses: list[in
 
 @settings(deadline=None, max_examples=40)
 @given(accesses_st, st.integers(min_value=1, max_value=3))
-def test_integral_offline_optimum_equals_belady_on_unit_sizes_and_costs(accesses: list[int],
-                                                                         capacity: int) -> None:
+def test_integral_offline_optimum_equals_belady_on_unit_sizes_and_costs(
+    accesses: list[int], capacity: int
+) -> None:
     opt = integral_optimum(uniform_sequence(accesses, capacity))
     assert opt.optimal
     assert opt.restore_us == belady_misses(accesses, capacity) - len(set(accesses))
@@ -86,7 +88,7 @@ def test_lp_bound_is_zero_with_room_and_everything_with_none() -> None:
 
 @pytest.mark.parametrize("policy", ["lru", "perc"])
 def test_lp_bound_never_exceeds_the_restore_cost_a_run_paid(policy: str) -> None:
-    cfg = make_sim_config(policy=PolicyConfig(name=policy))
+    cfg = make_sim_config(policy=policy_config(policy))
     result = build(cfg).run()
     seq = access_sequence(cfg, result.requests)
     bound = lp_lower_bound(seq)
@@ -96,7 +98,7 @@ def test_lp_bound_never_exceeds_the_restore_cost_a_run_paid(policy: str) -> None
 
 
 def test_integral_optimum_lies_between_the_lp_bound_and_what_the_run_paid() -> None:
-    cfg = make_sim_config(policy=PolicyConfig(name="lru"))
+    cfg = make_sim_config(policy=policy_config("lru"))
     result = build(cfg).run()
     seq = access_sequence(cfg, result.requests)
     lp, opt = lp_lower_bound(seq), integral_optimum(seq, time_limit_s=20.0)

@@ -25,8 +25,12 @@ def test_plot_writes_every_run_figure(tmp_path: Path, capsys) -> None:  # noqa: 
     tiny_run(tmp_path / "run")
     assert main([str(tmp_path / "run"), "--format", "svg"]) == 0
     names = {p.name for p in (tmp_path / "run" / "plots").iterdir()}
-    assert names == {"vram_by_tier.svg", "latency_cdfs.svg", "restore_by_class.svg",
-                     "gap_estimates.svg"}
+    assert names == {
+        "vram_by_tier.svg",
+        "latency_cdfs.svg",
+        "restore_by_class.svg",
+        "gap_estimates.svg",
+    }
     assert "vram_by_tier.svg" in capsys.readouterr().out
     one = tmp_path / "run" / "trace" / "lru_seed0"  # a single trace folder works too
     assert main([str(one), "--out", str(tmp_path / "one")]) == 0

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from cachepilot_sim.config import PolicyConfig
+from cachepilot_sim.config import PolicyConfig, policy_config
 from cachepilot_sim.policies import CacheEntry, GapEstimator, make_policy, register
 from cachepilot_sim.policies.base import RankingPolicy
 
@@ -27,7 +27,7 @@ def make_entry(entry_id: int, **overrides: object) -> CacheEntry:
 
 
 def make(name: str, **kw: float) -> RankingPolicy:
-    cfg = PolicyConfig(name=name, **kw)
+    cfg = policy_config(name, **kw)
     est = GapEstimator(cfg.ema_weight, cfg.prior_gap_s * 1e6, cfg.delta_s * 1e6)
     policy = make_policy(cfg, est)
     assert isinstance(policy, RankingPolicy)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cachepilot_sim.config import PolicyConfig
+from cachepilot_sim.config import policy_config
 from cachepilot_sim.policies import CacheEntry, GapEstimator, make_policy
 from cachepilot_sim.policies.base import RankingPolicy
 from cachepilot_sim.policies.classic import ArcPolicy, GdsfPolicy, SlruPolicy
@@ -16,7 +16,7 @@ from tests.unit.test_policies import make_entry
 
 
 def make(name: str, **kw: object) -> RankingPolicy:
-    cfg = PolicyConfig(name=name, **kw)  # type: ignore[arg-type]
+    cfg = policy_config(name, **kw)  # type: ignore[arg-type]
     est = GapEstimator(cfg.ema_weight, cfg.prior_gap_s * 1e6, cfg.delta_s * 1e6)
     policy = make_policy(cfg, est)
     assert isinstance(policy, RankingPolicy)
@@ -35,8 +35,10 @@ def evict(policy: RankingPolicy, entries: list[CacheEntry], need: int, now: int)
 
 def test_fifo_evicts_in_order_of_entering_the_cache_not_of_use() -> None:
     fifo = make("fifo")
-    a, b = make_entry(0, created_us=10, last_used_us=900), make_entry(1, created_us=20,
-                                                                      last_used_us=100)
+    a, b = (
+        make_entry(0, created_us=10, last_used_us=900),
+        make_entry(1, created_us=20, last_used_us=100),
+    )
     for e in (a, b):
         fifo.on_release(e, e.last_used_us)
     assert ids(fifo.order([b, a], 1000)) == [0, 1]
@@ -47,8 +49,11 @@ def test_fifo_evicts_in_order_of_entering_the_cache_not_of_use() -> None:
 
 def test_lfu_evicts_fewest_uses_then_least_recent() -> None:
     lfu = make("lfu")
-    entries = [make_entry(0, num_uses=3, last_used_us=1), make_entry(1, num_uses=1,
-               last_used_us=50), make_entry(2, num_uses=1, last_used_us=40)]
+    entries = [
+        make_entry(0, num_uses=3, last_used_us=1),
+        make_entry(1, num_uses=1, last_used_us=50),
+        make_entry(2, num_uses=1, last_used_us=40),
+    ]
     assert ids(lfu.order(entries, 100)) == [2, 1, 0]
 
 
@@ -144,7 +149,7 @@ def test_clairvoyant_evicts_sessions_that_never_return_then_the_latest_returning
 
 
 def run_shadowed(policy: str) -> dict[str, float]:
-    cfg = make_sim_config(policy=PolicyConfig(name=policy, shadow_oracle=True))
+    cfg = make_sim_config(policy=policy_config(policy, shadow_oracle=True))
     return build(cfg).run().metrics
 
 
@@ -163,7 +168,7 @@ def test_shadowed_perc_plus1_stays_within_twice_the_oracle_on_every_decision() -
 
 
 def test_shadow_does_not_change_the_policy_decisions() -> None:
-    plain = build(make_sim_config(policy=PolicyConfig(name="lru"))).run().metrics
+    plain = build(make_sim_config(policy=policy_config("lru"))).run().metrics
     shadowed = run_shadowed("lru")
     for key in ("realized_restore_s", "evictions", "ttft_p99_s", "completed"):
         assert plain[key] == shadowed[key], key
@@ -182,10 +187,12 @@ def test_oracle_cuts_only_chain_tails_when_entries_form_a_prefix_chain() -> None
     assert isinstance(oracle, OraclePolicy)
     # Entries 0 -> 1 -> 2 are one chain (root first); 3 stands alone. The root is the cheapest
     # per byte, but it can only go together with everything after it.
-    entries = [make_entry(0, num_bytes=100, restore_us=1.0, gap_ema_us=1e6),
-               make_entry(1, num_bytes=100, restore_us=500.0, gap_ema_us=1e6),
-               make_entry(2, num_bytes=100, restore_us=400.0, gap_ema_us=1e6),
-               make_entry(3, num_bytes=100, restore_us=300.0, gap_ema_us=1e6)]
+    entries = [
+        make_entry(0, num_bytes=100, restore_us=1.0, gap_ema_us=1e6),
+        make_entry(1, num_bytes=100, restore_us=500.0, gap_ema_us=1e6),
+        make_entry(2, num_bytes=100, restore_us=400.0, gap_ema_us=1e6),
+        make_entry(3, num_bytes=100, restore_us=300.0, gap_ema_us=1e6),
+    ]
     free = oracle.solve(entries, 100, 0)
     chained = oracle.solve(entries, 100, 0, chains=[[0, 1, 2], [3]])
     assert free.chosen == (0,)
@@ -196,7 +203,7 @@ def test_oracle_cuts_only_chain_tails_when_entries_form_a_prefix_chain() -> None
 
 @pytest.mark.parametrize("policy", ["arc", "slru", "gdsf", "perc_hazard", "wild"])
 def test_stateful_policies_give_identical_runs_on_one_seed(policy: str) -> None:
-    cfg = make_sim_config(policy=PolicyConfig(name=policy))
+    cfg = make_sim_config(policy=policy_config(policy))
     first, second = build(cfg).run(), build(cfg).run()
     assert first.requests.equals(second.requests)
     assert first.metrics["evictions"] > 0

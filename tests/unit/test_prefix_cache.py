@@ -12,10 +12,10 @@ from cachepilot_sim.components.request import KvSource, Request
 from cachepilot_sim.config import (
     KVConfig,
     ModelConfig,
-    PolicyConfig,
     ReplayConfig,
     TraceConfig,
     TraceFormat,
+    policy_config,
 )
 from cachepilot_sim.cost import recompute_us
 from cachepilot_sim.sim import Simulation, build
@@ -42,7 +42,7 @@ def make_sim(tmp_path: Path, policy: str = "lru") -> Simulation:
     cfg = make_sim_config(
         vram_gb=141.0,
         model=ModelConfig(max_context_tokens=65_536),
-        policy=PolicyConfig(name=policy),
+        policy=policy_config(policy),
         trace=TraceConfig(enabled=False),
         kv=KVConfig(offload_enabled=False),  # this file: the GPU tier alone
         replay=ReplayConfig(format=TraceFormat.MOONCAKE, path=str(path)),

@@ -13,10 +13,10 @@ from cachepilot_sim.components.request import KvSource, Request
 from cachepilot_sim.config import (
     KVConfig,
     ModelConfig,
-    PolicyConfig,
     ReplayConfig,
     TraceConfig,
     TraceFormat,
+    policy_config,
 )
 from cachepilot_sim.cost import recompute_us, transfer_fits, transfer_us
 from tests.conftest import make_kv as make_kv_for
@@ -26,15 +26,22 @@ B = 512
 ROWS = [[1, 2, 3, 4], [1, 2, 3, 4, 5]]  # the second request continues the first
 
 
-def make_kv(tmp_path: Path, cpu_blocks: int = 100, lru_store: bool = True
-            ) -> PrefixKvManager:
+def make_kv(tmp_path: Path, cpu_blocks: int = 100, lru_store: bool = True) -> PrefixKvManager:
     path = tmp_path / "t.jsonl"
-    path.write_text("".join(json.dumps({"timestamp": i, "input_length": B * len(ids),
-                                        "output_length": 4, "hash_ids": ids}) + "\n"
-                            for i, ids in enumerate(ROWS)))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {"timestamp": i, "input_length": B * len(ids), "output_length": 4, "hash_ids": ids}
+            )
+            + "\n"
+            for i, ids in enumerate(ROWS)
+        )
+    )
     cfg = make_sim_config(
-        vram_gb=141.0, model=ModelConfig(max_context_tokens=65_536),
-        policy=PolicyConfig(name="lru"), trace=TraceConfig(enabled=False),
+        vram_gb=141.0,
+        model=ModelConfig(max_context_tokens=65_536),
+        policy=policy_config("lru"),
+        trace=TraceConfig(enabled=False),
         kv=KVConfig(cpu_store_bytes=cpu_blocks * B * 131_072, cpu_store_evicts_lru=lru_store),
         replay=ReplayConfig(format=TraceFormat.MOONCAKE, path=str(path)),
     )
@@ -59,8 +66,12 @@ def test_evicted_tail_goes_to_cpu_and_a_continuation_reloads_it(tmp_path: Path) 
     kv = make_kv(tmp_path)
     serve(kv, request(kv, 0))
     assert kv._evict_blocks(2) == 2  # 4 then 3 start their copies out
-    assert [kv.tree.blocks[h].tier for h in (1, 2, 3, 4)] == [Tier.GPU, Tier.GPU, Tier.FLIGHT_OUT,
-                                                          Tier.FLIGHT_OUT]
+    assert [kv.tree.blocks[h].tier for h in (1, 2, 3, 4)] == [
+        Tier.GPU,
+        Tier.GPU,
+        Tier.FLIGHT_OUT,
+        Tier.FLIGHT_OUT,
+    ]
     nxt = request(kv, 1)
     assert kv.admit(nxt) == Admit.BLOCKED  # its continuation is still in flight
     kv.env.run()

@@ -44,12 +44,11 @@ def test_sharegpt_export_counts_skipped_messages_by_reason(tmp_path: Path) -> No
     summary = profile(DATA / "sharegpt_tiny.json", "auto", "estimate", tmp_path, "s", 0)
     assert summary["format"] == "sharegpt"
     assert summary["requests"] == 5 and summary["conversations"] == 3
-    assert summary["skipped_messages"] == {"empty or missing text": 1,
-                                           "unknown role 'narrator'": 1}
+    assert summary["skipped_messages"] == {"empty or missing text": 1, "unknown role 'narrator'": 1}
     # The system prompt counts as prompt: c2's one request has system + user tokens.
     assert summary["distributions"]["new_prompt_tokens"]["max"] >= estimate_tokens(
-        "You are a concise assistant.") + estimate_tokens(
-        "Summarize the plot of Hamlet in two sentences.")
+        "You are a concise assistant."
+    ) + estimate_tokens("Summarize the plot of Hamlet in two sentences.")
 
 
 def test_alpaca_records_are_single_turns_with_instruction_and_input(tmp_path: Path) -> None:
@@ -60,7 +59,8 @@ def test_alpaca_records_are_single_turns_with_instruction_and_input(tmp_path: Pa
     second = estimate_tokens("Write a haiku about autumn.")
     third = estimate_tokens("Add the numbers.\n\n17 and 25")
     assert summary["distributions"]["prompt_tokens"]["mean"] == pytest.approx(
-        (first + second + third) / 3)
+        (first + second + third) / 3
+    )
 
 
 def test_the_workload_written_is_valid_and_the_simulator_runs_it(tmp_path: Path) -> None:
@@ -73,8 +73,13 @@ def test_the_workload_written_is_valid_and_the_simulator_runs_it(tmp_path: Path)
     assert cls.prompt_tokens_mean == pytest.approx(d["new_prompt_tokens"]["mean"], abs=0.05)
     assert cls.output_tokens_mean == pytest.approx(d["response_tokens"]["mean"], abs=0.05)
     assert cls.turns_mean == pytest.approx(5 / 3, abs=1e-3)
-    result = build(make_sim_config(workload=WorkloadConfig(
-        name="chats", classes=classes, num_requests=20, max_active_sessions=4))).run()
+    result = build(
+        make_sim_config(
+            workload=WorkloadConfig(
+                name="chats", classes=classes, num_requests=20, max_active_sessions=4
+            )
+        )
+    ).run()
     assert result.metrics["completed"] == 20
     svg = (tmp_path / "tokens.svg").read_text()
     assert svg.startswith("<svg") and svg.count("<rect") > 3

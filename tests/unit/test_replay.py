@@ -15,11 +15,11 @@ from cachepilot_sim.components.kv import PrefixKvManager
 from cachepilot_sim.config import (
     ModelConfig,
     OnError,
-    PolicyConfig,
     ReplayConfig,
     RunConfig,
     TraceConfig,
     TraceFormat,
+    policy_config,
 )
 from cachepilot_sim.experiment.runner import run_experiment
 from cachepilot_sim.policies import known_policies
@@ -31,13 +31,20 @@ AZURE = "samples:azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
 
 
 def replay_config(**replay: object) -> dict:
-    return dict(vram_gb=141.0, model=ModelConfig(max_context_tokens=131_072),
-                trace=TraceConfig(enabled=False), replay=ReplayConfig(**replay))  # type: ignore[arg-type]
+    return dict(
+        vram_gb=141.0,
+        model=ModelConfig(max_context_tokens=131_072),
+        trace=TraceConfig(enabled=False),
+        replay=ReplayConfig(**replay),
+    )  # type: ignore[arg-type]
 
 
 def test_requests_arrive_at_trace_times_scaled() -> None:
-    sim = build(make_sim_config(**replay_config(format=TraceFormat.AZURE, path=AZURE, limit=50,
-                                                time_scale=0.5)))
+    sim = build(
+        make_sim_config(
+            **replay_config(format=TraceFormat.AZURE, path=AZURE, limit=50, time_scale=0.5)
+        )
+    )
     result = sim.run()
     assert sim.replay is not None
     expected = np.rint(sim.replay.table.arrival_us * 0.5).astype(np.int64)
@@ -48,9 +55,19 @@ def test_requests_arrive_at_trace_times_scaled() -> None:
 
 def test_sharegpt_lengths_get_poisson_arrivals_that_depend_on_the_seed() -> None:
     path = "samples:sharegpt_lengths/sharegpt_8k_filtered_stats_llama2_tokenizer.csv"
-    frames = [build(make_sim_config(seed=s, **replay_config(
-        format=TraceFormat.SHAREGPT, path=path, limit=30, arrival_rate_per_s=2.0))).run().requests
-        for s in (0, 0, 1)]
+    frames = [
+        build(
+            make_sim_config(
+                seed=s,
+                **replay_config(
+                    format=TraceFormat.SHAREGPT, path=path, limit=30, arrival_rate_per_s=2.0
+                ),
+            )
+        )
+        .run()
+        .requests
+        for s in (0, 0, 1)
+    ]
     arrivals = [f["arrival_us"].to_list() for f in frames]
     assert arrivals[0] == arrivals[1] != arrivals[2]
     assert frames[0]["prompt_tokens"].to_list() == frames[2]["prompt_tokens"].to_list()
@@ -59,8 +76,12 @@ def test_sharegpt_lengths_get_poisson_arrivals_that_depend_on_the_seed() -> None
 
 
 def test_inferred_session_gaps_feed_the_perc_estimate() -> None:
-    sim = build(make_sim_config(policy=PolicyConfig(name="perc"),
-                                **replay_config(format=TraceFormat.MOONCAKE, path=MOONCAKE)))
+    sim = build(
+        make_sim_config(
+            policy=policy_config("perc"),
+            **replay_config(format=TraceFormat.MOONCAKE, path=MOONCAKE),
+        )
+    )
     result = sim.run()
     kv = sim.kv
     assert isinstance(kv, PrefixKvManager) and sim.replay is not None
@@ -80,8 +101,10 @@ def test_inferred_session_gaps_feed_the_perc_estimate() -> None:
 
 
 def test_same_config_and_seed_replay_identically() -> None:
-    cfg = make_sim_config(policy=PolicyConfig(name="perc"), **replay_config(
-        format=TraceFormat.MOONCAKE, path=MOONCAKE, limit=120, time_scale=0.5))
+    cfg = make_sim_config(
+        policy=policy_config("perc"),
+        **replay_config(format=TraceFormat.MOONCAKE, path=MOONCAKE, limit=120, time_scale=0.5),
+    )
     runs = [build(cfg).run() for _ in range(2)]
     assert runs[0].requests.equals(runs[1].requests)
     assert runs[0].metrics == runs[1].metrics
@@ -89,14 +112,23 @@ def test_same_config_and_seed_replay_identically() -> None:
 
 
 def test_skipped_rows_are_reported_in_metrics_and_the_title(tmp_path: Path) -> None:
-    lines = (Path(__file__).parents[2] / "cachepilot_sim/workloads/samples/azure_llm_2023/"
-             "AzureLLMInferenceTrace_conv.csv").read_text().splitlines()[:40]
+    lines = (
+        (
+            Path(__file__).parents[2] / "cachepilot_sim/workloads/samples/azure_llm_2023/"
+            "AzureLLMInferenceTrace_conv.csv"
+        )
+        .read_text()
+        .splitlines()[:40]
+    )
     lines[5] = lines[5].rsplit(",", 1)[0] + ",-4"
     path = tmp_path / "conv.csv"
     path.write_text("\n".join(lines) + "\n")
-    cfg = RunConfig(**replay_config(format=TraceFormat.AZURE, path=str(path),
-                                    on_error=OnError.SKIP), workload=make_workload(),
-                    compare_policies=["lru"], write_requests=False)
+    cfg = RunConfig(
+        **replay_config(format=TraceFormat.AZURE, path=str(path), on_error=OnError.SKIP),
+        workload=make_workload(),
+        compare_policies=["lru"],
+        write_requests=False,
+    )
     report = run_experiment(cfg, tmp_path / "out")
     assert report["cells"][0]["trace_rows_skipped"] == 1
     assert report["cells"][0]["requests"] == 38
@@ -106,9 +138,18 @@ def test_skipped_rows_are_reported_in_metrics_and_the_title(tmp_path: Path) -> N
 def test_mooncake_experiment_prints_prefix_hit_ratio_for_every_policy(tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "cachepilot_sim", "+experiment=mooncake_synthetic",
-         "replay.limit=60", "trace.enabled=false", f"hydra.run.dir={out}"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "cachepilot_sim",
+            "+experiment=mooncake_synthetic",
+            "replay.limit=60",
+            "trace.enabled=false",
+            f"hydra.run.dir={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert "prefix-hit ratio" in proc.stdout
@@ -126,9 +167,17 @@ def test_cli_stops_on_a_bad_row_naming_file_and_line(tmp_path: Path, bad: str) -
     trace.write_text(f"{good}\n{bad}\n")
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "cachepilot_sim", "+experiment=mooncake_synthetic",
-         f"replay.path={trace}", f"hydra.run.dir={out}"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "cachepilot_sim",
+            "+experiment=mooncake_synthetic",
+            f"replay.path={trace}",
+            f"hydra.run.dir={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 2
     assert f"{trace}:2: missing or non-numeric field 'output_length'" in proc.stderr

@@ -21,9 +21,16 @@ GIB = 1024**3
 
 
 def make_model(**overrides: object) -> ModelConfig:
-    values: dict[str, object] = dict(name="llama3_8b", num_layers=32, num_kv_heads=8, head_dim=128,
-                                     kv_dtype_bytes=2, weight_bytes=16_060_000_000,
-                                     num_params=8_030_000_000, num_attention_heads=32)
+    values: dict[str, object] = dict(
+        name="llama3_8b",
+        num_layers=32,
+        num_kv_heads=8,
+        head_dim=128,
+        kv_dtype_bytes=2,
+        weight_bytes=16_060_000_000,
+        num_params=8_030_000_000,
+        num_attention_heads=32,
+    )
     values.update(overrides)
     return ModelConfig(**values)  # type: ignore[arg-type]
 
@@ -80,8 +87,10 @@ def test_pcie_gen5_x16_after_line_coding() -> None:
     assert pcie_gbps(make_h200()) == pytest.approx(32 * 128 / 130 / 8 * 16)  # 63.0 GB/s
 
 
-@pytest.mark.parametrize(("key", "value"), [("hbm_gbps", -1.0), ("bf16_dense_tflops", 0.0),
-                                            ("pcie_gen", 7), ("fp8_dense_tflops", -2.0)])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("hbm_gbps", -1.0), ("bf16_dense_tflops", 0.0), ("pcie_gen", 7), ("fp8_dense_tflops", -2.0)],
+)
 def test_bad_gpu_figure_names_the_key(key: str, value: object) -> None:
     with pytest.raises(ConfigError, match=f"gpu.{key}"):
         make_h200(**{key: value})

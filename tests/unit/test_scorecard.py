@@ -24,9 +24,16 @@ def test_every_gpu_tier_validates_and_cites_a_source_per_figure() -> None:
             assert "#" in line, f"{name}: {key} has no cited source"
 
 
-@pytest.mark.parametrize(("model", "kib_fp16"), [("llama2_7b", 512), ("llama3_8b", 128),
-                                                 ("llama3_70b", 320), ("mistral_7b", 128),
-                                                 ("qwen2_7b", 56)])
+@pytest.mark.parametrize(
+    ("model", "kib_fp16"),
+    [
+        ("llama2_7b", 512),
+        ("llama3_8b", 128),
+        ("llama3_70b", 320),
+        ("mistral_7b", 128),
+        ("qwen2_7b", 56),
+    ],
+)
 def test_model_configs_give_the_hand_computed_kv_bytes_per_token(model: str, kib_fp16: int) -> None:
     m = scorecard.load_model(model)
     assert kv_bytes_per_token(m, KvDtype.FP16.value_bytes) == kib_fp16 * 1024
@@ -51,12 +58,17 @@ def test_llama3_70b_does_not_fit_a_80gb_part() -> None:
     assert ts.bound is None and ts.tokens[KvDtype.FP16] == 0
 
 
-@pytest.mark.parametrize(("arg", "key"), [("model=gpt5", "model"),
-                                          ("context_tokens=-5", "context_tokens"),
-                                          ("context_tokens=abc", "context_tokens"),
-                                          ("batch=-1", "batch"),
-                                          ("gpus=tpu", "gpus"),
-                                          ("colour=red", "colour=red")])
+@pytest.mark.parametrize(
+    ("arg", "key"),
+    [
+        ("model=gpt5", "model"),
+        ("context_tokens=-5", "context_tokens"),
+        ("context_tokens=abc", "context_tokens"),
+        ("batch=-1", "batch"),
+        ("gpus=tpu", "gpus"),
+        ("colour=red", "colour=red"),
+    ],
+)
 def test_bad_argument_exits_2_naming_the_key(
     arg: str, key: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

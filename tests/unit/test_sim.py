@@ -38,10 +38,10 @@ def test_every_request_is_completed_or_rejected_with_a_reason() -> None:
 
 def test_policies_face_identical_sessions_on_one_seed() -> None:
     """Common random numbers: first-turn prompts of the first sessions do not depend on policy."""
-    from cachepilot_sim.config import PolicyConfig
+    from cachepilot_sim.config import policy_config
 
     def first_turns(name: str) -> pl.DataFrame:
-        req = run(policy=PolicyConfig(name=name)).requests
+        req = run(policy=policy_config(name)).requests
         return (
             req.filter(pl.col("turn") == 0)
             .sort("session")

@@ -18,9 +18,18 @@ TINY = ["workload.num_requests=20", "workload.max_active_sessions=4", "hydra.lau
 
 def multirun(sweep_dir: Path, *params: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "cachepilot_sim", "--multirun", *params, *TINY,
-         f"hydra.sweep.dir={sweep_dir}"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "cachepilot_sim",
+            "--multirun",
+            *params,
+            *TINY,
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -105,8 +114,9 @@ def test_overrides_are_typed_as_yaml_reads_them() -> None:
     assert parse_override("~trace") is None
 
 
-def test_a_job_that_raises_records_error_and_traceback_without_raising(tmp_path: Path,
-                                                                        capsys) -> None:  # noqa: ANN001
+def test_a_job_that_raises_records_error_and_traceback_without_raising(
+    tmp_path: Path, capsys
+) -> None:  # noqa: ANN001
     from omegaconf import OmegaConf
 
     from cachepilot_sim.experiment.sweep import is_complete, read_job, run_job

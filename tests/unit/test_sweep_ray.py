@@ -14,26 +14,43 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("ray", reason="Ray is an optional extra: pip install -e '.[ray]'")
-pytest.importorskip("hydra_plugins.hydra_ray_launcher",
-                    reason="hydra-ray-launcher is an optional extra: pip install -e '.[ray]'")
+pytest.importorskip(
+    "hydra_plugins.hydra_ray_launcher",
+    reason="hydra-ray-launcher is an optional extra: pip install -e '.[ray]'",
+)
 
 from cachepilot_sim.tools.collect import collect  # noqa: E402
 
 
 @pytest.mark.slow
-def test_sweep_runs_on_a_local_ray_instance(tmp_path: Path,
-                                            tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_sweep_runs_on_a_local_ray_instance(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     # Ray's socket paths under RAY_TMPDIR must stay below 107 bytes: a short folder of the
     # test session's temporary tree rather than the long per-test one.
     ray_tmp = tmp_path_factory.mktemp("r")
     env = os.environ | {"RAY_TMPDIR": str(ray_tmp), "RAY_USAGE_STATS_ENABLED": "0"}
     sweep_dir = tmp_path / "sweep"
     proc = subprocess.run(
-        [sys.executable, "-m", "cachepilot_sim", "--multirun", "hydra/launcher=ray",
-         "policy=perc,lru", "seed=0,1", "seeds=1", "workload.num_requests=20",
-         "workload.max_active_sessions=4", "+hydra.launcher.ray.init.num_cpus=2",
-         f"+hydra.launcher.ray.init._temp_dir={ray_tmp}", f"hydra.sweep.dir={sweep_dir}"],
-        capture_output=True, text=True, timeout=600, env=env,
+        [
+            sys.executable,
+            "-m",
+            "cachepilot_sim",
+            "--multirun",
+            "hydra/launcher=ray",
+            "policy=perc,lru",
+            "seed=0,1",
+            "seeds=1",
+            "workload.num_requests=20",
+            "workload.max_active_sessions=4",
+            "+hydra.launcher.ray.init.num_cpus=2",
+            f"+hydra.launcher.ray.init._temp_dir={ray_tmp}",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Ray Launcher is launching 4 jobs" in proc.stdout + proc.stderr

@@ -31,8 +31,9 @@ def tiny_config(**telemetry: object) -> RunConfig:
     sim = make_sim_config(vram_gb=10.0, workload=make_workload(num_requests=40))
     values = {k: getattr(sim, k) for k in ("seed", "vram_gb", "model", "workload", "kv")}
     # jobs=1: the cells run in this process, so the progress gauges are recorded too.
-    return RunConfig(**values, compare_policies=["perc", "lru"], jobs=1,
-                     telemetry=TelemetryConfig(**telemetry))  # type: ignore[arg-type]
+    return RunConfig(
+        **values, compare_policies=["perc", "lru"], jobs=1, telemetry=TelemetryConfig(**telemetry)
+    )  # type: ignore[arg-type]
 
 
 def exposed(path: Path) -> dict[str, dict[tuple[str, str], float]]:
@@ -119,8 +120,9 @@ def test_progress_bar_draws_on_a_terminal_only() -> None:
     assert "perc seed 0" in buf.getvalue() and "30/30" in buf.getvalue()
     quiet = RunMonitor(TelemetryConfig(), Console(file=io.StringIO(), force_terminal=False))
     assert quiet.bar is None
-    off = RunMonitor(TelemetryConfig(progress=False), Console(file=io.StringIO(),
-                                                              force_terminal=True))
+    off = RunMonitor(
+        TelemetryConfig(progress=False), Console(file=io.StringIO(), force_terminal=True)
+    )
     assert off.bar is None
 
 

@@ -17,12 +17,21 @@ from tests.conftest import make_sim_config, make_workload
 # Memory pressure on purpose: offloads, CPU-store drops, reloads, recomputes, preemptions and
 # queue time-outs all happen, so every derived quantity is exercised.
 PRESSURE = {
-    "offload": dict(vram_gb=9.6, kv=KVConfig(cpu_store_bytes=10**9),
-                    scheduler=SchedulerConfig(queue_timeout_s=5.0)),
-    "int8_cpu_tier": dict(vram_gb=9.6, kv=KVConfig(cpu_store_bytes=10**9, offload_dtype_bytes=1),
-                          scheduler=SchedulerConfig(queue_timeout_s=5.0)),
-    "drop_only": dict(vram_gb=10.0, kv=KVConfig(offload_enabled=False),
-                      scheduler=SchedulerConfig(queue_timeout_s=3.0)),
+    "offload": dict(
+        vram_gb=9.6,
+        kv=KVConfig(cpu_store_bytes=10**9),
+        scheduler=SchedulerConfig(queue_timeout_s=5.0),
+    ),
+    "int8_cpu_tier": dict(
+        vram_gb=9.6,
+        kv=KVConfig(cpu_store_bytes=10**9, offload_dtype_bytes=1),
+        scheduler=SchedulerConfig(queue_timeout_s=5.0),
+    ),
+    "drop_only": dict(
+        vram_gb=10.0,
+        kv=KVConfig(offload_enabled=False),
+        scheduler=SchedulerConfig(queue_timeout_s=3.0),
+    ),
 }
 
 
@@ -35,8 +44,9 @@ def traced_run(tmp_path: Path, trace: TraceConfig, **overrides: object):  # noqa
 def _same(a: object, b: object) -> bool:
     if isinstance(a, float) or isinstance(b, float):
         fa, fb = float(a), float(b)  # type: ignore[arg-type]
-        return (math.isnan(fa) and math.isnan(fb)) or math.isclose(fa, fb, rel_tol=1e-9,
-                                                                    abs_tol=1e-12)
+        return (math.isnan(fa) and math.isnan(fb)) or math.isclose(
+            fa, fb, rel_tol=1e-9, abs_tol=1e-12
+        )
     return a == b
 
 
@@ -57,8 +67,12 @@ def test_metrics_derived_from_the_trace_equal_the_collectors(tmp_path: Path, cas
     assert not wrong
     # Everything the collector reports is derived, except engine counters the trace never sees
     # (a quantized CPU tier's conversion time is inside the offload/reload durations, not apart).
-    assert set(result.metrics) - set(derived) == {"iterations", "promoted", "kv_pool_gb",
-                                                  "kv_convert_s"}
+    assert set(result.metrics) - set(derived) == {
+        "iterations",
+        "promoted",
+        "kv_pool_gb",
+        "kv_convert_s",
+    }
 
 
 def test_request_results_equal_the_collectors_request_table(tmp_path: Path) -> None:

@@ -54,29 +54,39 @@ GOOD = {"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1,
 
 def _jsonl(tmp_path: Path, bad_line: str) -> Path:
     """Three good rows with `bad_line` as line 3."""
-    rows = [json.dumps(GOOD), json.dumps(GOOD | {"timestamp": 10, "hash_ids": [3, 4]}), bad_line,
-            json.dumps(GOOD | {"timestamp": 30, "hash_ids": [7, 8]})]
+    rows = [
+        json.dumps(GOOD),
+        json.dumps(GOOD | {"timestamp": 10, "hash_ids": [3, 4]}),
+        bad_line,
+        json.dumps(GOOD | {"timestamp": 30, "hash_ids": [7, 8]}),
+    ]
     path = tmp_path / "trace.jsonl"
     path.write_text("\n".join(rows) + "\n")
     return path
 
 
+ROW_5_6 = '"output_length": 5, "hash_ids": [5, 6]}'
 BAD_MOONCAKE_ROWS = {
-    "missing or non-numeric field 'output_length'":
-        '{"timestamp": 20, "input_length": 600, "hash_ids": [5, 6]}',
-    "negative 'input_length' = -600": '{"timestamp": 20, "input_length": -600, '
-                                      '"output_length": 5, "hash_ids": [5, 6]}',
-    "'output_length' is NaN": '{"timestamp": 20, "input_length": 600, "output_length": NaN, '
-                              '"hash_ids": [5, 6]}',
-    "timestamp 5.0 goes backwards (an earlier row has 10.0)":
-        '{"timestamp": 5, "input_length": 600, "output_length": 5, "hash_ids": [5, 6]}',
-    "'hash_ids' has 3 entries but input_length 600.0 needs 2 blocks":
-        '{"timestamp": 20, "input_length": 600, "output_length": 5, "hash_ids": [5, 6, 9]}',
+    "missing or non-numeric field 'output_length'": (
+        '{"timestamp": 20, "input_length": 600, "hash_ids": [5, 6]}'
+    ),
+    "negative 'input_length' = -600": '{"timestamp": 20, "input_length": -600, ' + ROW_5_6,
+    "'output_length' is NaN": (
+        '{"timestamp": 20, "input_length": 600, "output_length": NaN, "hash_ids": [5, 6]}'
+    ),
+    "timestamp 5.0 goes backwards (an earlier row has 10.0)": (
+        '{"timestamp": 5, "input_length": 600, ' + ROW_5_6
+    ),
+    "'hash_ids' has 3 entries but input_length 600.0 needs 2 blocks": (
+        '{"timestamp": 20, "input_length": 600, "output_length": 5, "hash_ids": [5, 6, 9]}'
+    ),
     "not a valid JSON request": '{"timestamp": 20, "input_length": 600,',
-    "hash id 4 follows id 1 here but 3 on line 2":
-        '{"timestamp": 20, "input_length": 600, "output_length": 5, "hash_ids": [1, 4]}',
-    "'input_length' = 600.5 is not a whole number":
-        '{"timestamp": 20, "input_length": 600.5, "output_length": 5, "hash_ids": [5, 6]}',
+    "hash id 4 follows id 1 here but 3 on line 2": (
+        '{"timestamp": 20, "input_length": 600, "output_length": 5, "hash_ids": [1, 4]}'
+    ),
+    "'input_length' = 600.5 is not a whole number": (
+        '{"timestamp": 20, "input_length": 600.5, ' + ROW_5_6
+    ),
 }
 
 
@@ -107,15 +117,17 @@ def test_blank_lines_keep_line_numbers_right(tmp_path: Path) -> None:
 
 
 def test_skipped_rows_are_counted_per_reason(tmp_path: Path) -> None:
-    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens",
-             "2023-11-16 18:15:46.6805900,374,44",
-             "2023-11-16 18:15:47.0000000,-3,44",
-             "2023-11-16 18:15:47.5000000,-7,44",
-             "yesterday,10,10",
-             "2023-11-16 18:15:48.0000000,NaN,4",
-             "2023-11-16 18:15:40.0000000,10,4",
-             "2023-11-16 18:15:49.0000000,,4",
-             "2023-11-16 18:15:50.0000000,100,7"]
+    lines = [
+        "TIMESTAMP,ContextTokens,GeneratedTokens",
+        "2023-11-16 18:15:46.6805900,374,44",
+        "2023-11-16 18:15:47.0000000,-3,44",
+        "2023-11-16 18:15:47.5000000,-7,44",
+        "yesterday,10,10",
+        "2023-11-16 18:15:48.0000000,NaN,4",
+        "2023-11-16 18:15:40.0000000,10,4",
+        "2023-11-16 18:15:49.0000000,,4",
+        "2023-11-16 18:15:50.0000000,100,7",
+    ]
     path = tmp_path / "az.csv"
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(TraceError, match=r"az\.csv:3: negative 'input_length' = -3"):
@@ -123,8 +135,10 @@ def test_skipped_rows_are_counted_per_reason(tmp_path: Path) -> None:
     t = read_trace(TraceFormat.AZURE, path, OnError.SKIP)
     assert t.line.tolist() == [2, 9] and t.input_tokens.tolist() == [374, 100]
     assert t.skipped == {
-        "negative 'input_length' = N": 2, "missing or unparseable 'timestamp'": 1,
-        "'input_length' is NaN": 1, "missing or non-numeric field 'input_length'": 1,
+        "negative 'input_length' = N": 2,
+        "missing or unparseable 'timestamp'": 1,
+        "'input_length' is NaN": 1,
+        "missing or non-numeric field 'input_length'": 1,
         "timestamp N goes backwards (an earlier row has N)": 1,
     }
     assert t.num_skipped == len(lines) - 1 - t.num_requests

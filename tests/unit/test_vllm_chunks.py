@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cachepilot_sim.config import HardwareConfig, PolicyConfig
+from cachepilot_sim.config import HardwareConfig, policy_config
 from cachepilot_sim.cost import compute_fit, recompute_us
 from cachepilot_sim.integrations.vllm.chunks import session_key
 from cachepilot_sim.integrations.vllm.params import PercParams
@@ -135,7 +135,7 @@ def test_session_order_is_the_simulators_perc_order() -> None:
         estimator.observe(entry, int(gap_s * S))
         entries.append(entry)
     clock.now_us += 60 * S
-    perc = make_policy(PolicyConfig(name="perc"), estimator)
+    perc = make_policy(policy_config("perc"), estimator)
     expected = [f"s{e.session_id}" for e in perc.order(entries, clock.now_us)]
     evicted = policy.evict(40, set())
     assert evicted is not None

@@ -1,0 +1,161 @@
+"""One simulation's config (SimConfig) and one experiment's (RunConfig: policies x seeds)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import ClassVar
+
+from cachepilot_sim.config.admission import AdmissionConfig
+from cachepilot_sim.config.base import GB, Sealed, bounded, require
+from cachepilot_sim.config.engine import BatcherConfig, KVConfig, SchedulerConfig
+from cachepilot_sim.config.hardware import HardwareConfig
+from cachepilot_sim.config.model import ModelConfig
+from cachepilot_sim.config.policy import ALL_POLICIES, POLICIES, PolicyConfig
+from cachepilot_sim.config.workload import ReplayConfig, TraceFormat, WorkloadConfig
+
+
+@dataclass
+class TraceConfig(Sealed):
+    """Event trace to Parquet: on/off, iteration sampling, session sampling, rows per chunk."""
+
+    section: ClassVar[str | None] = "trace"
+    enabled: bool = True
+    iteration_every: int = bounded(10, gt=0, integer=True)
+    chunk_rows: int = bounded(200_000, gt=0, integer=True)
+    # Keep every row of one session in k (session id % k == 0); 1 traces every session.
+    session_every: int = bounded(1, gt=0, integer=True)
+
+
+@dataclass
+class TelemetryConfig(Sealed):
+    """What a run reports while and after it runs (never changes results): a rich progress bar
+    when stdout is a terminal, the Prometheus exposition file, a 127.0.0.1 metrics server."""
+
+    section: ClassVar[str | None] = "telemetry"
+    progress: bool = True
+    progress_every_events: int = bounded(50_000, gt=0)
+    prometheus_file: bool = True
+    # 0: no server; else serve /metrics on 127.0.0.1:<port> during the run.
+    prometheus_port: int = bounded(0, ge=0, le=65535, integer=True)
+
+
+@dataclass
+class SimConfig(Sealed):
+    """Everything one simulation needs: one policy, one seed."""
+
+    section: ClassVar[str | None] = ""  # its keys are top-level
+    seed: int = 0
+    vram_gb: float = bounded(16.0, gt=0)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    extra_models: list[ModelConfig] = field(default_factory=list)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    batcher: BatcherConfig = field(default_factory=BatcherConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    kv: KVConfig = field(default_factory=KVConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+
+    @property
+    def vram_bytes(self) -> int:
+        return int(self.vram_gb * GB)
+
+    @property
+    def models(self) -> list[ModelConfig]:
+        return [self.model, *self.extra_models]
+
+    @property
+    def kv_pool_bytes(self) -> int:
+        """VRAM left for KV after every model's pinned weights and the activation reserve."""
+        weights = sum(m.weight_bytes for m in self.models)
+        return self.vram_bytes - weights - self.kv.activation_reserve_bytes
+
+    def validate(self, prefix: str) -> None:
+        super().validate(prefix)
+        names = [m.name for m in self.models]
+        require(len(set(names)) == len(names), "extra_models", names, "model names must be unique")
+        if self.replay.format != TraceFormat.NONE:
+            require(
+                self.replay.hash_block_tokens % self.kv.block_tokens == 0,
+                "replay.hash_block_tokens",
+                self.replay.hash_block_tokens,
+                f"must be a multiple of kv.block_tokens = {self.kv.block_tokens}",
+            )
+        for cls_name, cls in self.workload.classes.items():
+            require(
+                cls.model in ("", *names),
+                f"workload.classes.{cls_name}.model",
+                cls.model,
+                f"no such model; configured: {names}",
+            )
+        if self.kv.offload_dtype_bytes:
+            require(
+                all(self.kv.offload_dtype_bytes <= m.kv_dtype_bytes for m in self.models),
+                "kv.offload_dtype_bytes",
+                self.kv.offload_dtype_bytes,
+                "must not exceed any model's kv_dtype_bytes (0: as on the GPU)",
+            )
+        self._check_fits()
+
+    def _check_fits(self) -> None:
+        weights = sum(m.weight_bytes for m in self.models)
+        largest_block = max(m.kv_bytes_per_token for m in self.models) * self.kv.block_tokens
+        require(
+            self.kv_pool_bytes >= 64 * largest_block,
+            "vram_gb",
+            self.vram_gb,
+            f"cannot hold the model: {weights / GB:.2f} GB of pinned weights plus "
+            f"{self.kv.activation_reserve_bytes / GB:.2f} GB activation reserve leave "
+            f"{self.kv_pool_bytes / GB:.3f} GB, under 64 KV blocks",
+        )
+
+
+@dataclass
+class RunConfig(SimConfig):
+    """Top-level Hydra config: a SimConfig plus what to compare (policies x seeds)."""
+
+    seeds: int = bounded(5, ge=1)  # single-seed comparisons of eviction policies mislead
+    # Policies run side by side, each with its registered config: `policy`'s own fields apply to
+    # the policy it names, the others get their defaults; the shared fields apply to all.
+    compare_policies: list[str] = field(default_factory=list)
+    write_requests: bool = True
+    jobs: int = bounded(0, ge=0)  # worker processes for the (policy, seed) cells; 0: one per core
+    # Policy lab: after each cell, the offline LP lower bound on restore cost over its recorded
+    # access sequence (cachepilot_sim/experiment/offline.py).
+    offline_bound: bool = False
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+
+    def validate(self, prefix: str) -> None:
+        super().validate(prefix)
+        for name in self.compare_policies:
+            if name == ALL_POLICIES and len(self.compare_policies) == 1:
+                continue
+            require(
+                name in POLICIES,
+                "compare_policies",
+                name,
+                f"unknown policy; known: {POLICIES.names()} (or [{ALL_POLICIES}] alone)",
+            )
+
+    def policy_names(self) -> list[str]:
+        """The policies this run compares: `[all]` means every registered policy."""
+        if list(self.compare_policies) == [ALL_POLICIES]:
+            return POLICIES.names()
+        return list(self.compare_policies) or [self.policy.name]
+
+    def policy_for(self, name: str) -> PolicyConfig:
+        """Policy `name`'s config in this run: `policy` itself when it names `name`; otherwise
+        the registered class with its defaults and the shared fields (PolicyConfig's) of
+        `policy`."""
+        if name == self.policy.name:
+            return self.policy
+        shared = {f.name: getattr(self.policy, f.name) for f in fields(PolicyConfig)}
+        return POLICIES.entry(name).config(**(shared | {"name": name}))
+
+    def sim_for(self, policy_name: str, seed: int) -> SimConfig:
+        """The SimConfig of one (policy, seed) cell of this run."""
+        values = {f.name: getattr(self, f.name) for f in fields(SimConfig)}
+        values.update(seed=seed, policy=self.policy_for(policy_name))
+        return SimConfig(**values)

@@ -1,0 +1,67 @@
+"""Hydra's view of the configs: the schema registered in the ConfigStore, and back to dataclasses.
+
+Every registered eviction policy and admission controller stores its config class under
+`policy_schema/<name>` and `admission_schema/<name>`; `conf/policy/<name>.yaml` starts from it
+(`defaults: [/policy_schema/<name>@_here_, _self_]`), so the YAML a user picks decides which
+fields exist and an override of another policy's field is an unknown key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import is_dataclass
+from typing import TYPE_CHECKING, Any
+
+from cachepilot_sim.config.admission import ADMISSION
+from cachepilot_sim.config.engine import BatcherConfig
+from cachepilot_sim.config.hardware import HardwareConfig
+from cachepilot_sim.config.model import ModelConfig
+from cachepilot_sim.config.policy import POLICIES
+from cachepilot_sim.config.registry import Registry
+from cachepilot_sim.config.run import RunConfig
+from cachepilot_sim.config.workload import WorkloadConfig
+
+if TYPE_CHECKING:
+    from hydra.core.config_store import ConfigStore
+
+# Hydra and OmegaConf are imported inside the functions below: only the entry points that
+# compose configs pay for them, not every import of a config class.
+
+
+def _store_choices(cs: ConfigStore, registry: Registry[Any, Any]) -> None:
+    from omegaconf import OmegaConf
+
+    for name in registry.names():
+        node = OmegaConf.structured(registry.entry(name).config)
+        node.name = name
+        cs.store(group=f"{registry.group}_schema", name=name, node=node)
+
+
+def register_configs() -> None:
+    """Register the schema with Hydra's ConfigStore (the entry points call it once)."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    cs = ConfigStore.instance()
+    node = OmegaConf.structured(RunConfig)
+    # YAML dicts merge key by key: start the class table empty so that a workload file lists
+    # exactly its own classes instead of adding to the dataclass default.
+    node.workload.classes = {}
+    cs.store(name="run_schema", node=node)
+    for group, schema in (
+        ("hardware", HardwareConfig),
+        ("model", ModelConfig),
+        ("workload", WorkloadConfig),
+        ("batcher", BatcherConfig),
+    ):
+        cs.store(group=group, name=f"{group}_schema", node=schema)
+    _store_choices(cs, POLICIES)
+    _store_choices(cs, ADMISSION)
+
+
+def to_config(cfg: Any) -> RunConfig:
+    """DictConfig (from Hydra) -> validated, sealed RunConfig."""
+    from omegaconf import OmegaConf
+
+    obj = OmegaConf.to_object(cfg)
+    assert is_dataclass(obj) and isinstance(obj, RunConfig), type(obj)
+    return obj
