@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cachepilot_sim.components.kv import Admit
+from cachepilot_sim.components.kv.forest import HashBlock
 from cachepilot_sim.components.request import Request
 from cachepilot_sim.config import (
     KVConfig,
@@ -30,7 +31,14 @@ from cachepilot_sim.config import (
     TraceFormat,
     policy_config,
 )
-from cachepilot_sim.policies import CacheEntry, KeyScope, known_policies, make_policy
+from cachepilot_sim.policies import (
+    CacheEntry,
+    KeyScope,
+    RankingPolicy,
+    known_policies,
+    make_policy,
+)
+from cachepilot_sim.policies.candidates import CandidateIndex
 from cachepilot_sim.policies.reuse import GapEstimator
 from tests.conftest import make_kv, make_sim_config
 
@@ -309,3 +317,74 @@ def test_seeded_streams_evict_often_and_identically(policy: str) -> None:
                 _, log, _ = run(cfg, None, ops, tree)
                 assert len(log) >= 3, (policy, seed, offload, tree is None)
                 assert_same(cfg, ops, tree)
+
+
+def test_indexed_policies_rank_by_key_alone() -> None:
+    """The index ranks by `key` alone: a policy that reads the set (`prepare`) or selects by its
+    own rule must say SET, or the managers would skip what it does."""
+    for name in INDEXED:
+        cls = type(make_policy(policy_config(name), GapEstimator(0.3, 1e6, 1e6)))
+        assert cls.select_victims is RankingPolicy.select_victims, name
+        assert cls.prepare is RankingPolicy.prepare, name
+
+
+def test_a_hook_that_rekeys_an_idle_entry_reorders_the_index() -> None:
+    """FIFO: a returning victim re-enters the cache at its access, even while it sits idle (it
+    was evicted after its request arrived and cached again by that request)."""
+    fifo = make_policy(policy_config("fifo"), GapEstimator(0.3, 1e6, 1e6))
+    index = CandidateIndex(fifo)
+    older, newer = (
+        CacheEntry(i, i, 0, 0, 0, 16, 100, created_us=t, last_used_us=t)
+        for i, t in ((1, 10), (2, 20))
+    )
+    fifo.on_evict(older, 30)  # evicted: its next access is a miss
+    for e in (older, newer):
+        fifo.on_release(e, 40)
+        index.add(e, 40)
+    fifo.on_access(older, 50)  # a miss: FIFO re-inserts it now, after `newer`
+    index.refresh(older, 50)
+    assert index.select(100, 60, lambda e: e) == [newer]
+    assert index.num_visits == 2  # the stale item is skipped, not re-sorted
+
+
+@pytest.mark.parametrize("name", ["lru", "lfu", "fifo", "priority"])
+def test_an_indexed_decision_visits_only_its_victims_whatever_the_cache_size(name: str) -> None:
+    """Complexity, counted: 100 one-victim decisions over 10^4 idle entries (each followed by a
+    release, as in steady state) look at about 100 heap items, not 10^6."""
+    policy = make_policy(policy_config(name), GapEstimator(0.3, 1e6, 1e6))
+    index = CandidateIndex(policy)
+    size = 10_000
+    for i in range(size + 100):
+        e = CacheEntry(i, i, 0, 0, i % 3, 16, 100, created_us=i * 7 % 1000, last_used_us=i)
+        policy.on_release(e, i)
+        if i < size:
+            index.add(e, i)
+        else:  # one decision, then one more entry goes idle
+            (victim,) = index.select(100, i, lambda e: e)
+            policy.on_evict(victim, i)
+            index.discard(victim.entry_id)
+            index.add(e, i)
+    assert len(index) == size
+    assert index.num_visits <= 100 + 5
+
+
+def test_the_prefix_tail_heap_visits_only_its_victims_whatever_the_tree_size() -> None:
+    """Complexity, counted: cutting 200 blocks off 1,000 idle chains of 10 visits 200 tails."""
+    cfg = prefix_config("lru", 10_100, 0, False, 0.0)
+    kv = make_kv(cfg)
+    tree = kv.tree
+    for c in range(1_000):
+        parent = None
+        for d in range(10):
+            e = CacheEntry(c * 10 + d, c, 0, 0, 0, 512, kv.hash_bytes, 0, c * 10 + d)
+            b = HashBlock(c * 10 + d, parent, e)
+            kv.pool.allocate(kv.hash_bytes)
+            tree.add(b)
+            if parent is not None:
+                tree.unpin(parent)
+            parent = b
+        tree.unpin(parent)
+    assert kv._evict_blocks(200, allow_offload=False) == 200
+    assert kv.tails.num_visits == 200
+    assert kv._evict_blocks(1, allow_offload=False) == 1
+    assert kv.tails.num_visits == 201
