@@ -34,10 +34,14 @@ class TelemetryConfig(Sealed):
 
     section: ClassVar[str | None] = "telemetry"
     progress: bool = True
-    progress_every_events: int = bounded(50_000, gt=0)
+    # A 1000-request cell has about 10,000 events: a report every 1,000 moves the bar ~10 times.
+    progress_every_events: int = bounded(1_000, gt=0)
     prometheus_file: bool = True
     # 0: no server; else serve /metrics on 127.0.0.1:<port> during the run.
     prometheus_port: int = bounded(0, ge=0, le=65535, integer=True)
+    # With a served port: wall seconds between snapshots of the run metrics published while each
+    # cell runs (every dashboard panel then fills during the run; 0: at every progress report).
+    live_metrics_every_s: float = bounded(1.0, ge=0)
 
 
 @dataclass
@@ -129,6 +133,9 @@ class RunConfig(SimConfig):
     # the policy it names, the others get their defaults; the shared fields apply to all.
     compare_policies: list[str] = field(default_factory=list)
     write_requests: bool = True
+    # report.md, report.html (headline figure embedded), results.csv and run_meta.json in the run
+    # folder (cachepilot_sim/experiment/report.py); about a second of matplotlib per run.
+    write_report: bool = True
     jobs: int = bounded(0, ge=0)  # worker processes for the (policy, seed) cells; 0: one per core
     # Policy lab: after each cell, the offline LP lower bound on restore cost over its recorded
     # access sequence (cachepilot_sim/experiment/offline.py).
