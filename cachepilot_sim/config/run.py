@@ -8,6 +8,7 @@ from typing import ClassVar
 from cachepilot_sim.config.admission import AdmissionConfig
 from cachepilot_sim.config.base import GB, Sealed, bounded, require
 from cachepilot_sim.config.engine import BatcherConfig, KVConfig, SchedulerConfig
+from cachepilot_sim.config.engine_profile import EngineConfig
 from cachepilot_sim.config.hardware import HardwareConfig
 from cachepilot_sim.config.model import ModelConfig
 from cachepilot_sim.config.policy import ALL_POLICIES, POLICIES, PolicyConfig
@@ -61,6 +62,7 @@ class SimConfig(Sealed):
     trace: TraceConfig = field(default_factory=TraceConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
 
     @property
     def vram_bytes(self) -> int:
@@ -72,7 +74,11 @@ class SimConfig(Sealed):
 
     @property
     def kv_pool_bytes(self) -> int:
-        """VRAM left for KV after every model's pinned weights and the activation reserve."""
+        """VRAM left for KV after every model's pinned weights and the activation reserve, or the
+        engine profile's pool of `engine.kv_pool_blocks` blocks."""
+        if self.engine.kv_pool_blocks:
+            tokens = self.engine.kv_pool_blocks * self.kv.block_tokens
+            return tokens * self.model.kv_bytes_per_token
         weights = sum(m.weight_bytes for m in self.models)
         return self.vram_bytes - weights - self.kv.activation_reserve_bytes
 
@@ -104,6 +110,8 @@ class SimConfig(Sealed):
         self._check_fits()
 
     def _check_fits(self) -> None:
+        if self.engine.kv_pool_blocks:
+            return  # the engine's own pool size; it fits by construction
         weights = sum(m.weight_bytes for m in self.models)
         largest_block = max(m.kv_bytes_per_token for m in self.models) * self.kv.block_tokens
         require(
