@@ -21,6 +21,7 @@ import numpy as np
 import polars as pl
 
 from cachepilot_sim.config import RunConfig, register_configs, to_config
+from cachepilot_sim.tools import CONF_DIR
 from cachepilot_sim.validation.ground_truth import (
     GroundTruth,
     GroundTruthError,
@@ -31,7 +32,6 @@ from cachepilot_sim.validation.ground_truth import (
 )
 from cachepilot_sim.validation.replay import engine_overrides, simulate
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 STATS = ("mean", "p50", "p90", "p99")
 TABLE = (
