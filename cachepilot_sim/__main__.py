@@ -1,4 +1,8 @@
-"""Hydra entry point: `python -m cachepilot_sim +experiment=...`. The only DictConfig user.
+"""Hydra entry point: `python -m cachepilot_sim +experiment=...` (the console command
+`cachepilot-sim` runs the same, tools/cli.py). The only DictConfig user.
+
+Configs are packaged in cachepilot_sim/conf (config_path below is relative to this file, so an
+installed package finds them too).
 
 `--multirun` sweeps run each job through `sweep.run_job` (crash isolation, resume); see
 docs/observability.md.
@@ -14,14 +18,17 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from cachepilot_sim.conf import groups_help
 from cachepilot_sim.config import ConfigError, register_configs, to_config
 from cachepilot_sim.experiment.runner import run_experiment
 from cachepilot_sim.workloads.traces import TraceError
 
 register_configs()
+# `--help` lists the groups a run can pick through this resolver (conf/hydra/help/cachepilot.yaml).
+OmegaConf.register_new_resolver("cachepilot_groups", groups_help, replace=True)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)

@@ -35,7 +35,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     register_configs()
-    conf = Path(__file__).resolve().parents[1] / "conf"
+    conf = Path(__file__).resolve().parents[1] / "cachepilot_sim" / "conf"
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         cfg = to_config(compose("config", overrides=[f"+experiment={args.experiment}"]))
     results = {}

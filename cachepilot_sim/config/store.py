@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from cachepilot_sim.config.admission import ADMISSION
 from cachepilot_sim.config.engine import BatcherConfig
+from cachepilot_sim.config.engine_profile import EngineConfig
 from cachepilot_sim.config.hardware import HardwareConfig
 from cachepilot_sim.config.model import ModelConfig
 from cachepilot_sim.config.policy import POLICIES
@@ -52,6 +53,7 @@ def register_configs() -> None:
         ("model", ModelConfig),
         ("workload", WorkloadConfig),
         ("batcher", BatcherConfig),
+        ("engine", EngineConfig),
     ):
         cs.store(group=group, name=f"{group}_schema", node=schema)
     _store_choices(cs, POLICIES)

@@ -4,6 +4,7 @@ from cachepilot_sim.config.policy import known_policies
 from cachepilot_sim.policies import (  # noqa: F401  (registers the policies)
     classic,
     lru,
+    mru,
     oracle,
     perc,
     perc_variants,

@@ -205,6 +205,7 @@ def train(args: Args) -> dict[str, Any]:
                 best = (g, [p.copy() for p in mlp.params()], it)
     mlp.w1, mlp.b1, mlp.w2, mlp.b2 = best[1]
     log["best_iteration"], log["best_greedy_goodput"] = best[2], best[0]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     mlp.save(args.out)
     args.out.with_name(args.out.stem + "_train_log.json").write_text(json.dumps(log, indent=1))
     return log
@@ -222,7 +223,9 @@ def parse(argv: list[str] | None = None) -> Args:
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--hidden", type=int, default=16)
     p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--experiment", default="mixed_spike", help="conf/experiment/<name>.yaml")
+    p.add_argument(
+        "--experiment", default="mixed_spike", help="cachepilot_sim/conf/experiment/<name>.yaml"
+    )
     p.add_argument(
         "--override",
         dest="overrides",
