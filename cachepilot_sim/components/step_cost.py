@@ -95,6 +95,7 @@ def make_step_cost(cfg: SimConfig, fit: ComputeFit) -> StepCostModel:
                 e.q_padded_token_us,
                 e.kv_read_token_us,
                 e.kv_read_token2_us,
+                e.seqlen_us,
                 e.seqlen_per_sqrt_request_us,
                 e.prefill_seqlen_us,
                 e.request_us,

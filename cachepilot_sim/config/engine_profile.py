@@ -31,6 +31,7 @@ class EngineConfig(Sealed):
     q_padded_token_us: float = bounded(0.0, ge=0)
     kv_read_token_us: float = bounded(0.0, ge=0)
     kv_read_token2_us: float = bounded(0.0, ge=0)  # per (10^3 KV tokens read)^2
+    seqlen_us: float = bounded(0.0, ge=0)  # per token of the longest sequence
     seqlen_per_sqrt_request_us: float = bounded(0.0, ge=0)  # longest sequence / sqrt(requests)
     prefill_seqlen_us: float = bounded(0.0, ge=0)  # per 10^3 (prefill x longest sequence) pairs
     request_us: float = bounded(0.0, ge=0)

@@ -4,11 +4,15 @@ shape a CUDA-graph engine really launches.
 transformers' continuous batching (5.17, graphs on) pads a step's queries to a multiple of
 `q_pad_tokens` and copies every request's whole KV into one contiguous buffer each step, so its
 step time grows with the padded query count, the KV tokens read (and their square), the longest
-sequence over the square root of the request count (attention's critical path: one long sequence
-alone runs on few SMs, next to others it shares them), the number of requests (per-request
-gathers), and prefill x sequence length for chunks that attend to earlier chunks. That form won a
-leave-one-configuration-out cross-validation over the micro-runs (tools/fit_engine.py) against
-the plain longest sequence and five other forms. The coefficients come from closed micro-runs only
+sequence (attention's critical path: a batch waits for its longest request, whatever the others
+hold) plus the longest sequence over the square root of the request count (one long sequence alone
+runs on few SMs, next to others it shares them), the number of requests (per-request gathers),
+and prefill x sequence length for chunks that attend to earlier chunks. That form won a
+leave-one-configuration-out cross-validation over the micro-runs (tools/fit_engine.py), which
+include decode batches of mixed contexts (microbench_mixed/), against the longest sequence alone,
+the longest sequence over sqrt(requests) alone (the form fitted before the mixed micro-runs, which
+cannot separate the longest sequence from the mean context on batches of equal contexts), and
+five other forms. The coefficients come from closed micro-runs only
 (`fit_engine_step`), never from the validation workloads.
 """
 
@@ -26,6 +30,7 @@ FEATURES = (
     "q_padded_token_us",
     "kv_read_token_us",
     "kv_read_token2_us",
+    "seqlen_us",
     "seqlen_per_sqrt_request_us",
     "prefill_seqlen_us",
     "request_us",
@@ -44,6 +49,7 @@ class EngineStepFit:
     q_padded_token_us: float
     kv_read_token_us: float
     kv_read_token2_us: float
+    seqlen_us: float
     seqlen_per_sqrt_request_us: float
     prefill_seqlen_us: float
     request_us: float
@@ -76,6 +82,7 @@ def step_features(
             np.ceil(q / q_pad_tokens) * q_pad_tokens,
             kv,
             kv * kv / _KV2_SCALE,
+            seqlen,
             seqlen / np.sqrt(np.maximum(np.asarray(num_requests, dtype=np.float64), 1.0)),
             np.asarray(prefill_tokens, dtype=np.float64) * seqlen / _PAIR_SCALE,
             np.asarray(num_requests, dtype=np.float64),
@@ -102,6 +109,7 @@ def engine_step_us(fit: EngineStepFit, new_tokens: np.ndarray, context_tokens: n
         + c.q_padded_token_us * math.ceil(q / c.q_pad_tokens) * c.q_pad_tokens
         + c.kv_read_token_us * kv
         + c.kv_read_token2_us * kv * kv / _KV2_SCALE
+        + c.seqlen_us * seqlen
         + c.seqlen_per_sqrt_request_us * seqlen / math.sqrt(new.size)
         + c.prefill_seqlen_us * prefill * seqlen / _PAIR_SCALE
         + c.request_us * new.size
@@ -121,6 +129,7 @@ def decode_run_us(fit: EngineStepFit, context_tokens: np.ndarray, num_steps: int
         + fit.q_padded_token_us * q
         + fit.kv_read_token_us * kv
         + fit.kv_read_token2_us * kv * kv / _KV2_SCALE
+        + fit.seqlen_us * seqlen
         + fit.seqlen_per_sqrt_request_us * seqlen / math.sqrt(max(n, 1))
         + fit.request_us * n
     )

@@ -5,7 +5,11 @@ left out. Writes the fit, the data file it came from and the residuals as JSON, 
 
     python -m cachepilot_sim.tools.fit_engine \\
         experiments/validation/hf_cb/2026-12-01/microbench/steps.parquet \\
+        experiments/validation/hf_cb/2026-12-01/microbench_mixed/steps.parquet \\
         --json experiments/validation/hf_cb/2026-12-01/step_fit.json
+
+Several micro-run files are stacked (their configurations keep their own names, so the
+cross-validation still leaves one configuration out at a time).
 """
 
 from __future__ import annotations
@@ -31,13 +35,20 @@ STEP_COLUMNS = (
 )
 
 
-def load_micro_steps(path: Path) -> pl.DataFrame:
-    """The micro-run steps usable for a fit: every column present, no graph capture in the step."""
-    steps = pl.read_parquet(path)
-    missing = [c for c in STEP_COLUMNS if c not in steps.columns]
-    if missing:
-        raise ValueError(f"{path}: missing column(s) {missing}")
-    return steps.filter(pl.col("graph_captures") == 0, pl.col("gpu_us") > 0)
+def load_micro_steps(*paths: Path) -> pl.DataFrame:
+    """The micro-run steps usable for a fit, from one or more steps files stacked: every column
+    present, no graph capture in the step."""
+    frames = []
+    for path in paths:
+        steps = pl.read_parquet(path)
+        missing = [c for c in STEP_COLUMNS if c not in steps.columns]
+        if missing:
+            raise ValueError(f"{path}: missing column(s) {missing}")
+        frames.append(steps.filter(pl.col("graph_captures") == 0, pl.col("gpu_us") > 0))
+    if len(frames) == 1:
+        return frames[0]
+    common = [c for c in frames[0].columns if all(c in f.columns for f in frames[1:])]
+    return pl.concat([f.select(common) for f in frames], how="vertical_relaxed")
 
 
 def fit_steps(steps: pl.DataFrame, q_pad_tokens: int) -> tuple[EngineStepFit, np.ndarray]:
@@ -83,7 +94,7 @@ def cross_validate(steps: pl.DataFrame, q_pad_tokens: int) -> np.ndarray:
 
 
 def report(
-    path: Path, steps: pl.DataFrame, fit: EngineStepFit, resid: np.ndarray
+    path: Path | list[Path], steps: pl.DataFrame, fit: EngineStepFit, resid: np.ndarray
 ) -> dict[str, Any]:
     """The fit, its data and its residuals: overall and per micro-run configuration."""
     abs_r = np.abs(resid)
@@ -108,7 +119,7 @@ def report(
         )
         per_config = per.to_dicts()
     return {
-        "data": str(path),
+        "data": [str(p) for p in path] if isinstance(path, list) else str(path),
         "target": "gpu_us (device time of the step's forward)",
         "steps_used": int(steps.height),
         "fit": {name: getattr(fit, name) for name in (*FEATURES, "q_pad_tokens")},
@@ -125,13 +136,13 @@ def report(
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("steps", type=Path, help="the micro-runs' steps.parquet")
+    ap.add_argument("steps", type=Path, nargs="+", help="the micro-runs' steps.parquet file(s)")
     ap.add_argument("--q-pad-tokens", type=int, default=256)
     ap.add_argument("--json", type=Path, help="write the fit and its residuals here")
     args = ap.parse_args(argv)
-    steps = load_micro_steps(args.steps)
+    steps = load_micro_steps(*args.steps)
     fit, resid = fit_steps(steps, args.q_pad_tokens)
-    out = report(args.steps, steps, fit, resid)
+    out = report(args.steps if len(args.steps) > 1 else args.steps[0], steps, fit, resid)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1, default=float) + "\n")
     print(

@@ -12,6 +12,7 @@ methods (no engine code is changed). Output: one ground-truth folder per workloa
     python3 capture.py --out $OUT --phase main         # validation workloads, each run twice
     python3 capture.py --out $OUT --phase pressure     # small-cache workloads + cost micro-runs
     python3 capture.py --out /tmp/x --phase smoke --cpu-smoke   # tiny model on CPU, logic only
+    python3 capture.py --out $OUT --phase mixed        # mixed-context decode cost micro-runs
 
 Engine configuration (one, documented in the README next to the data): FA2-varlen attention through
 PyTorch's own FlashAttention-2 kernel, CUDA graphs + async batching on, every padded batch shape
@@ -24,6 +25,7 @@ import argparse
 import json
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -35,6 +37,7 @@ from capture_workloads import (
     PRESSURE_LEN,
     Req,
     lognormal_lengths,
+    microbench_mixed_plan,
     microbench_plan,
     rename,
     w_azure,
@@ -257,21 +260,28 @@ def phase_pressure(s: Session, args: argparse.Namespace) -> None:
 MICRO_SPEC = EngineSpec("microbench_lazy_graphs", num_blocks=2200, precapture_max_seqlen_k=0)
 
 
-def microbench(s: Session, args: argparse.Namespace) -> None:
-    rec = Recorder(use_cuda=True)
-    mgr, info = make_engine(s.model, MICRO_SPEC, rec, s.smoke)
+def microbench(
+    s: Session,
+    args: argparse.Namespace,
+    plan: Callable[[], list[tuple[dict, list[Req]]]] = microbench_plan,
+    name: str = "microbench",
+    spec: EngineSpec = MICRO_SPEC,
+) -> None:
+    rec = Recorder(use_cuda=not s.smoke)
+    mgr, info = make_engine(s.model, spec, rec, s.smoke)
     mgr.start()
-    folder = s.stage / "microbench"
+    folder = s.stage / name
     folder.mkdir(parents=True, exist_ok=True)
     all_steps, all_reqs, configs = [], [], []
     for rep in (1, 2):
-        for cfg, reqs in microbench_plan():
+        for cfg, reqs in plan():
             reqs = [
                 Req(
                     **{
                         **asdict(r),
                         "request_id": f"{r.request_id}-r{rep}",
                         "parent_id": f"{r.parent_id}-r{rep}" if r.parent_id else None,
+                        "prefix_of": f"{r.prefix_of}-r{rep}" if r.prefix_of else None,
                     }
                 )
                 for r in reqs
@@ -289,7 +299,7 @@ def microbench(s: Session, args: argparse.Namespace) -> None:
             )
             all_steps += [{**st, **tag} for st in rec.steps]
             all_reqs += [{**r, **tag} for r in res["records"]]
-        print(f"[microbench] rep {rep}: {len(configs)} configs, {len(all_steps)} steps", flush=True)
+        print(f"[{name}] rep {rep}: {len(configs)} configs, {len(all_steps)} steps", flush=True)
         tag_types = {
             "bench": "string",
             "batch_size": "int32",
@@ -300,7 +310,7 @@ def microbench(s: Session, args: argparse.Namespace) -> None:
         }
         write_table(all_steps, {**STEP_TYPES, **tag_types}, folder / "steps")
         write_table(all_reqs, {**REQUEST_TYPES, **tag_types}, folder / "micro_requests")
-        eng = engine_config(mgr, MICRO_SPEC, info, s.smoke)
+        eng = engine_config(mgr, spec, info, s.smoke)
         eng.update(
             configs=configs,
             note="cost micro-runs; rep 1 may capture graphs lazily (graph_captures > 0 "
@@ -309,6 +319,23 @@ def microbench(s: Session, args: argparse.Namespace) -> None:
         (folder / "microbench.json").write_text(json.dumps(eng, indent=1, default=str))
         pack(s.stage, s.out, "gt")
     destroy_engine(mgr)
+
+
+def phase_mixed(s: Session, args: argparse.Namespace) -> None:
+    """Mixed-context decode micro-runs (microbench_mixed_plan), on the micro-run engine."""
+    if not s.smoke:
+        microbench(s, args, microbench_mixed_plan, "microbench_mixed")
+        return
+    spec = EngineSpec(
+        "smoke_mixed",
+        num_blocks=256,
+        block_size=32,
+        max_batch_tokens=256,
+        use_cuda_graph=False,
+        use_async_batching=False,
+        precapture_max_seqlen_k=0,
+    )
+    microbench(s, args, lambda: microbench_mixed_plan(scale=8)[:3], "microbench_mixed", spec)
 
 
 def phase_smoke(s: Session, args: argparse.Namespace) -> None:
@@ -370,7 +397,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--phase", required=True, choices=["explore", "main", "pressure", "smoke"])
+    ap.add_argument(
+        "--phase", required=True, choices=["explore", "main", "pressure", "smoke", "mixed"]
+    )
     ap.add_argument("--cpu-smoke", action="store_true")
     ap.add_argument("--explore-rate", type=float, default=6.0)
     ap.add_argument(
@@ -403,6 +432,8 @@ def main() -> None:
         phase_smoke(s, args)
     elif args.phase == "explore":
         phase_explore(s, args)
+    elif args.phase == "mixed":
+        phase_mixed(s, args)
     else:
         (phase_main if args.phase == "main" else phase_pressure)(s, args)
     print("[done] " + json.dumps(s.summaries), flush=True)

@@ -208,3 +208,48 @@ def microbench_plan() -> list[tuple[dict, list[Req]]]:
                 )
             )
     return plan
+
+
+def microbench_mixed_plan(scale: int = 1) -> list[tuple[dict, list[Req]]]:
+    """Decode batches whose contexts differ (the homogeneous `microbench_plan` cannot tell a cost
+    of the longest sequence from one of the mean context). One primer of the longest context is
+    computed first; at 1.5 s every decode request arrives at once, sharing the primer's first
+    `context` tokens (whole blocks, a prefix hit) plus 16 tokens of its own, and decodes 32 tokens.
+    `scale` divides every length (CPU smoke check)."""
+
+    def spread(b: int, lo: int, hi: int) -> list[int]:  # evenly spaced, whole 256-token blocks
+        return [int(round((lo + (hi - lo) * i / max(b - 1, 1)) / 256)) * 256 for i in range(b)]
+
+    shapes: dict[str, list[tuple[int, list[int]]]] = {
+        "mixed_half_512_4096": [(b, [512] * (b // 2) + [4096] * (b - b // 2)) for b in (8, 32, 64)],
+        "mixed_uniform_256_6144": [(b, spread(b, 256, 6144)) for b in (8, 32, 64, 128)],
+        "mixed_one_long_6144": [(b, [6144] + [256] * (b - 1)) for b in (8, 32, 64)],
+        "mixed_quarter_4096_512": [
+            (b, [4096] * (b // 4) + [512] * (b - b // 4)) for b in (32, 128)
+        ],
+    }
+    plan = []
+    for bench, cases in shapes.items():
+        for b, ctxs in cases:
+            ctxs = [max(c // scale, 1) for c in ctxs]
+            top = max(ctxs)
+            primer = Req(f"mb-{bench}-b{b}-primer", top, 1, send_s=0.0)
+            batch = [
+                Req(
+                    f"mb-{bench}-b{b}-{i:03d}",
+                    c + 16 // min(scale, 16),
+                    32 // min(scale, 8),
+                    send_s=1.5,
+                    prefix_of=primer.request_id,
+                    prefix_tokens=c,
+                )
+                for i, c in enumerate(ctxs)
+            ]
+            cfg = {
+                "bench": bench,
+                "batch_size": b,
+                "cfg_prompt_tokens": 16,
+                "context_tokens": int(round(sum(ctxs) / len(ctxs))),
+            }
+            plan.append((cfg, [primer, *batch]))
+    return plan
