@@ -146,6 +146,8 @@ def _add_vs_lru(cells: list[dict[str, Any]]) -> None:
 
 def summarize(cells: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
     """Per policy and numeric metric: mean, std (sample, ddof=1), min, max, n over seeds."""
+    # Not a polars group_by: these numpy reductions are what metrics.json has always held, and the
+    # summary must stay byte-identical for committed results to keep reproducing.
     out: dict[str, dict[str, dict[str, float]]] = {}
     for policy in dict.fromkeys(c["policy"] for c in cells):
         rows = [c for c in cells if c["policy"] == policy]
