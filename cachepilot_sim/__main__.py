@@ -15,6 +15,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from cachepilot_sim.config import ConfigError, register_configs, to_config
+from cachepilot_sim.experiment.outdir import OutputDirError
 from cachepilot_sim.experiment.runner import run_experiment
 from cachepilot_sim.workloads.traces import TraceError
 
@@ -40,6 +41,9 @@ def main(cfg: DictConfig) -> None:
         run_experiment(run_cfg, out_dir)
     except TraceError as err:  # a bad trace row: file, line and reason, no traceback
         print(f"cachepilot_sim: cannot replay the trace: {err}", file=sys.stderr)
+        sys.exit(2)
+    except OutputDirError as err:  # an unusable hydra.run.dir: named, no traceback
+        print(f"cachepilot_sim: {err}", file=sys.stderr)
         sys.exit(2)
     print(f"results: {out_dir}")
 

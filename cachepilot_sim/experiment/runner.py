@@ -3,12 +3,14 @@
 Files under the output folder: `metrics.json` (every cell and the per-policy summary), `summary.md`
 (the table), `requests/<policy>_seed<k>.parquet` (per-request results) and, when tracing is on,
 `trace/<policy>_seed<k>/part-*.parquet`. Each file is written to a temporary name and renamed, so an
-interrupted run never leaves a half-written file over an earlier one.
+interrupted run never leaves a half-written file over an earlier one. A run owns its folder
+(`outdir.py`): it first removes an earlier run's outputs there, then writes `run.json` (id, cells);
+trace readers refuse parts and trace folders that are not this run's. metrics.json is strict JSON
+(null where a metric has no value).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import multiprocessing
 import os
@@ -22,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cachepilot_sim.config import RunConfig, SimConfig, TraceFormat
+from cachepilot_sim.experiment import outdir
 from cachepilot_sim.experiment.telemetry import RunMonitor
 from cachepilot_sim.sim import build
 
@@ -196,9 +199,28 @@ def markdown(summary: dict[str, dict[str, dict[str, float]]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def claim_output(cfg: RunConfig, out_dir: Path) -> str:
+    """Take `out_dir` for this run (an earlier run's outputs there are removed); its run id."""
+    rid = outdir.run_id(cfg)
+    names = [
+        f"{p}_seed{s}" for p in cfg.policy_names() for s in range(cfg.seed, cfg.seed + cfg.seeds)
+    ]
+    outdir.claim(out_dir, rid, names)
+    return rid
+
+
+def _skipped_by_reason(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """Trace rows skipped per reason (the same trace for every cell): moved to the report's top."""
+    reasons = [c.pop("trace_rows_skipped_by_reason", None) for c in cells]
+    return (
+        {"trace_rows_skipped_by_reason": reasons[0]} if reasons and reasons[0] is not None else {}
+    )
+
+
 def run_experiment(cfg: RunConfig, out_dir: Path, console: Console | None = None) -> dict[str, Any]:
     """Run the matrix, write metrics.json, summary.md and metrics.prom, print the table."""
     console = console or Console(width=250)
+    rid = claim_output(cfg, out_dir)
     monitor = RunMonitor(cfg.telemetry, console)
     try:
         cells = run_cells(cfg, out_dir, monitor)
@@ -218,11 +240,9 @@ def run_experiment(cfg: RunConfig, out_dir: Path, console: Console | None = None
             f"{note}, time x{rc.time_scale:g}"
         )
     title = f"{workload}, {cfg.vram_gb:g} GB VRAM, {cfg.model.name}, {seeds}; mean ± σ [min, max]"
-    report = {"title": title, "cells": cells, "summary": summary}
-    _write_atomic(
-        out_dir / "metrics.json",
-        lambda p: p.write_text(json.dumps(report, indent=1, allow_nan=True)),
-    )
+    report = {"title": title, "run_id": rid, "cells": cells, "summary": summary}
+    report |= _skipped_by_reason(cells)
+    outdir.write_json(out_dir / "metrics.json", report)
     _write_atomic(out_dir / "summary.md", lambda p: p.write_text(f"{title}\n\n{markdown(summary)}"))
     console.print(table(summary, title))
     return report

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import traceback
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from cachepilot_sim.config import to_config
+from cachepilot_sim.experiment.outdir import write_json
 
 JOB_FILE = "job.json"
 STATUS_FILE = "sweep_status.json"
@@ -33,9 +33,8 @@ def config_hash(cfg: DictConfig) -> str:
 
 
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1, allow_nan=True))
-    os.replace(tmp, path)
+    """Strict JSON (null for NaN), temporary name then rename: see outdir.write_json."""
+    write_json(path, payload)
 
 
 def read_job(job_dir: Path) -> dict[str, Any] | None:
