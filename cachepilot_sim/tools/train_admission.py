@@ -252,8 +252,11 @@ def _weights_out(text: str) -> Path:
             f"{text}: these are the shipped weights that admission=learned loads; write to "
             "another file and replace them deliberately (git shows the change)"
         )
-    if not path.parent.is_dir() or not os.access(path.parent, os.W_OK):
-        raise argparse.ArgumentTypeError(f"{text}: folder {path.parent} missing or not writable")
+    base = path.parent
+    while not base.exists() and base != base.parent:  # folders to be created: check the first
+        base = base.parent  # one that exists
+    if not base.is_dir() or not os.access(base, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text}: {base} is not a writable folder")
     return path
 
 

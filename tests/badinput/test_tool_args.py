@@ -167,7 +167,7 @@ def _shipped() -> str:
 
 @pytest.mark.parametrize(
     "out",
-    ["", "shipped", "{tmp}", "{tmp}/w.txt", "{tmp}/missing/w.npz", "{tmp}/file/w.npz", None],
+    ["", "shipped", "{tmp}", "{tmp}/w.txt", "{tmp}/file/x/w.npz", "{tmp}/file/w.npz", None],
 )
 def test_train_admission_out_is_required_new_and_writable(
     tmp_path: Path, out: str | None, capsys: pytest.CaptureFixture[str]
