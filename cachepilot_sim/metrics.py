@@ -9,7 +9,7 @@ collected, `trace/derive.py` to the per-request table it rebuilds from a trace.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -142,3 +142,24 @@ def outcome_metrics(frame: pl.DataFrame, duration_us: int) -> dict[str, float | 
 def request_metrics(frame: pl.DataFrame, duration_us: int) -> dict[str, float | int]:
     """`outcome_metrics` then `latency_metrics`: every run metric the per-request table gives."""
     return outcome_metrics(frame, duration_us) | latency_metrics(frame)
+
+
+def restore_metrics(totals: Mapping[str, float]) -> dict[str, float | int]:
+    """Realized restore, eviction and expected-cost metrics from cache totals.
+
+    `totals` holds `realized_reload_us`, `realized_recompute_us`, `preempt_recompute_us`,
+    `expected_evict_cost_us`, `evictions_offload`, `evictions_drop`, `evicted_bytes_offload` and
+    `evicted_bytes_drop`: the KV manager's counters (`KvStats`) or the same sums over a trace
+    (`trace/derive.py`). One definition for both.
+    """
+    reload_us, recompute_us = totals["realized_reload_us"], totals["realized_recompute_us"]
+    evicted = totals["evicted_bytes_offload"] + totals["evicted_bytes_drop"]
+    return {
+        "realized_restore_s": (reload_us + recompute_us) / 1e6,
+        "realized_reload_s": reload_us / 1e6,
+        "realized_recompute_s": recompute_us / 1e6,
+        "preempt_recompute_s": totals["preempt_recompute_us"] / 1e6,
+        "expected_evict_cost_s": totals["expected_evict_cost_us"] / 1e6,
+        "evictions": int(totals["evictions_offload"] + totals["evictions_drop"]),
+        "evicted_gb": evicted / 1e9,
+    }

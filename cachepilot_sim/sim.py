@@ -24,7 +24,12 @@ from cachepilot_sim.components.signal import Signal
 from cachepilot_sim.components.vram_pool import VramPool
 from cachepilot_sim.config import SimConfig, TraceFormat
 from cachepilot_sim.cost import compute_fit, transfer_fits
-from cachepilot_sim.metrics import latency_metrics, outcome_metrics, request_frame
+from cachepilot_sim.metrics import (
+    latency_metrics,
+    outcome_metrics,
+    request_frame,
+    restore_metrics,
+)
 from cachepilot_sim.policies import GapEstimator, make_policy
 from cachepilot_sim.policies.oracle import ShadowOracle
 from cachepilot_sim.rng import make_streams
@@ -181,14 +186,8 @@ class Simulation:
         out: dict[str, Any] = {"policy": self.cfg.policy.name, "seed": self.cfg.seed}
         out |= outcome_metrics(frame, duration)
         out |= latency_metrics(frame)
+        out |= restore_metrics(asdict(kv))
         out |= {
-            "realized_restore_s": (kv.realized_reload_us + kv.realized_recompute_us) / 1e6,
-            "realized_reload_s": kv.realized_reload_us / 1e6,
-            "realized_recompute_s": kv.realized_recompute_us / 1e6,
-            "preempt_recompute_s": kv.preempt_recompute_us / 1e6,
-            "expected_evict_cost_s": kv.expected_evict_cost_us / 1e6,
-            "evictions": kv.evictions_offload + kv.evictions_drop,
-            "evicted_gb": (kv.evicted_bytes_offload + kv.evicted_bytes_drop) / 1e9,
             # GPU time converting KV for a quantized CPU tier (kv.offload_dtype_bytes); 0 otherwise.
             "kv_convert_s": kv.convert_us / 1e6,
             # KV the CPU store dropped to make room: restored by recompute when needed again.

@@ -92,13 +92,6 @@ class SimConfig(Sealed):
             )
         if self.kv.offload_dtype_bytes:
             require(
-                self.replay.format == TraceFormat.NONE,
-                "kv.offload_dtype_bytes",
-                self.kv.offload_dtype_bytes,
-                "a quantized CPU tier is modelled for session KV "
-                "only, not for trace replay's prefix blocks",
-            )
-            require(
                 all(self.kv.offload_dtype_bytes <= m.kv_dtype_bytes for m in self.models),
                 "kv.offload_dtype_bytes",
                 self.kv.offload_dtype_bytes,

@@ -19,7 +19,7 @@ from typing import Any
 
 import polars as pl
 
-from cachepilot_sim.metrics import request_metrics
+from cachepilot_sim.metrics import request_metrics, restore_metrics
 from cachepilot_sim.trace.recorder import META_FILE
 from cachepilot_sim.trace.schema import REJECT_REASONS, TRACE_SCHEMA
 
@@ -288,16 +288,8 @@ def run_metrics(trace: Trace, meta: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"policy": meta.get("policy"), "seed": meta.get("seed")}
     span_us = max(int(totals["span_us"] or 0), 1)
     out |= request_metrics(request_results(trace, meta), span_us)
-    off, drop = totals["evicted_bytes_offload"], totals["evicted_bytes_drop"]
-    restore_us = totals["realized_reload_us"] + totals["realized_recompute_us"]
+    out |= restore_metrics(totals)
     out |= {
-        "realized_restore_s": restore_us / 1e6,
-        "realized_reload_s": totals["realized_reload_us"] / 1e6,
-        "realized_recompute_s": totals["realized_recompute_us"] / 1e6,
-        "preempt_recompute_s": totals["preempt_recompute_us"] / 1e6,
-        "expected_evict_cost_s": totals["expected_evict_cost_us"] / 1e6,
-        "evictions": totals["evictions_offload"] + totals["evictions_drop"],
-        "evicted_gb": (off + drop) / 1e9,
         "pcie_d2h_gb": totals["pcie_d2h_bytes"] / 1e9,
         "pcie_h2d_gb": totals["pcie_h2d_bytes"] / 1e9,
     }

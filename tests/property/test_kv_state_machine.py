@@ -262,6 +262,7 @@ class PrefixKvMachine(QueueMachine):
         watermark=st.sampled_from([0.0, 0.05, 0.2, 0.45]),
         policy=st.sampled_from(POLICIES),
         offload=st.booleans(),
+        int8_cpu=st.booleans(),
         lru_store=st.booleans(),
         cap=st.sampled_from([0, 6]),
     )
@@ -272,6 +273,7 @@ class PrefixKvMachine(QueueMachine):
         watermark: float,
         policy: str,
         offload: bool,
+        int8_cpu: bool,
         lru_store: bool,
         cap: int,
     ) -> None:
@@ -281,6 +283,7 @@ class PrefixKvMachine(QueueMachine):
             cpu_store_bytes=cpu_blocks * hash_bytes,
             watermark_fraction=watermark,
             offload_enabled=offload,
+            offload_dtype_bytes=1 if int8_cpu else 0,
             cpu_store_evicts_lru=lru_store,
         )
         replay = ReplayConfig(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cachepilot_sim.components.kv import SessionKvManager, Tier, cpu_kv_bytes_per_token
-from cachepilot_sim.config import ConfigError, KVConfig, ModelConfig, ReplayConfig, TraceFormat
+from cachepilot_sim.config import ConfigError, KVConfig, ModelConfig, to_config
 from cachepilot_sim.cost import quantize_us
 from cachepilot_sim.sim import build
 from tests.conftest import make_sim_config
@@ -27,10 +27,27 @@ def test_offload_dtype_wider_than_the_gpu_kv_is_rejected_naming_the_key() -> Non
         make_sim_config(kv=KVConfig(offload_dtype_bytes=4))
 
 
-def test_quantized_cpu_tier_is_refused_for_trace_replay() -> None:
-    replay = ReplayConfig(format=TraceFormat.SHAREGPT, path="x.json")
-    with pytest.raises(ConfigError, match="kv.offload_dtype_bytes"):
-        make_sim_config(kv=KVConfig(offload_dtype_bytes=1), replay=replay)
+def test_int8_cpu_tier_on_a_prefix_trace_moves_half_the_bytes_per_block() -> None:
+    """The prefix manager's CPU tier quantizes blocks too (it was refused before the KV house)."""
+    from tests.unit.test_hydra_configs import compose_run
+
+    run = to_config(
+        compose_run(
+            [
+                "+experiment=mooncake_synthetic",
+                "vram_gb=16",
+                "replay.limit=200",
+                "trace.enabled=false",
+                "kv.offload_dtype_bytes=1",
+            ]
+        )
+    )
+    sim = build(run.sim_for("lru", 0))
+    m = sim.run().metrics
+    assert m["evictions_offload"] > 0 and m["kv_convert_s"] > 0
+    assert m["completed"] + m["rejected"] == 200
+    ratio = m["pcie_d2h_gb"] * 1e9 / m["evicted_bytes_offload"]
+    assert ratio == pytest.approx(65_792 / 131_072, rel=1e-6)
 
 
 def test_int8_cpu_tier_moves_half_the_bytes_and_pays_the_conversion() -> None:
