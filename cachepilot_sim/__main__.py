@@ -17,9 +17,12 @@ from omegaconf import DictConfig, OmegaConf
 from cachepilot_sim.config import ConfigError, register_configs, to_config
 from cachepilot_sim.experiment.outdir import OutputDirError
 from cachepilot_sim.experiment.runner import run_experiment
+from cachepilot_sim.experiment.sweep import safe_dirname
 from cachepilot_sim.workloads.traces import TraceError
 
 register_configs()
+# Job folders are named by their overrides; this keeps each one inside the sweep folder.
+OmegaConf.register_new_resolver("cp_safe_dirname", safe_dirname, replace=True)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -30,7 +33,7 @@ def main(cfg: DictConfig) -> None:
         from cachepilot_sim.experiment.sweep import run_job
 
         overrides = [str(o) for o in OmegaConf.to_container(hydra_cfg.overrides.task) or []]
-        run_job(cfg, out_dir, overrides, int(hydra_cfg.job.num))
+        run_job(cfg, out_dir, overrides, int(hydra_cfg.job.num), Path(hydra_cfg.sweep.dir))
         return
     try:
         run_cfg = to_config(cfg)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -194,6 +195,9 @@ def parse_args(argv: list[str]) -> dict[str, str]:
         values[key] = value
     if not values["path"]:
         raise ValueError("path=... is required")
+    # The name becomes a file name under out/workload/: one plain name, never a path.
+    if values["name"] and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", values["name"]):
+        raise ValueError(f"name={values['name']!r}: use letters, digits, '_', '.', '-' only")
     return values
 
 
@@ -206,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         summary = profile(path, a["format"], a["tokenizer"], out, name, int(a["max_records"]))
     except (ValueError, ConfigError) as err:  # DatasetError is a ValueError
         print(f"profile_dataset: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # an unwritable out=: named, no traceback
+        print(f"profile_dataset: {err.filename}: cannot write ({err.strerror})", file=sys.stderr)
         return 2
     d = summary["distributions"]
     print(
