@@ -8,10 +8,11 @@ fields exist and an override of another policy's field is an unknown key.
 
 from __future__ import annotations
 
-from dataclasses import is_dataclass
+from dataclasses import fields, is_dataclass
 from typing import TYPE_CHECKING, Any
 
 from cachepilot_sim.config.admission import ADMISSION
+from cachepilot_sim.config.base import ConfigError
 from cachepilot_sim.config.engine import BatcherConfig
 from cachepilot_sim.config.hardware import HardwareConfig
 from cachepilot_sim.config.model import ModelConfig
@@ -62,6 +63,13 @@ def to_config(cfg: Any) -> RunConfig:
     """DictConfig (from Hydra) -> validated, sealed RunConfig."""
     from omegaconf import OmegaConf
 
-    obj = OmegaConf.to_object(cfg)
+    known = {f.name for f in fields(RunConfig)}
+    extra = sorted(str(k) for k in cfg if k not in known)
+    if extra:  # a `+key=value` override or a YAML key that no config class declares
+        raise ConfigError(f"unknown config key '{extra[0]}'; top-level keys are {sorted(known)}")
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except AttributeError as err:  # a sealed section refusing a key it does not declare
+        raise ConfigError(f"unknown config key: {err}") from err
     assert is_dataclass(obj) and isinstance(obj, RunConfig), type(obj)
     return obj

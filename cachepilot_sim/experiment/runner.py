@@ -25,6 +25,7 @@ from rich.table import Table
 
 from cachepilot_sim.config import RunConfig, SimConfig, TraceFormat
 from cachepilot_sim.experiment import outdir
+from cachepilot_sim.experiment.lifecycle import exit_with_parent, stop_workers
 from cachepilot_sim.experiment.telemetry import RunMonitor
 from cachepilot_sim.sim import build
 
@@ -111,12 +112,16 @@ def run_cells(
     else:
         # spawn, not fork: polars keeps a thread pool, and a forked child can deadlock on it.
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        with ProcessPoolExecutor(jobs, context, initializer=exit_with_parent) as pool:
             futures = [
                 pool.submit(run_cell, s, out_dir, cfg.write_requests, cfg.offline_bound)
                 for s in sims
             ]
-            cells = [f.result() for f in futures]
+            try:
+                cells = [f.result() for f in futures]
+            except BaseException:  # SIGINT/SIGTERM/SIGHUP or a failed cell: stop the others now
+                stop_workers(pool)
+                raise
     _add_vs_lru(cells)
     return cells
 

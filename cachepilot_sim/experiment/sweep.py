@@ -20,6 +20,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from cachepilot_sim.config import to_config
+from cachepilot_sim.experiment.lifecycle import exit_with_parent
 from cachepilot_sim.experiment.outdir import write_json
 
 JOB_FILE = "job.json"
@@ -92,6 +93,7 @@ def run_job(
     Exceptions are recorded in job.json and printed with the job's overrides, never raised. With
     `sweep_dir`, the job is also recorded there, and a job folder outside it is refused.
     """
+    exit_with_parent()  # a launcher worker (loky) must not outlive a terminated sweep
     label = f"job {job_num} ({','.join(overrides) or 'no overrides'})"
     if sweep_dir is None:
         return _run_job(cfg, out_dir, overrides, job_num, label)
