@@ -53,7 +53,9 @@ def main(cfg: DictConfig) -> None:
         refuse_ignored_overrides(cfg, [str(o) for o in hydra_cfg.overrides.task])
         run_cfg = to_config(cfg)
     except ConfigError as err:
-        print(f"cachepilot_sim: invalid configuration: {err}", file=sys.stderr)
+        model_file = str(hydra_cfg.runtime.choices.get("model", "<name>"))
+        message = str(err).replace("conf/model/<name>.yaml", f"conf/model/{model_file}.yaml")
+        print(f"cachepilot_sim: invalid configuration: {message}", file=sys.stderr)
         sys.exit(2)
     install_signal_handlers()  # SIGTERM/SIGHUP stop the run as SIGINT does
     try:
