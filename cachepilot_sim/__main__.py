@@ -1,4 +1,8 @@
-"""Hydra entry point: `python -m cachepilot_sim +experiment=...`. The only DictConfig user.
+"""Hydra entry point: `python -m cachepilot_sim +experiment=...` (the console command
+`cachepilot-sim` runs the same, tools/cli.py). The only DictConfig user.
+
+Configs are packaged in cachepilot_sim/conf (config_path below is relative to this file, so an
+installed package finds them too).
 
 `--multirun` sweeps run each job through `sweep.run_job` (crash isolation, resume); see
 docs/observability.md.
@@ -15,6 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from cachepilot_sim.conf import groups_help
 from cachepilot_sim.config import ConfigError, register_configs, to_config
 from cachepilot_sim.experiment.lifecycle import exit_status, install_signal_handlers
 from cachepilot_sim.experiment.outdir import OutputDirError
@@ -23,6 +28,8 @@ from cachepilot_sim.experiment.sweep import safe_dirname
 from cachepilot_sim.workloads.traces import TraceError
 
 register_configs()
+# `--help` lists the groups a run can pick through this resolver (conf/hydra/help/cachepilot.yaml).
+OmegaConf.register_new_resolver("cachepilot_groups", groups_help, replace=True)
 # Job folders are named by their overrides; this keeps each one inside the sweep folder.
 OmegaConf.register_new_resolver("cp_safe_dirname", safe_dirname, replace=True)
 
@@ -39,7 +46,7 @@ def refuse_ignored_overrides(cfg: DictConfig, overrides: list[str]) -> None:
         )
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
@@ -54,7 +61,7 @@ def main(cfg: DictConfig) -> None:
         run_cfg = to_config(cfg)
     except ConfigError as err:
         model_file = str(hydra_cfg.runtime.choices.get("model", "<name>"))
-        message = str(err).replace("conf/model/<name>.yaml", f"conf/model/{model_file}.yaml")
+        message = str(err).replace("model/<name>.yaml", f"model/{model_file}.yaml")
         print(f"cachepilot_sim: invalid configuration: {message}", file=sys.stderr)
         sys.exit(2)
     install_signal_handlers()  # SIGTERM/SIGHUP stop the run as SIGINT does

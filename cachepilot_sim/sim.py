@@ -21,6 +21,7 @@ from cachepilot_sim.components.replay_clients import ReplayClients
 from cachepilot_sim.components.request import Outcome
 from cachepilot_sim.components.scheduler import RequestQueue, Scheduler
 from cachepilot_sim.components.signal import Signal
+from cachepilot_sim.components.step_cost import make_step_cost
 from cachepilot_sim.components.vram_pool import VramPool
 from cachepilot_sim.config import SimConfig, TraceFormat
 from cachepilot_sim.cost import compute_fit, transfer_fits
@@ -65,7 +66,9 @@ class SimResult:
 class Simulation:
     """One policy, one seed. Construct with `build`; `run()` once."""
 
-    def __init__(self, cfg: SimConfig, trace_dir: Path | None = None) -> None:
+    def __init__(
+        self, cfg: SimConfig, trace_dir: Path | None = None, replay: ReplayWorkload | None = None
+    ) -> None:
         self.cfg = cfg
         self.env = SimEnvironment()
         env = self.env
@@ -97,9 +100,11 @@ class Simulation:
             factory = SessionFactory(cfg, streams)
             self.clients = Clients(env, cfg, streams, factory, self.scheduler.inbox, events)
         else:  # trace replay: requests at trace times, KV shared by prefix hash
-            self.replay = load_replay(cfg, streams.arrivals)
+            self.replay = replay if replay is not None else load_replay(cfg, streams.arrivals)
             self.clients = ReplayClients(env, cfg, self.replay, self.scheduler.inbox)
-        ports = EnginePorts(env, self.queue, self.kv, self.pool, fit, events, wake)
+        ports = EnginePorts(
+            env, self.queue, self.kv, self.pool, fit, events, wake, make_step_cost(cfg, fit)
+        )
         self.batcher = Batcher(cfg, ports)
         self.events = events
         for process in (self.clients.arrivals(), self.scheduler.run(), self.batcher.run()):
@@ -226,5 +231,9 @@ class Simulation:
         return out
 
 
-def build(cfg: SimConfig, trace_dir: Path | None = None) -> Simulation:
-    return Simulation(cfg, trace_dir)
+def build(
+    cfg: SimConfig, trace_dir: Path | None = None, replay: ReplayWorkload | None = None
+) -> Simulation:
+    """The simulation of `cfg`; `replay` replaces the configured trace with a prepared request
+    list (ground-truth validation builds one from a real engine's requests)."""
+    return Simulation(cfg, trace_dir, replay)

@@ -2,7 +2,8 @@
 through `run_cells` as the CLI does (trace rows recorded and the per-request Parquet written), with
 the full Azure 2023 conversation trace (19,366 requests) by default.
 
-    python experiments/bench_replay_speed.py [--experiment azure_conv] [--out FILE.json]
+    python experiments/bench_replay_speed.py [--experiment azure_conv] [--policies a,b]
+        [--out FILE.json]
 
 Reads the trace from $CACHEPILOT_TRACES_DIR (default ../shared/traces), like the experiment.
 """
@@ -29,13 +30,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", default="azure_conv")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--policies", default="", help="comma-separated (default: the experiment's)"
+    )
     args = parser.parse_args()
     register_configs()
-    conf = Path(__file__).resolve().parents[1] / "conf"
+    conf = Path(__file__).resolve().parents[1] / "cachepilot_sim" / "conf"
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         cfg = to_config(compose("config", overrides=[f"+experiment={args.experiment}"]))
     results = {}
-    for policy in cfg.policy_names():
+    for policy in args.policies.split(",") if args.policies else cfg.policy_names():
         one = to_config(compose_one(conf, args.experiment, policy))
         with tempfile.TemporaryDirectory() as out:
             start, cpu_start = time.perf_counter(), time.process_time()

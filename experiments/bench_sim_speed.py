@@ -48,7 +48,7 @@ def run_case(overrides: list[str]) -> dict[str, float]:
 
     simpy.Environment.schedule = counting  # type: ignore[method-assign]
     register_configs()
-    conf = Path(__file__).resolve().parents[1] / "conf"
+    conf = Path(__file__).resolve().parents[1] / "cachepilot_sim" / "conf"
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         cfg = to_config(compose("config", overrides=["+experiment=mixed_spike", *overrides]))
     with tempfile.TemporaryDirectory() as out:
@@ -101,6 +101,7 @@ def main() -> None:
             "python": platform.python_version(),
             "cpus": __import__("os").cpu_count(),
         }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
 
 

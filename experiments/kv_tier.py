@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 from cachepilot_sim.config import register_configs, to_config
 from cachepilot_sim.experiment.runner import run_cells
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "cachepilot_sim" / "conf"
 VARIANTS = {
     "bf16 KV (default)": [],
     "FP8 KV on the GPU": ["model.kv_dtype_bytes=1"],
@@ -91,6 +91,7 @@ def main() -> None:
     )
     text = head + "\n".join(rows) + "\n"
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
 
 

@@ -19,7 +19,7 @@ from cachepilot_sim.config import register_configs, to_config
 from cachepilot_sim.experiment.offline import access_sequence, integral_optimum, lp_lower_bound
 from cachepilot_sim.sim import build
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "cachepilot_sim" / "conf"
 RUNS = (("perc", 0), ("lru", 0), ("perc_clairvoyant", 0))
 
 

@@ -19,7 +19,7 @@ from cachepilot_sim.experiment.runner import run_cells
 
 DELTAS_S = (5.0, 15.0, 30.0, 60.0, 120.0, 600.0)
 EMA_WEIGHTS = (0.1, 0.3, 0.6, 1.0)
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "cachepilot_sim" / "conf"
 
 
 def cells(overrides: list[str]) -> list[dict[str, float]]:

@@ -22,7 +22,7 @@ from cachepilot_sim.policies import CacheEntry
 from cachepilot_sim.policies.perc_variants import PercHazardPolicy
 from cachepilot_sim.sim import build
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "cachepilot_sim" / "conf"
 
 
 def auc(p: np.ndarray, truth: np.ndarray) -> float:

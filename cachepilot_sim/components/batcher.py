@@ -14,22 +14,17 @@ ADAPTIVE (throughput limits while the queue is deep or a queued request's TTFT d
 from __future__ import annotations
 
 from collections.abc import Generator
-from dataclasses import dataclass
 
 import numpy as np
 import simpy
 
 from cachepilot_sim.clock import ceil_us, ms_to_us
 from cachepilot_sim.components.admission_gate import AdmissionGate
+from cachepilot_sim.components.engine_stats import EngineStats
 from cachepilot_sim.components.kv import Admit
 from cachepilot_sim.components.ports import EnginePorts
 from cachepilot_sim.components.request import Outcome, Request
 from cachepilot_sim.config import BatchMode, SimConfig
-from cachepilot_sim.cost import (
-    batch_iteration_us,
-    decode_step_slope_us,
-    iteration_us,
-)
 
 # Rows of the packed per-sequence state array.
 CTX, PREFILL_LEFT, DECODE_LEFT, BLOCKS, BLOCK_BYTES, TOKEN_BYTES, MODEL, ORDER, PRIO, GENERATED = (
@@ -37,32 +32,25 @@ CTX, PREFILL_LEFT, DECODE_LEFT, BLOCKS, BLOCK_BYTES, TOKEN_BYTES, MODEL, ORDER, 
 )
 
 
-@dataclass
-class EngineStats:
-    """Engine counters over the run: iterations, busy time, tokens, KV occupancy."""
-
-    iterations: int = 0
-    busy_us: int = 0
-    tokens_prefilled: int = 0
-    tokens_decoded: int = 0
-    kv_byte_us: float = 0.0  # integral of (used + in flight) KV bytes over time
-    kv_peak_bytes: int = 0
-
-
 class Batcher:
     """The engine loop: admission at iteration boundaries, one timeout per iteration or run."""
 
     def __init__(self, cfg: SimConfig, ports: EnginePorts) -> None:
         self.env, self.cfg, self.queue, self.kv = ports.env, cfg.batcher, ports.queue, ports.kv
-        self.pool, self.fit = ports.pool, ports.fit
+        self.pool, self.fit, self.step_cost = ports.pool, ports.fit, ports.step_cost
         self.events, self.wake = ports.events, ports.wake
+        # Async scheduling (engine profile): see _hold_new; requests that finished in the last
+        # step still take a slot in the next one (`ghost` until it is costed).
+        self.async_scheduling = cfg.engine.async_scheduling
+        self.prefill_margin = cfg.engine.prefill_margin_fraction
+        self.held_from = 1 << 62  # columns with order >= this sit out the current step
+        self.step_start_us = -1  # when the last step started
+        self.ghost = np.zeros((3, 0), dtype=np.int64)  # context, KV bytes per token, model
         self.trace_every = cfg.trace.iteration_every
         self.max_decode_run = cfg.batcher.max_decode_run
         self.adaptive_slack_us = ms_to_us(cfg.batcher.adaptive_slack_ms)
         models = cfg.models
-        self.weight_bytes = [float(m.weight_bytes) for m in models]
         self.token_bytes = [m.kv_bytes_per_token for m in models]
-        self.num_models = len(models)
         self.block_tokens = cfg.kv.block_tokens
         cap = max(cfg.batcher.throughput_max_seqs, cfg.batcher.latency_max_seqs)
         self.state = np.zeros((10, cap), dtype=np.int64)
@@ -117,6 +105,8 @@ class Batcher:
         n = self.n
         wanted = int(self.prefill_left[:n].sum()) + n
         while self.n < max_seqs and wanted < budget:
+            if self.n and self._outside_margin():
+                return  # the engine admits no new prefill next to running requests
             req = self.queue.peek()
             if req is None:
                 return
@@ -136,6 +126,11 @@ class Batcher:
             elif result == Admit.READY:
                 self._place(req)
                 wanted += req.prefill_tokens + 1
+
+    def _outside_margin(self) -> bool:
+        """Free KV (idle cached blocks count as free) under the engine's prefill margin."""
+        free = self.pool.free_bytes + self.kv.evictable_bytes()
+        return self.prefill_margin > 0 and free < self.prefill_margin * self.pool.capacity_bytes
 
     def _place(self, req: Request) -> None:
         i = self.n
@@ -192,15 +187,26 @@ class Batcher:
         """
         while True:
             budget, max_seqs = self.limits()
+            first_new = self._admit_seq
             self.admit(budget, max_seqs)
             if self.n == 0:
                 yield self.wake.wait()
                 continue
+            self._hold_new(first_new)
             if self.prefill_left[: self.n].any():
                 yield from self._mixed_iteration(budget)
             else:
                 yield from self._decode_run()
             self.kv.maintain_watermark()
+
+    def _hold_new(self, first_new: int) -> None:
+        """Async scheduling: the next step was composed when the last one started, so requests
+        that arrived after that sit it out while older ones run; an idle engine starts at once."""
+        n, self.held_from = self.n, 1 << 62
+        if self.async_scheduling and (self.order[:n] < first_new).any():
+            new = [(int(self.order[i]), self.slot_req[i]) for i in range(n)]
+            late = [o for o, r in new if o >= first_new and r and r.arrival_us > self.step_start_us]
+            self.held_from = min(late, default=1 << 62)
 
     def _mixed_iteration(self, budget: int) -> Generator[simpy.Event, object, None]:
         if not self._grow_decode():
@@ -209,7 +215,9 @@ class Batcher:
         decode = np.flatnonzero(self.prefill_left[:n] == 0)
         chunk_idx, chunks = self._plan_prefill(budget - decode.size)
         duration = ceil_us(self._raw_duration_us(decode, chunk_idx, chunks))
+        self.ghost = self.ghost[:, :0]
         self._account(duration, 1)
+        self.step_start_us = self.env.now
         yield self.env.timeout(duration)
         self._advance(decode, chunk_idx, chunks)
 
@@ -224,8 +232,11 @@ class Batcher:
         if k == 0:
             return
         n = self.n
-        first, slope = self._decode_cost(n)
-        ends = np.cumsum(np.maximum(1.0, np.ceil(first + slope * np.arange(k)))).astype(np.int64)
+        raw = self.step_cost.decode_run_us(self.ctx[:n], self.tok_bytes[:n], self.model[:n], k)
+        if self.ghost.size:  # last step's finished requests ride along in this one
+            raw[0] = self._raw_duration_us(np.arange(n), np.arange(0), np.arange(0))
+            self.ghost = self.ghost[:, :0]
+        ends = np.cumsum(np.maximum(1.0, np.ceil(raw))).astype(np.int64)
         start = self.env.now
         # The run's end and any wake-up (arrival, landed copy) both trigger the wake event; a
         # stale timer from an interrupted run finds its run id changed and does nothing.
@@ -241,26 +252,13 @@ class Batcher:
             if ends[steps - 1] > elapsed:
                 yield self.env.timeout(int(ends[steps - 1]) - elapsed)
         self._account(int(ends[steps - 1]), steps)
+        self.step_start_us = start + (int(ends[steps - 2]) if steps > 1 else 0)
         self._advance_decode(n, steps, finished=steps == k)
 
     def _end_run(self, run_id: int) -> None:
         """Timer callback of a decode run: wake the engine unless that run was already cut short."""
         if run_id == self._run_id:
             self.wake.notify()
-
-    def _decode_cost(self, n: int) -> tuple[float, float]:
-        """(duration of the next pure-decode iteration before rounding, growth per step)."""
-        ctx = self.ctx[:n]
-        tok = self.tok_bytes[:n]
-        if self.num_models > 1:
-            idx = np.arange(n)
-            first = self._raw_duration_us(idx, idx[:0], idx[:0])
-        else:
-            f = self.fit
-            first = iteration_us(
-                f, self.weight_bytes[0], n, float(np.dot(ctx, tok)), float(ctx.sum()) + 0.5 * n
-            )
-        return first, decode_step_slope_us(self.fit, float(tok.sum()), n)
 
     def _reserve_decode_blocks(self, k: int) -> int:
         """Reserve blocks for k decode steps, shortening the run when memory is short; the
@@ -316,7 +314,8 @@ class Batcher:
 
     def _plan_prefill(self, tokens_left: int) -> tuple[np.ndarray, np.ndarray]:
         """Chunked prefill: sequences in admission order share what is left of the token budget."""
-        idx = np.flatnonzero(self.prefill_left[: self.n] > 0)
+        n = self.n
+        idx = np.flatnonzero((self.prefill_left[:n] > 0) & (self.order[:n] < self.held_from))
         if idx.size == 0 or tokens_left <= 0:
             return idx[:0], idx[:0]
         idx = idx[np.argsort(self.order[idx], kind="stable")]
@@ -331,10 +330,14 @@ class Batcher:
     ) -> float:
         """Cost-model time of one iteration (before rounding up to whole microseconds)."""
         idx = np.concatenate((decode, chunk_idx))
-        new = np.concatenate((np.ones(decode.size), chunks.astype(np.float64)))
-        return batch_iteration_us(
-            self.fit, self.weight_bytes, new, self.ctx[idx], self.tok_bytes[idx], self.model[idx]
-        )
+        g = self.ghost.shape[1]
+        new = np.concatenate((np.ones(decode.size + g), chunks.astype(np.float64)))
+        ctx = np.concatenate((self.ctx[decode], self.ghost[0], self.ctx[chunk_idx]))
+        tok = np.concatenate((self.tok_bytes[decode], self.ghost[1], self.tok_bytes[chunk_idx]))
+        model = np.concatenate((self.model[decode], self.ghost[2], self.model[chunk_idx]))
+        if not g:  # the same arrays as before async scheduling existed: identical results
+            ctx, tok, model = self.ctx[idx], self.tok_bytes[idx], self.model[idx]
+        return self.step_cost.iteration_us(new, ctx, tok, model)
 
     def _account(self, duration: int, steps: int) -> None:
         st = self.stats
@@ -384,6 +387,8 @@ class Batcher:
     def _finish_done(self) -> None:
         n = self.n
         done = np.flatnonzero((self.prefill_left[:n] == 0) & (self.decode_left[:n] <= 0))
+        if self.async_scheduling:  # they were scheduled into the next step before finishing
+            self.ghost = self.state[[CTX, TOKEN_BYTES, MODEL]][:, done]
         for i in done[::-1].tolist():
             tokens, blocks = int(self.ctx[i]), int(self.blocks[i])
             req = self._remove(i)

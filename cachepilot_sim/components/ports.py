@@ -8,6 +8,7 @@ from cachepilot_sim.clock import SimEnvironment
 from cachepilot_sim.components.kv import KvManager
 from cachepilot_sim.components.scheduler import RequestQueue
 from cachepilot_sim.components.signal import Signal
+from cachepilot_sim.components.step_cost import StepCostModel
 from cachepilot_sim.components.vram_pool import PoolView
 from cachepilot_sim.cost import ComputeFit
 from cachepilot_sim.trace.events import TraceEvents
@@ -24,3 +25,4 @@ class EnginePorts:
     fit: ComputeFit
     events: TraceEvents
     wake: Signal  # an arrival, a landed copy or a hand-back: re-check admission
+    step_cost: StepCostModel  # the engine profile's step time (components/step_cost.py)

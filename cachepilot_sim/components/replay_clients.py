@@ -39,34 +39,58 @@ class ReplayClients:
         self.num_sessions = workload.sessions.num_sessions
 
     def arrivals(self) -> Generator[simpy.Event, object, None]:
-        """Process: one timeout per distinct arrival time, then every request due is put."""
+        """Process: one timeout per distinct arrival time, then every request due is put; a
+        closed-loop turn is sent instead by its parent's `_after_parent` process."""
         wl = self.workload
-        arrival = wl.arrival_us.tolist()
-        inputs, outputs = wl.table.input_tokens.tolist(), wl.table.output_tokens.tolist()
-        turns = wl.sessions.turn.tolist()
-        groups, parents = wl.sessions.session.tolist(), wl.sessions.parent.tolist()
-        for i, t in enumerate(arrival):
+        think = wl.think_us.tolist() if wl.think_us is not None else [-1] * wl.num_requests
+        parents = wl.sessions.parent.tolist()
+        self._children: dict[int, list[int]] = {}
+        closed = [parents[i] >= 0 and think[i] >= 0 for i in range(wl.num_requests)]
+        for i in range(wl.num_requests):
+            if closed[i]:
+                self._children.setdefault(parents[i], []).append(i)
+        self._slots: list[Request | None] = [None] * wl.num_requests
+        for i, t in enumerate(wl.arrival_us.tolist()):
+            if closed[i]:
+                continue
             if t > int(self.env.now):
                 yield self.env.timeout(t - int(self.env.now))
-            req = Request(
-                self.env,
-                req_id=i,
-                session_id=i,
-                turn=turns[i],
-                class_index=0,
-                model_index=0,
-                priority=self.priority,
-                arrival_us=int(self.env.now),
-                deadline_us=int(self.env.now) + self.ttft_slo_us[0],
-                tpot_slo_us=self.tpot_slo_us,
-                context_tokens=0,
-                prompt_tokens=inputs[i],
-                output_tokens=outputs[i],
-            )
-            # What the prefix KV manager reads: the prompt's block hashes, the inferred session,
-            # and the earlier request this one continues (parents come first in the trace).
-            req.hash_ids = wl.table.hash_ids(i).tolist()
-            req.group_id = groups[i]
-            req.parent = self.requests[parents[i]] if parents[i] >= 0 else None
-            self.requests.append(req)
-            self.inbox.put(req)  # unbounded Store: succeeds at once
+            self._send(i)
+        self.requests = [r for r in self._slots if r is not None]
+
+    def _after_parent(self, i: int, parent: Request) -> Generator[simpy.Event, object, None]:
+        """Process: send turn i its think time after its parent's last token."""
+        yield parent.done
+        assert self.workload.think_us is not None
+        yield self.env.timeout(int(self.workload.think_us[i]))
+        self._send(i)
+        self.requests = [r for r in self._slots if r is not None]
+
+    def _send(self, i: int) -> None:
+        wl = self.workload
+        now = int(self.env.now)
+        req = Request(
+            self.env,
+            req_id=i,
+            session_id=i,
+            turn=int(wl.sessions.turn[i]),
+            class_index=0,
+            model_index=0,
+            priority=self.priority,
+            arrival_us=now,
+            deadline_us=now + self.ttft_slo_us[0],
+            tpot_slo_us=self.tpot_slo_us,
+            context_tokens=0,
+            prompt_tokens=int(wl.table.input_tokens[i]),
+            output_tokens=int(wl.table.output_tokens[i]),
+        )
+        # What the prefix KV manager reads: the prompt's block hashes, the inferred session,
+        # and the earlier request this one continues (parents come first in the trace).
+        req.hash_ids = wl.table.hash_ids(i).tolist()
+        req.group_id = int(wl.sessions.session[i])
+        parent = int(wl.sessions.parent[i])
+        req.parent = self._slots[parent] if parent >= 0 else None
+        self._slots[i] = req
+        self.inbox.put(req)  # unbounded Store: succeeds at once
+        for child in self._children.get(i, ()):
+            self.env.process(self._after_parent(child, req))

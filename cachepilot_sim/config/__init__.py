@@ -15,6 +15,7 @@ from cachepilot_sim.config.admission import (
 )
 from cachepilot_sim.config.base import GB, GIB, ConfigError, Sealed, bounded, require
 from cachepilot_sim.config.engine import BatcherConfig, BatchMode, KVConfig, SchedulerConfig
+from cachepilot_sim.config.engine_profile import EngineConfig, StepCost
 from cachepilot_sim.config.hardware import PCIE_GBPS_PER_LANE, GpuSpecConfig, HardwareConfig
 from cachepilot_sim.config.model import ModelConfig
 from cachepilot_sim.config.policy import (
@@ -46,6 +47,7 @@ __all__ = [
     "BatchMode",
     "BatcherConfig",
     "ConfigError",
+    "EngineConfig",
     "GpuSpecConfig",
     "HardwareConfig",
     "KVConfig",
@@ -58,6 +60,7 @@ __all__ = [
     "Sealed",
     "SchedulerConfig",
     "SimConfig",
+    "StepCost",
     "TelemetryConfig",
     "TraceConfig",
     "TraceFormat",

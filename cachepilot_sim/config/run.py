@@ -8,6 +8,7 @@ from typing import ClassVar
 from cachepilot_sim.config.admission import AdmissionConfig
 from cachepilot_sim.config.base import GB, Sealed, bounded, require
 from cachepilot_sim.config.engine import BatcherConfig, KVConfig, SchedulerConfig
+from cachepilot_sim.config.engine_profile import EngineConfig
 from cachepilot_sim.config.hardware import HardwareConfig
 from cachepilot_sim.config.model import ModelConfig
 from cachepilot_sim.config.policy import ALL_POLICIES, POLICIES, PolicyConfig
@@ -33,10 +34,14 @@ class TelemetryConfig(Sealed):
 
     section: ClassVar[str | None] = "telemetry"
     progress: bool = True
-    progress_every_events: int = bounded(50_000, gt=0)
+    # A 1000-request cell has about 10,000 events: a report every 1,000 moves the bar ~10 times.
+    progress_every_events: int = bounded(1_000, gt=0)
     prometheus_file: bool = True
     # 0: no server; else serve /metrics on 127.0.0.1:<port> during the run.
     prometheus_port: int = bounded(0, ge=0, le=65535, integer=True)
+    # With a served port: wall seconds between snapshots of the run metrics published while each
+    # cell runs (every dashboard panel then fills during the run; 0: at every progress report).
+    live_metrics_every_s: float = bounded(1.0, ge=0)
 
 
 @dataclass
@@ -57,6 +62,7 @@ class SimConfig(Sealed):
     trace: TraceConfig = field(default_factory=TraceConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
 
     @property
     def vram_bytes(self) -> int:
@@ -68,7 +74,11 @@ class SimConfig(Sealed):
 
     @property
     def kv_pool_bytes(self) -> int:
-        """VRAM left for KV after every model's pinned weights and the activation reserve."""
+        """VRAM left for KV after every model's pinned weights and the activation reserve, or the
+        engine profile's pool of `engine.kv_pool_blocks` blocks."""
+        if self.engine.kv_pool_blocks:
+            tokens = self.engine.kv_pool_blocks * self.kv.block_tokens
+            return tokens * self.model.kv_bytes_per_token
         weights = sum(m.weight_bytes for m in self.models)
         return self.vram_bytes - weights - self.kv.activation_reserve_bytes
 
@@ -100,6 +110,8 @@ class SimConfig(Sealed):
         self._check_fits()
 
     def _check_fits(self) -> None:
+        if self.engine.kv_pool_blocks:
+            return  # the engine's own pool size; it fits by construction
         weights = sum(m.weight_bytes for m in self.models)
         largest_block = max(m.kv_bytes_per_token for m in self.models) * self.kv.block_tokens
         require(
@@ -121,6 +133,9 @@ class RunConfig(SimConfig):
     # the policy it names, the others get their defaults; the shared fields apply to all.
     compare_policies: list[str] = field(default_factory=list)
     write_requests: bool = True
+    # report.md, report.html (headline figure embedded), results.csv and run_meta.json in the run
+    # folder (cachepilot_sim/experiment/report.py); about a second of matplotlib per run.
+    write_report: bool = True
     jobs: int = bounded(0, ge=0)  # worker processes for the (policy, seed) cells; 0: one per core
     # Policy lab: after each cell, the offline LP lower bound on restore cost over its recorded
     # access sequence (cachepilot_sim/experiment/offline.py).

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from cachepilot_sim.config.admission import ADMISSION
 from cachepilot_sim.config.base import ConfigError
 from cachepilot_sim.config.engine import BatcherConfig
+from cachepilot_sim.config.engine_profile import EngineConfig
 from cachepilot_sim.config.hardware import HardwareConfig
 from cachepilot_sim.config.model import ModelConfig
 from cachepilot_sim.config.policy import POLICIES
@@ -70,6 +71,7 @@ def register_configs() -> None:
         ("model", ModelConfig),
         ("workload", WorkloadConfig),
         ("batcher", BatcherConfig),
+        ("engine", EngineConfig),
     ):
         cs.store(group=group, name=f"{group}_schema", node=schema)
     _store_choices(cs, POLICIES)
@@ -91,7 +93,11 @@ def to_config(cfg: Any) -> RunConfig:
     except AttributeError as err:  # a sealed section refusing a key it does not declare
         raise ConfigError(f"unknown config key: {err}") from err
     except MissingMandatoryValue as err:
-        where = "conf/model/<name>.yaml" if str(err.full_key).startswith("model.") else "config"
+        where = (
+            "cachepilot_sim/conf/model/<name>.yaml"
+            if str(err.full_key).startswith("model.")
+            else "config"
+        )
         raise ConfigError(f"required key '{err.full_key}' is not set (in {where})") from err
     assert is_dataclass(obj) and isinstance(obj, RunConfig), type(obj)
     return obj

@@ -20,7 +20,17 @@ from cachepilot_sim.trace.derive import RUN_FILE
 from cachepilot_sim.trace.recorder import META_FILE
 
 # Written by the runner at the top of its folder; run.json last so that it marks a claimed folder.
-RUN_OUTPUTS = ("metrics.json", "summary.md", "metrics.prom", RUN_FILE)
+RUN_OUTPUTS = (
+    "metrics.json",
+    "summary.md",
+    "metrics.prom",
+    "results.csv",
+    "run_meta.json",
+    "headline.png",
+    "report.md",
+    "report.html",
+    RUN_FILE,
+)
 
 
 class OutputDirError(ValueError):

@@ -26,7 +26,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
 
-from cachepilot_sim.components.request import Outcome
+from cachepilot_sim.experiment.progress import CellProgress, progress_hook
 
 PREFIX = "cachepilot_"
 LABELS = ("policy", "seed")
@@ -89,15 +89,20 @@ class Telemetry:
             self._gauges[name] = Gauge(name, doc, LABELS, registry=self.registry)
         return self._gauges[name]
 
-    def start_cell(self) -> None:
-        self._t0 = time.perf_counter()
-
     def progress(
-        self, policy: str, seed: int, sim_us: int, done: int, total: int, events: int
+        self,
+        policy: str,
+        seed: int,
+        sim_us: int,
+        done: int,
+        total: int,
+        events: int,
+        started: float | None = None,
     ) -> float:
-        """Update the live progress gauges of one cell; returns events per wall second."""
+        """Update the live progress gauges of one cell whose wall clock started at `started`
+        (perf_counter; default: this object's creation); returns events per wall second."""
         labels = {"policy": policy, "seed": str(seed)}
-        wall = max(time.perf_counter() - self._t0, 1e-9)
+        wall = max(time.perf_counter() - (self._t0 if started is None else started), 1e-9)
         values = (sim_us / 1e6, done, total, events, events / wall)
         for (name, _), value in zip(PROGRESS, values, strict=True):
             self._gauges[PREFIX + name].labels(**labels).set(value)
@@ -157,42 +162,56 @@ class RunMonitor:
                 console=self.console,
             )
             self.bar.start()
+        self._overall: Any = None
+        self._cells: list[tuple[str, int, int]] = []
+        self._tasks: dict[int, Any] = {}
+        self._started: dict[int, float] = {}
+        self._done: dict[int, int] = {}
 
     @property
     def live(self) -> bool:
         """Whether anyone watches progress while cells run (a terminal bar or a served port)."""
         return self.bar is not None or self.telemetry.server is not None
 
-    def hook(self, sim: Any) -> Any:
-        """The `on_progress` callback for one Simulation (counts requests done incrementally)."""
-        cfg = sim.cfg
-        policy, seed, total = cfg.policy.name, cfg.seed, cfg.workload.num_requests
-        requests = sim.clients.requests
-        task = (
-            None
-            if self.bar is None
-            else self.bar.add_task(f"{policy} seed {seed}", total=total, sim_s=0.0, eps=0.0)
+    def add_cells(self, cells: Sequence[tuple[str, int, int]]) -> None:
+        """Announce every (policy, seed, requests) cell of the run, in cell order: the overall bar
+        counts all of them; a cell's own bar shows while it runs."""
+        self._cells = list(cells)
+        if self.bar is not None and self._overall is None:
+            total = sum(n for _, _, n in cells)
+            self._overall = self.bar.add_task(
+                f"all {len(cells)} cells", total=total, sim_s=0.0, eps=0.0
+            )
+
+    def report(self, p: CellProgress) -> None:
+        """One cell's progress (from this process or a worker): gauges, its bar, the overall bar."""
+        start = self._started.setdefault(p.index, time.perf_counter())
+        if p.metrics is not None:
+            self.telemetry.record_cells([{"policy": p.policy, "seed": p.seed, **p.metrics}])
+        eps = self.telemetry.progress(
+            p.policy, p.seed, p.sim_us, p.done, p.total, p.events, started=start
         )
-        self.telemetry.start_cell()
-        prefix, events = 0, 0  # requests[:prefix] are all done: each call scans only the rest
+        if self.bar is None:
+            return
+        task = self._tasks.get(p.index)
+        if task is None:
+            task = self.bar.add_task(f"{p.policy} seed {p.seed}", total=p.total, sim_s=0.0, eps=0.0)
+            self._tasks[p.index] = task
+        # With the overall bar, a finished cell's own bar goes away: only running cells show.
+        visible = p.done < p.total or self._overall is None
+        self.bar.update(task, completed=p.done, sim_s=p.sim_us / 1e6, eps=eps, visible=visible)
+        self._done[p.index] = p.done
+        if self._overall is not None:
+            self.bar.update(self._overall, completed=sum(self._done.values()))
 
-        def on_progress(num_events: int) -> None:
-            nonlocal prefix, events
-            while prefix < len(requests) and requests[prefix].outcome != Outcome.PENDING:
-                prefix += 1
-            done = prefix + sum(1 for r in requests[prefix:] if r.outcome != Outcome.PENDING)
-            events = num_events
-            eps = self.telemetry.progress(policy, seed, sim.env.now, done, total, num_events)
-            if task is not None:
-                self.bar.update(task, completed=done, sim_s=sim.env.now / 1e6, eps=eps)
+    @property
+    def live_metrics_every_s(self) -> float | None:
+        """Wall seconds between run-metric snapshots while cells run (None: no server, none)."""
+        return None if self.telemetry.server is None else self.cfg.live_metrics_every_s
 
-        def finish() -> None:
-            self.telemetry.progress(policy, seed, sim.env.now, total, total, events)
-            if task is not None:
-                self.bar.update(task, completed=total, sim_s=sim.env.now / 1e6)
-
-        on_progress.finish = finish  # type: ignore[attr-defined]
-        return on_progress
+    def hook(self, sim: Any, index: int = 0) -> Any:
+        """The `on_progress` callback for a Simulation run in this process (cell `index`)."""
+        return progress_hook(sim, index, self.report, self.live_metrics_every_s)
 
     def close(self, cells: Sequence[dict[str, Any]], out_dir: Path | None) -> Path | None:
         """Stop the bar and the server; write metrics.prom when asked for."""

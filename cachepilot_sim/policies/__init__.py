@@ -4,6 +4,7 @@ from cachepilot_sim.config.policy import known_policies
 from cachepilot_sim.policies import (  # noqa: F401  (registers the policies)
     classic,
     lru,
+    mru,
     oracle,
     perc,
     perc_variants,
@@ -14,6 +15,7 @@ from cachepilot_sim.policies.base import (
     CacheEntry,
     Chains,
     EvictionPolicy,
+    KeyScope,
     RankingPolicy,
     make_policy,
     register,
@@ -25,6 +27,7 @@ __all__ = [
     "Chains",
     "EvictionPolicy",
     "GapEstimator",
+    "KeyScope",
     "RankingPolicy",
     "known_policies",
     "make_policy",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Protocol, cast, runtime_checkable
 
 from cachepilot_sim.config.policy import POLICIES, PolicyConfig
@@ -49,6 +50,23 @@ class CacheEntry:
 Chains = Sequence[Sequence[int]]
 
 
+class KeyScope(StrEnum):
+    """What a policy's ranking reads; it tells a KV manager how to keep the candidates.
+
+    ENTRY: `key` reads only the entry and the policy's record of that entry, and changes only when
+    the entry is released or hooked (`on_access`): the manager keeps idle entries in a heap by key
+    (`policies/candidates.py`, the prefix manager's tail heap), a decision costs O(log n).
+    DECISION: the key also reads the time or the restore estimate of the decision (PERC's resume
+    probability decays with idle time), but each entry alone: the prefix manager keys only the
+    current chain tails at the decision. SET: the decision needs every candidate (an exact oracle,
+    a rule relative to the set, read in `prepare`): `select_victims` sees them all.
+    """
+
+    ENTRY = "entry"
+    DECISION = "decision"
+    SET = "set"
+
+
 @runtime_checkable
 class EvictionPolicy(Protocol):
     """Orders evictable cache entries: the smallest key is evicted first.
@@ -60,6 +78,7 @@ class EvictionPolicy(Protocol):
     """
 
     name: str
+    key_scope: KeyScope
 
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]: ...
 
@@ -93,6 +112,8 @@ class RankingPolicy:
     """
 
     name = "ranking"
+    # Safe default: a subclass that ranks each entry alone by `key` says so (ENTRY or DECISION).
+    key_scope = KeyScope.SET
 
     def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
         self.cfg = cfg

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cachepilot_sim.config import PolicyConfig, bounded
-from cachepilot_sim.policies.base import CacheEntry, RankingPolicy, register
+from cachepilot_sim.policies.base import CacheEntry, KeyScope, RankingPolicy, register
 from cachepilot_sim.policies.reuse import GapEstimator
 
 
@@ -35,6 +35,7 @@ class FifoPolicy(_TracksEvictions):
     """The entry that entered the GPU cache first is evicted first."""
 
     name = "fifo"
+    key_scope = KeyScope.ENTRY  # a miss re-keys at on_access; the managers refresh then
 
     def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
         super().__init__(cfg, estimator)
@@ -61,6 +62,7 @@ class LfuPolicy(RankingPolicy):
     """Fewest uses first, least recently used among equals."""
 
     name = "lfu"
+    key_scope = KeyScope.ENTRY
 
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
         return (entry.num_uses, entry.last_used_us, entry.entry_id)
@@ -203,6 +205,7 @@ class GdsfPolicy(_TracksEvictions):
     inflation L rises to the H of each victim, so long-idle entries age out."""
 
     name = "gdsf"
+    key_scope = KeyScope.DECISION  # reads the decision's restore estimate
 
     def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
         super().__init__(cfg, estimator)

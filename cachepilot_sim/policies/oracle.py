@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cachepilot_sim.config import PolicyConfig
-from cachepilot_sim.policies.base import CacheEntry, Chains, EvictionPolicy, register
+from cachepilot_sim.policies.base import CacheEntry, Chains, EvictionPolicy, KeyScope, register
 from cachepilot_sim.policies.knapsack import CoverProblem, CoverSolution, solve_exact
 from cachepilot_sim.policies.perc import PercPolicy
 from cachepilot_sim.policies.reuse import GapEstimator
@@ -54,6 +54,7 @@ class OraclePolicy(PercPolicy):
     """Evicts the exact minimum-expected-cost cover; ranks (for traces) like PERC."""
 
     name = "oracle"
+    key_scope = KeyScope.SET  # the exact cover needs every candidate
 
     def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
         super().__init__(cfg, estimator)
@@ -111,6 +112,7 @@ class ShadowOracle:
     def __init__(self, inner: EvictionPolicy, estimator: GapEstimator, cfg: PolicyConfig) -> None:
         self.inner = inner
         self.name = inner.name
+        self.key_scope = KeyScope.SET  # the oracle it scores against sees every candidate
         self.estimator = estimator
         self.oracle = OraclePolicy(cfg, estimator)
         self.gaps: list[float] = []

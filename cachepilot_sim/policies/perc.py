@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cachepilot_sim.policies.base import CacheEntry, RankingPolicy, register
+from cachepilot_sim.policies.base import CacheEntry, KeyScope, RankingPolicy, register
 
 # Below this many candidates a Python sort beats building NumPy arrays.
 _VECTORISE_FROM = 32
@@ -20,6 +20,7 @@ _VECTORISE_FROM = 32
 @register("perc")
 class PercPolicy(RankingPolicy):
     name = "perc"
+    key_scope = KeyScope.DECISION  # P(resume within delta) decays with idle time
 
     def score(self, entry: CacheEntry, now_us: int) -> float:
         p = self.estimator.resume_probability(entry, now_us)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cachepilot_sim.config import PolicyConfig, bounded
-from cachepilot_sim.policies.base import CacheEntry, Chains, RankingPolicy, register
+from cachepilot_sim.policies.base import CacheEntry, Chains, KeyScope, RankingPolicy, register
 from cachepilot_sim.policies.knapsack import CoverProblem
 from cachepilot_sim.policies.knapsack_greedy import greedy_by_ratio, greedy_plus_one
 from cachepilot_sim.policies.oracle import cover_problem, expected_costs
@@ -26,6 +26,7 @@ class PercPlusOnePolicy(PercPolicy):
     """Greedy by PERC's ratio, also trying to finish with the cheapest single covering entry."""
 
     name = "perc_plus1"
+    key_scope = KeyScope.SET  # its own select: the +1 step looks at every entry
 
     def select_victims(
         self,
@@ -183,6 +184,7 @@ class PercClairvoyantPolicy(RankingPolicy):
     the session returning last goes first (Belady's rule). An upper bound on better prediction."""
 
     name = "perc_clairvoyant"
+    key_scope = KeyScope.DECISION
 
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
         if entry.next_arrival_us < 0:

@@ -24,6 +24,7 @@ from cachepilot_sim.config import PolicyConfig, bounded
 from cachepilot_sim.policies.base import (
     CacheEntry,
     Chains,
+    KeyScope,
     RankingPolicy,
     greedy_on_chains,
     register,
@@ -90,6 +91,7 @@ class _ClassReuse:
 @register("wild")
 class WildPolicy(RankingPolicy):
     name = "wild"
+    key_scope = KeyScope.DECISION  # reuse probability decays with idle time
 
     def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
         super().__init__(cfg, estimator)

@@ -6,7 +6,7 @@ Training: `train_admission`. Tools import the rest of the package; nothing outsi
 a tool (tests/unit/test_import_graph.py checks it).
 """
 
-from pathlib import Path
+# The packaged Hydra config tree (model, gpu, hardware and experiment files the tools read).
+from cachepilot_sim.conf import CONF_DIR
 
-# The repository's Hydra config tree (model, gpu, hardware and experiment files the tools read).
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+__all__ = ["CONF_DIR"]

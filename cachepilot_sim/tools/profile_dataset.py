@@ -1,20 +1,21 @@
 """Profile a local dataset export into a workload the simulator runs directly.
 
-    python -m cachepilot_sim.tools.profile_dataset path=chats.json [format=auto] [tokenizer=auto]
-        [out=profiles/<name>] [name=<file stem>] [max_records=0]
+    cachepilot-sim profile-dataset --path chats.json [--format auto] [--tokenizer auto]
+        [--out profiles/<name>] [--name <file stem>] [--max-records 0]
 
 Measures per-request prompt tokens (the whole earlier conversation plus the new message), new
 prompt tokens per turn, response tokens, total tokens and turns per conversation, and writes under
 `out`: `profile.json` (distributions, tokenizer, skipped messages), `tokens.svg` (histograms) and
 `workload/<name>.yaml`, a synthetic workload with the measured log-normal means and spreads and
 turn count. Run it with
-`python -m cachepilot_sim hydra.searchpath=[file://<abs out>] workload=<name>`.
+`cachepilot-sim 'hydra.searchpath=[file://<abs out>]' workload=<name>`.
 A dataset export has no timing: think time, arrival rate and SLOs stay the defaults (stated in the
 file). Exit status 2 with the file and the reason on bad input.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -186,19 +187,42 @@ def profile(
     return summary
 
 
+def _plain_name(text: str) -> str:
+    """The name becomes a file name under out/workload/: one plain name, never a path."""
+    if text and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", text):
+        raise argparse.ArgumentTypeError(f"{text!r}: use letters, digits, '_', '.', '-' only")
+    return text
+
+
 def parse_args(argv: list[str]) -> dict[str, str]:
-    values = dict(KEYS)
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep or key not in KEYS:
-            raise ValueError(f"argument {arg!r}: expected key=value with key in {sorted(KEYS)}")
-        values[key] = value
-    if not values["path"]:
-        raise ValueError("path=... is required")
-    # The name becomes a file name under out/workload/: one plain name, never a path.
-    if values["name"] and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", values["name"]):
-        raise ValueError(f"name={values['name']!r}: use letters, digits, '_', '.', '-' only")
-    return values
+    """The command line (argparse: `--path FILE [--format ...]`) as a dict of KEYS."""
+    ap = argparse.ArgumentParser(
+        prog="cachepilot-sim profile-dataset",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--path", required=True, help="the dataset export (JSON, JSONL, CSV, Parquet)")
+    ap.add_argument(
+        "--format",
+        default=KEYS["format"],
+        help="auto | " + " | ".join(f.value for f in DatasetFormat),
+    )
+    ap.add_argument(
+        "--tokenizer",
+        default=KEYS["tokenizer"],
+        help="auto | cl100k_base | estimate | a tokenizer.json path",
+    )
+    ap.add_argument("--out", default=KEYS["out"], help="folder (default: profiles/<name>)")
+    ap.add_argument(
+        "--name", type=_plain_name, default=KEYS["name"], help="workload name (default: file stem)"
+    )
+    ap.add_argument(
+        "--max-records",
+        dest="max_records",
+        default=KEYS["max_records"],
+        help="read at most this many records (0: all)",
+    )
+    return {k: str(v) for k, v in vars(ap.parse_args(argv)).items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(
         f"wrote {out}/profile.json, tokens.svg, workload/{name}.yaml; run it with:\n"
-        f"  python -m cachepilot_sim 'hydra.searchpath=[file://{out.resolve()}]' workload={name}"
+        f"  cachepilot-sim 'hydra.searchpath=[file://{out.resolve()}]' workload={name}"
     )
     assert math.isfinite(d["total_tokens"]["mean"])
     return 0

@@ -1,13 +1,13 @@
 """Hardware scorecard: decode roofline and KV capacity of one model on every GPU tier.
 
-    python -m cachepilot_sim.tools.scorecard [model=llama3_8b] [context_tokens=2048] [batch=0]
-        [activation_reserve_gb=1.073741824] [gpus=a100_40gb,h200,...]
+    cachepilot-sim scorecard [--model llama3_8b] [--context-tokens 2048] [--batch 0]
+        [--activation-reserve-gb 1.073741824] [--gpus a100_40gb,h200,...]
 
 Datasheet figures come from conf/gpu/*.yaml (each one cites its source), the model from
 conf/model/<model>.yaml. For each tier: the decode step's bandwidth bound (weights + KV of the
 batch over HBM bandwidth) and compute bound (FLOPs over the dense peak), which one binds, the
 decode ceiling in tokens/s, and how many context tokens of KV fit in FP16, FP8 and INT8 after the
-pinned weights and the activation reserve. `batch=0` takes the largest batch of `context_tokens`
+pinned weights and the activation reserve. `--batch 0` takes the largest batch of `context_tokens`
 sequences whose FP16 KV fits. Where a tier names a calibrated conf/hardware file, its measured
 figures are printed beside the datasheet's. Derivation: docs/roofline.md. Exit status 2 on a bad
 argument, naming the key.
@@ -15,6 +15,7 @@ argument, naming the key.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,14 +95,28 @@ class TierScore:
 
 
 def parse_args(argv: list[str]) -> dict[str, Any]:
-    values = dict(DEFAULTS)
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep or key not in DEFAULTS:
-            raise ConfigError(
-                f"argument {arg!r}: expected key=value with key in {sorted(DEFAULTS)}"
-            )
-        values[key] = value
+    """The command line (argparse: `--model NAME --context-tokens N ...`), validated."""
+    ap = argparse.ArgumentParser(
+        prog="cachepilot-sim scorecard",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--model", default=DEFAULTS["model"], help="cachepilot_sim/conf/model/<name>")
+    ap.add_argument(
+        "--context-tokens",
+        dest="context_tokens",
+        default=DEFAULTS["context_tokens"],
+        help="context tokens per sequence",
+    )
+    ap.add_argument("--batch", default=DEFAULTS["batch"], help="0: largest that fits")
+    ap.add_argument(
+        "--activation-reserve-gb",
+        dest="activation_reserve_gb",
+        default=DEFAULTS["activation_reserve_gb"],
+        help="GB kept for activations",
+    )
+    ap.add_argument("--gpus", default=DEFAULTS["gpus"], help="comma-separated tiers (default: all)")
+    values = {k: str(v) for k, v in vars(ap.parse_args(argv)).items()}
     out: dict[str, Any] = {"model": values["model"]}
     for key in ("context_tokens", "batch"):
         try:

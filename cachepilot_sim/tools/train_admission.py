@@ -36,7 +36,9 @@ from cachepilot_sim.sim import build
 from cachepilot_sim.tools import CONF_DIR
 
 # Weights the repository ships (conf/admission/*.yaml load them): never a training output.
-SHIPPED_WEIGHTS = tuple((CONF_DIR.parent / "experiments" / "admission").glob("*.npz"))
+SHIPPED_WEIGHTS = tuple(
+    (Path(__file__).resolve().parents[2] / "experiments" / "admission").glob("*.npz")
+)
 
 # The overloaded variant of mixed_spike the controller is trained for: 256 front-end slots and a
 # x16 spike, so that queues and KV pressure actually build (stock mixed_spike rarely needs a gate).
@@ -213,6 +215,7 @@ def train(args: Args) -> dict[str, Any]:
                 best = (g, [p.copy() for p in mlp.params()], it)
     mlp.w1, mlp.b1, mlp.w2, mlp.b2 = best[1]
     log["best_iteration"], log["best_greedy_goodput"] = best[2], best[0]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     mlp.save(args.out)
     args.out.with_name(args.out.stem + "_train_log.json").write_text(json.dumps(log, indent=1))
     return log
@@ -276,7 +279,12 @@ def parse(argv: list[str] | None = None) -> Args:
     p.add_argument("--eval-every", type=_int_at_least(1), default=5)
     p.add_argument("--hidden", type=_int_at_least(1), default=16)
     p.add_argument("--lr", type=_rate, default=0.01)
-    p.add_argument("--experiment", default="mixed_spike", choices=experiments)
+    p.add_argument(
+        "--experiment",
+        default="mixed_spike",
+        choices=experiments,
+        help="cachepilot_sim/conf/experiment/<name>.yaml",
+    )
     p.add_argument(
         "--override",
         dest="overrides",

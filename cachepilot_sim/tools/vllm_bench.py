@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.integrations.vllm.engine_run import BenchSession, run_one
 from cachepilot_sim.integrations.vllm.params import ENV_VAR, POLICY_MODULE, POLICY_NAME, PercParams
 
@@ -42,7 +43,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     src.add_argument("--dataset", help="local ShareGPT-style JSON (human turns are used)")
     p.add_argument(
         "--workload",
-        default="conf/workload/mixed.yaml",
+        default=str(CONF_DIR / "workload" / "mixed.yaml"),
         help="without --prompts/--dataset: synthetic token-id sessions of this mix",
     )
     p.add_argument("--num-sessions", type=int, default=64)
@@ -58,7 +59,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--perc-delta-s", type=float, default=30.0)
     p.add_argument("--perc-ema-weight", type=float, default=0.3)
     p.add_argument("--perc-prior-gap-s", type=float, default=20.0)
-    p.add_argument("--hardware-file", default="", help="conf/hardware/*.yaml for restore costs")
+    p.add_argument(
+        "--hardware-file", default="", help="a hardware YAML (cachepilot_sim/conf/hardware/)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="vllm_bench_out", help="folder for per-policy JSON + summary")
     p.add_argument("--only", choices=POLICIES, help=argparse.SUPPRESS)  # one engine, one process

@@ -27,6 +27,9 @@ class ReplayWorkload:
     table: TraceTable
     arrival_us: np.ndarray
     sessions: Sessions
+    # Closed-loop turns (ground-truth replay): request i with a parent and think_us[i] >= 0 is
+    # sent think_us[i] after its parent's last token, not at arrival_us[i]. None: all open loop.
+    think_us: np.ndarray | None = None
 
     @property
     def num_requests(self) -> int:

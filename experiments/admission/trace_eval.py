@@ -26,7 +26,7 @@ from cachepilot_sim.config import register_configs, to_config
 from cachepilot_sim.tools.train_admission import run_episode, with_admission
 
 HERE = Path(__file__).resolve().parent
-CONF = HERE.parents[1] / "conf"
+CONF = HERE.parents[1] / "cachepilot_sim" / "conf"
 
 
 def main() -> None:

@@ -4,7 +4,6 @@ to_config), the path `python -m cachepilot_sim` takes before anything is written
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,9 +13,10 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from cachepilot_sim.__main__ import refuse_ignored_overrides
+from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config import ConfigError, register_configs, to_config
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = CONF_DIR
 register_configs()
 
 

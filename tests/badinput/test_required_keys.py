@@ -10,10 +10,11 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
+from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config import ConfigError, register_configs, to_config
 from cachepilot_sim.config.store import REQUIRED_MODEL_KEYS
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = CONF_DIR
 register_configs()
 
 

@@ -13,6 +13,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
+from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config import (
     ADMISSION,
     POLICIES,
@@ -29,7 +30,7 @@ from cachepilot_sim.policies.classic import SlruConfig
 from cachepilot_sim.policies.utility import MarconiConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-CONF = ROOT / "conf"
+CONF = CONF_DIR
 PACKAGE = ROOT / "cachepilot_sim"
 POLICY_YAMLS = sorted(p.stem for p in (CONF / "policy").glob("*.yaml"))
 ADMISSION_YAMLS = sorted(p.stem for p in (CONF / "admission").glob("*.yaml"))

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config import HardwareConfig, ModelConfig
 from cachepilot_sim.cost import (
     TransferFit,
@@ -34,7 +35,7 @@ def load_hardware(path: Path) -> HardwareConfig:
 
 
 # The hand fit to the workplace reference measurements (HF prefill, plain pinned copies).
-H200 = load_hardware(ROOT / "conf" / "hardware" / "h200_reference.yaml")
+H200 = load_hardware(CONF_DIR / "hardware" / "h200_reference.yaml")
 FIT = compute_fit(H200)
 BF16_8B_WEIGHTS = ModelConfig(weight_bytes=16_060_000_000).weight_bytes
 
@@ -98,7 +99,7 @@ def test_decode_slope_predicts_the_next_iteration(num_seqs: int, ctx: int, steps
 
 def test_default_hardware_is_the_committed_h200_calibration() -> None:
     """conf/hardware/h200.yaml, the dataclass defaults and the calibration output agree."""
-    conf = load_hardware(ROOT / "conf" / "hardware" / "h200.yaml")
+    conf = load_hardware(CONF_DIR / "hardware" / "h200.yaml")
     calibrated = load_hardware(ROOT / "experiments" / "calibration" / "h200_calibrated.yaml")
     numbers = [
         {k: v for k, v in asdict(hw).items() if k != "source"}

@@ -88,17 +88,18 @@ def test_the_workload_written_is_valid_and_the_simulator_runs_it(tmp_path: Path)
 
 
 def test_bad_input_exits_2_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    assert main([f"path={tmp_path / 'nope.json'}"]) == 2
+    assert main(["--path", str(tmp_path / "nope.json")]) == 2
     assert "nope.json: no such file" in capsys.readouterr().err
     odd = tmp_path / "odd.csv"
     odd.write_text("a,b\n1,2\n")
-    assert main([f"path={odd}", f"out={tmp_path / 'o'}"]) == 2
+    assert main(["--path", str(odd), "--out", str(tmp_path / "o")]) == 2
     assert "odd.csv: columns ['a', 'b'] match no known layout" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
-    assert main(["pth=x"]) == 2
+    with pytest.raises(SystemExit):  # argparse: --path is required, "pth=x" is not an option
+        main(["pth=x"])
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"instruction": "a", "output": "b"}\n{"instruction": "c", "output": \n')
-    assert main([f"path={broken}", f"out={tmp_path / 'o'}"]) == 2
+    assert main(["--path", str(broken), "--out", str(tmp_path / "o")]) == 2
     assert "broken.jsonl:2: not a valid JSON record" in capsys.readouterr().err
 
 

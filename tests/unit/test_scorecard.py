@@ -43,7 +43,7 @@ def test_model_configs_give_the_hand_computed_kv_bytes_per_token(model: str, kib
 def test_scorecard_prints_every_tier_and_the_measured_h200_figures(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert scorecard.main(["model=llama3_8b", "context_tokens=2048"]) == 0
+    assert scorecard.main(["--model", "llama3_8b", "--context-tokens", "2048"]) == 0
     out = capsys.readouterr().out
     for label in ("A100 40GB", "A100 80GB", "H100 SXM", "H200", "B200", "L40S", "MI300X"):
         assert label in out
@@ -59,18 +59,23 @@ def test_llama3_70b_does_not_fit_a_80gb_part() -> None:
 
 
 @pytest.mark.parametrize(
-    ("arg", "key"),
+    ("args", "key"),
     [
-        ("model=gpt5", "model"),
-        ("context_tokens=-5", "context_tokens"),
-        ("context_tokens=abc", "context_tokens"),
-        ("batch=-1", "batch"),
-        ("gpus=tpu", "gpus"),
-        ("colour=red", "colour=red"),
+        (["--model", "gpt5"], "model"),
+        (["--context-tokens", "-5"], "context_tokens"),
+        (["--context-tokens", "abc"], "context_tokens"),
+        (["--batch", "-1"], "batch"),
+        (["--gpus", "tpu"], "gpus"),
     ],
 )
 def test_bad_argument_exits_2_naming_the_key(
-    arg: str, key: str, capsys: pytest.CaptureFixture[str]
+    args: list[str], key: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert scorecard.main([arg]) == 2
+    assert scorecard.main(args) == 2
     assert f"'{key}'" in capsys.readouterr().err
+
+
+def test_unknown_option_is_refused_by_argparse(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        scorecard.main(["--colour", "red"])
+    assert exit_info.value.code == 2 and "--colour" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import socket
 import urllib.request
 from pathlib import Path
@@ -129,3 +130,20 @@ def test_progress_bar_draws_on_a_terminal_only() -> None:
 def test_prometheus_port_must_be_a_port() -> None:
     with pytest.raises(ConfigError, match="telemetry.prometheus_port"):
         TelemetryConfig(prometheus_port=70000)
+
+
+def test_progress_moves_for_every_cell_on_worker_processes(tmp_path: Path) -> None:
+    """jobs=2: the workers report through the relay; the overall bar passes through intermediate
+    counts and ends at every request of every cell, and each cell's gauges end complete."""
+    sim = make_sim_config(vram_gb=10.0, workload=make_workload(num_requests=200))
+    values = {k: getattr(sim, k) for k in ("seed", "vram_gb", "model", "workload", "kv")}
+    cfg = RunConfig(
+        **values, compare_policies=["perc", "lru"], jobs=2, seeds=1, write_report=False,
+        telemetry=TelemetryConfig(progress_every_events=100),
+    )  # type: ignore[arg-type]  # fmt: skip
+    buf = io.StringIO()
+    run_experiment(cfg, tmp_path, Console(file=buf, force_terminal=True, width=120))
+    counts = {int(n) for n in re.findall(r"(\d+)/400", buf.getvalue())}
+    assert 400 in counts and len(counts - {0, 400}) >= 2, sorted(counts)
+    done = exposed(tmp_path / "metrics.prom")["cachepilot_progress_requests_done"]
+    assert done == {("perc", "0"): 200, ("lru", "0"): 200}

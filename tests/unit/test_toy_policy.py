@@ -11,12 +11,13 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
+from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config import POLICIES, PolicyConfig, bounded, register_configs, to_config
 from cachepilot_sim.policies import CacheEntry, RankingPolicy, register
 from cachepilot_sim.policies.reuse import GapEstimator
 from cachepilot_sim.sim import build
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = CONF_DIR
 
 
 @dataclass

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.integrations.vllm.engine_run import summarize
 from cachepilot_sim.integrations.vllm.params import ENV_VAR, params_from_env
 from cachepilot_sim.tools import vllm_bench
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_engines_differ_only_in_the_cache_policy() -> None:
@@ -94,7 +93,7 @@ def test_sessions_from_jsonl_sharegpt_and_the_synthetic_mix(tmp_path: Path) -> N
             "--max-turns",
             "2",
             "--workload",
-            str(ROOT / "conf/workload/mixed.yaml"),
+            str(CONF_DIR / "workload/mixed.yaml"),
         ]
     )
     synth = vllm_bench.load_sessions(args)
@@ -110,7 +109,7 @@ def test_sessions_from_jsonl_sharegpt_and_the_synthetic_mix(tmp_path: Path) -> N
             "--max-model-len",
             "3000",
             "--workload",
-            str(ROOT / "conf/workload/mixed.yaml"),
+            str(CONF_DIR / "workload/mixed.yaml"),
         ]
     )
     short = vllm_bench.load_sessions(args)

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config import ConfigError
 from cachepilot_sim.integrations.vllm.params import ENV_VAR, params_from_env, params_from_mapping
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_unset_environment_gives_the_defaults_and_the_spec_geometry() -> None:
@@ -42,7 +41,7 @@ def test_bad_parameters_are_refused_naming_the_key(raw: str, message: str) -> No
 
 
 def test_hardware_file_sets_the_cost_model() -> None:
-    params = params_from_mapping({"hardware_file": str(ROOT / "conf/hardware/h200_reference.yaml")})
+    params = params_from_mapping({"hardware_file": str(CONF_DIR / "hardware/h200_reference.yaml")})
     assert params.hardware().quantize_bytes_per_us == 4.13e6  # the file's value, not the default
     with pytest.raises(ConfigError, match="no such file"):
         params_from_mapping({"hardware_file": "/nonexistent.yaml"}).hardware()

@@ -4,10 +4,10 @@ contract (tests/vllm_double.py); the run against vLLM's own classes is in test_v
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
+from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config import HardwareConfig, ModelConfig
 from cachepilot_sim.integrations.vllm.evictor_bench import load_workload
 from cachepilot_sim.integrations.vllm.params import PercParams
@@ -21,12 +21,11 @@ from cachepilot_sim.integrations.vllm.replay import (
 )
 from tests.vllm_double import ChunkStatus, DoublePercCachePolicy, ReqContext
 
-ROOT = Path(__file__).resolve().parents[2]
 TPC = 256
 
 
 def turns_for_test(num_sessions: int = 60) -> list[Turn]:
-    workload = load_workload(ROOT / "conf/workload/mixed.yaml", session_rate_per_s=1.0)
+    workload = load_workload(CONF_DIR / "workload/mixed.yaml", session_rate_per_s=1.0)
     return make_turns(workload, ReplayConfig(TPC, 20.0, num_sessions, seed=1))
 
 

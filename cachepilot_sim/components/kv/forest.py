@@ -101,6 +101,10 @@ class PrefixTree:
         self.evictable: dict[int, HashBlock] = {}  # idle tails: refcount 0, no GPU child
         self.num_gpu_blocks = 0  # blocks on the GPU or in flight to it
         self.num_idle_gpu_blocks = 0  # GPU blocks that nothing references (all evictable)
+        # Blocks that became tails (or were re-keyed as tails) since the tail index last looked,
+        # by hash (at most one record per cached block); None when no index keeps the tails
+        # between decisions (`tails.py`).
+        self.exposed: dict[int, HashBlock] | None = None
 
     def tier(self, hash_id: int) -> Tier | None:
         """The tier of a cached block; None when the hash is not cached."""
@@ -125,7 +129,7 @@ class PrefixTree:
         if b.refcount == 0 and b.tier == Tier.GPU:
             self.num_idle_gpu_blocks += 1
             if b.num_children == 0:
-                self.evictable[b.hash_id] = b
+                self._set_tail(b)
 
     def add(self, b: HashBlock) -> None:
         """A newly computed block, referenced once by the request computing it."""
@@ -184,7 +188,17 @@ class PrefixTree:
             and p.num_children == 0
             and p.tier == Tier.GPU
         ):
-            self.evictable[p.hash_id] = p
+            self._set_tail(p)
+
+    def _set_tail(self, b: HashBlock) -> None:
+        self.evictable[b.hash_id] = b
+        if self.exposed is not None:
+            self.exposed[b.hash_id] = b
+
+    def touch(self, b: HashBlock) -> None:
+        """A hook may have changed an idle tail's key: the tail index looks at it again."""
+        if self.exposed is not None and self.evictable.get(b.hash_id) is b:
+            self.exposed[b.hash_id] = b
 
     def forest(self) -> CandidateForest:
         """Every idle GPU block whose GPU subtree is idle, as chains cut at branch points.

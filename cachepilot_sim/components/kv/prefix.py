@@ -18,6 +18,7 @@ from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
 from cachepilot_sim.components.kv.prefix_tier import PrefixCpuTier
 from cachepilot_sim.components.kv.protocol import Admit, KvDeps, KvStats
 from cachepilot_sim.components.kv.room import RoomRule
+from cachepilot_sim.components.kv.tails import TailIndex
 from cachepilot_sim.components.kv.transfers import Transfers, cpu_kv_bytes_per_token
 from cachepilot_sim.components.request import KvSource, Outcome, Request
 from cachepilot_sim.config import SimConfig
@@ -67,6 +68,7 @@ class PrefixKvManager:
             self.hash_bytes, self.cpu_hash_bytes
         )
         self.tree = PrefixTree()
+        self.tails = TailIndex(self.tree, self.policy)
         self.cpu_tier = PrefixCpuTier(
             deps,
             self.tree,
@@ -109,10 +111,14 @@ class PrefixKvManager:
         parent = req.parent
         if parent is not None and parent.outcome == Outcome.COMPLETED:
             self.estimator.observe(self._group_entry(req.group_id), now - parent.finish_us)
+        blocks = self.tree.blocks
         for h in req.hash_ids:
             entry = self.hash_entries.get(h)
             if entry is not None:
                 self.policy.on_access(entry, now)
+                b = blocks.get(h)
+                if b is not None:
+                    self.tree.touch(b)  # the hook may re-key an idle tail
 
     # -- admission ---------------------------------------------------------------------------
     def _block_recompute_us(self, depth: int) -> float:
@@ -238,12 +244,7 @@ class PrefixKvManager:
         done = 0
         tree = self.tree
         while done < num_blocks and tree.evictable:
-            forest = tree.forest()
-            entries = [self._prepare(b, now, allow_offload) for b in forest.blocks]
-            victims = self.policy.select_victims(
-                entries, (num_blocks - done) * self.hash_bytes, now, forest.chains, forest.parents
-            )
-            cut = forest.cut_order(victims, self.policy.name)
+            cut = self._choose(num_blocks - done, now, allow_offload)
             if not cut:
                 break
             for b in cut:
@@ -255,6 +256,20 @@ class PrefixKvManager:
             for b in cut:  # what the cut leaves idle and childless is a tail now
                 tree.expose_parent(b)
         return done
+
+    def _choose(self, num_blocks: int, now: int, allow_offload: bool) -> list[HashBlock]:
+        """One decision: the tails to cut, in order. A policy ranking each block alone picks from
+        the tail index; one that needs the chains (the oracle) sees the whole candidate forest."""
+        if self.tails.enabled:
+            return self.tails.select(
+                num_blocks, now, lambda b: self._prepare(b, now, allow_offload)
+            )
+        forest = self.tree.forest()
+        entries = [self._prepare(b, now, allow_offload) for b in forest.blocks]
+        victims = self.policy.select_victims(
+            entries, num_blocks * self.hash_bytes, now, forest.chains, forest.parents
+        )
+        return forest.cut_order(victims, self.policy.name)
 
     def _prepare(self, b: HashBlock, now: int, allow_offload: bool) -> CacheEntry:
         """Fill in the block's entry for a decision: restore cost and its group's gap EMA."""

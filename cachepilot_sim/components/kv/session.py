@@ -20,6 +20,7 @@ from cachepilot_sim.components.request import KvSource, Request
 from cachepilot_sim.config import SimConfig
 from cachepilot_sim.cost import recompute_us
 from cachepilot_sim.policies import CacheEntry
+from cachepilot_sim.policies.candidates import CandidateIndex
 
 
 class SessionKV:
@@ -82,6 +83,7 @@ class SessionKvManager:
         )
         self.sessions: dict[int, SessionKV] = {}
         self.idle: dict[int, SessionKV] = {}  # GPU-resident, not attached: eviction candidates
+        self.candidates = CandidateIndex(self.policy)  # their entries, in the policy's order
         self.idle_bytes = 0
         self.num_active = 0
         self._next_entry_id = 0
@@ -102,11 +104,13 @@ class SessionKvManager:
 
     def _set_idle(self, s: SessionKV) -> None:
         self.idle[s.entry.entry_id] = s
+        self.candidates.add(s.entry, self.env.now)
         self.idle_bytes += s.num_bytes
 
     def _unset_idle(self, s: SessionKV) -> bool:
         if self.idle.pop(s.entry.entry_id, None) is None:
             return False
+        self.candidates.discard(s.entry.entry_id)
         self.idle_bytes -= s.num_bytes
         return True
 
@@ -141,6 +145,7 @@ class SessionKvManager:
             self.events.reuse_gap(self.env.now, req, gap, predicted)
             self.estimator.observe(e, gap)
             self.policy.on_access(e, self.env.now)
+            self.candidates.refresh(e, self.env.now)  # the hook may re-key an idle entry
 
     def admit(self, req: Request) -> Admit:
         """Give `req` the blocks for its context and prompt, evicting idle KV if needed."""
@@ -222,23 +227,21 @@ class SessionKvManager:
     def evict(self, bytes_needed: int, exclude: SessionKV | None, allow_offload: bool) -> int:
         """Ask the policy for idle victims covering `bytes_needed`; returns bytes evicted."""
         now = self.env.now
-        candidates: list[CacheEntry] = []
-        for s in self.idle.values():
-            if s is exclude:
-                continue
-            e = s.entry
+
+        def prepare(e: CacheEntry) -> CacheEntry:
+            """The restore estimate for this decision: reload when a CPU copy will exist."""
             e.restore_us = e.recompute_us
-            if allow_offload and self._can_offload(s.cpu_bytes):
+            if allow_offload and self._can_offload(self.idle[e.entry_id].cpu_bytes):
                 e.restore_us = self.cpu.restore_us(
                     e.reload_us,
                     e.recompute_us,
                     self.estimator.gap_us(e, now),
                     self.estimator.delta_us,
                 )
-            candidates.append(e)
-        if not candidates:
-            return 0
-        victims = self.policy.select_victims(candidates, bytes_needed, now)
+            return e
+
+        exclude_id = exclude.entry.entry_id if exclude is not None else -1
+        victims = self.candidates.select(bytes_needed, now, prepare, exclude_id)
         for e in victims:  # every victim below is evicted (offloaded or dropped)
             self.policy.on_evict(e, now)
         evicted = 0
@@ -358,8 +361,8 @@ class SessionKvManager:
         e.recompute_us = recompute_us(self.fit, num_tokens)
         e.reload_us = self.transfers.reload_estimate_us(s.num_bytes, s.cpu_bytes)
         e.next_arrival_us = self.env.now + req.next_gap_us if req.next_gap_us >= 0 else -1
+        self.policy.on_release(e, self.env.now)  # before indexing: the hook may set its key
         self._set_idle(s)
-        self.policy.on_release(e, self.env.now)
 
     def abandon(self, req: Request) -> None:
         """A queued request gave up (queue timeout). A session's reloaded KV is already idle and

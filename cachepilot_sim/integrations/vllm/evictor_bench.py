@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config import HardwareConfig, ModelConfig, WorkloadConfig
 from cachepilot_sim.integrations.vllm.params import PercParams
 from cachepilot_sim.integrations.vllm.replay import (
@@ -183,7 +184,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens-per-chunk", type=int, default=256)
     p.add_argument("--decode-token-ms", type=float, default=20.0)
     p.add_argument("--delta-s", type=float, default=30.0)
-    p.add_argument("--workload", default="conf/workload/mixed.yaml")
+    p.add_argument("--workload", default=str(CONF_DIR / "workload" / "mixed.yaml"))
     p.add_argument("--session-rate-per-s", type=float, default=1.0, help="0: the file's rate")
     p.add_argument("--out", default="", help="folder for results.json and results.md")
     return p.parse_args(argv)

@@ -1,0 +1,104 @@
+"""How long one engine step takes: the batcher's step-cost port, chosen by the engine profile.
+
+`RooflineStepCost` is the project's own engine model (cost/model.py over the hardware section);
+`FittedStepCost` is a real engine's step time fitted from its micro-runs (cost/engine_step.py).
+The batcher calls the port and never asks which engine it imitates.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from cachepilot_sim.config import SimConfig, StepCost
+from cachepilot_sim.cost import ComputeFit, batch_iteration_us, decode_step_slope_us, iteration_us
+from cachepilot_sim.cost.engine_step import EngineStepFit, decode_run_us, engine_step_us
+
+
+class StepCostModel(Protocol):
+    """Step durations in microseconds, before rounding up to whole microseconds."""
+
+    def iteration_us(
+        self, new: np.ndarray, ctx: np.ndarray, tok_bytes: np.ndarray, model: np.ndarray
+    ) -> float:
+        """One step; per request: tokens computed now, KV tokens held, KV bytes per token and
+        model index."""
+        ...
+
+    def decode_run_us(
+        self, ctx: np.ndarray, tok_bytes: np.ndarray, model: np.ndarray, num_steps: int
+    ) -> np.ndarray:
+        """`num_steps` pure-decode steps of one unchanged batch whose contexts grow by one."""
+        ...
+
+
+class RooflineStepCost:
+    """The project's engine model: weights and KV read at HBM speed plus dense and attention
+    compute (cost/model.py); linear in context, so a decode run is first + j x slope."""
+
+    def __init__(self, fit: ComputeFit, weight_bytes: list[float]) -> None:
+        self.fit = fit
+        self.weight_bytes = weight_bytes
+
+    def iteration_us(
+        self, new: np.ndarray, ctx: np.ndarray, tok_bytes: np.ndarray, model: np.ndarray
+    ) -> float:
+        """One step: each model present runs its forward pass (cost.batch_iteration_us)."""
+        return batch_iteration_us(self.fit, self.weight_bytes, new, ctx, tok_bytes, model)
+
+    def decode_run_us(
+        self, ctx: np.ndarray, tok_bytes: np.ndarray, model: np.ndarray, num_steps: int
+    ) -> np.ndarray:
+        """First step priced in full, then + j x slope (cost is linear in context)."""
+        n = ctx.size
+        if len(self.weight_bytes) > 1:
+            first = self.iteration_us(np.ones(n), ctx, tok_bytes, model)
+        else:
+            first = iteration_us(
+                self.fit,
+                self.weight_bytes[0],
+                n,
+                float(np.dot(ctx, tok_bytes)),
+                float(ctx.sum()) + 0.5 * n,
+            )
+        slope = decode_step_slope_us(self.fit, float(tok_bytes.sum()), n)
+        return first + slope * np.arange(num_steps)
+
+
+class FittedStepCost:
+    """A real engine's step time over its padded launch shape (cost/engine_step.py)."""
+
+    def __init__(self, fit: EngineStepFit) -> None:
+        self.fit = fit
+
+    def iteration_us(
+        self, new: np.ndarray, ctx: np.ndarray, tok_bytes: np.ndarray, model: np.ndarray
+    ) -> float:
+        """One step over its padded launch shape (cost.engine_step.engine_step_us)."""
+        return engine_step_us(self.fit, new, ctx)
+
+    def decode_run_us(
+        self, ctx: np.ndarray, tok_bytes: np.ndarray, model: np.ndarray, num_steps: int
+    ) -> np.ndarray:
+        """Each step priced over its padded shape (cost.engine_step.decode_run_us)."""
+        return decode_run_us(self.fit, ctx, num_steps)
+
+
+def make_step_cost(cfg: SimConfig, fit: ComputeFit) -> StepCostModel:
+    """The step-cost port the engine profile asks for."""
+    e = cfg.engine
+    if e.step_cost == StepCost.FITTED:
+        return FittedStepCost(
+            EngineStepFit(
+                e.const_us,
+                e.q_padded_token_us,
+                e.kv_read_token_us,
+                e.kv_read_token2_us,
+                e.seqlen_per_sqrt_request_us,
+                e.prefill_seqlen_us,
+                e.request_us,
+                e.q_pad_tokens,
+            )
+        )
+    return RooflineStepCost(fit, [float(m.weight_bytes) for m in cfg.models])

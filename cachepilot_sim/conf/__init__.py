@@ -1,0 +1,37 @@
+"""The Hydra config tree, shipped inside the package (`pkg://cachepilot_sim.conf`).
+
+Groups a user picks (`policy=`, `workload=`, `+experiment=`, ...) are the folders here; `gpu/` holds
+datasheet figures that only the scorecard reads (no simulation field takes them), so `--help`
+leaves it out of the groups a run can pick.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+CONF_DIR = Path(__file__).resolve().parent
+# Folders that are not run config groups, with why: left out of `--help`.
+NOT_RUN_GROUPS = {"gpu": "datasheet figures for the scorecard, not a simulation setting"}
+
+
+def run_groups() -> dict[str, list[str]]:
+    """Config group -> its options, for every group a run can pick (sorted; no schemas)."""
+    return {
+        group.name: sorted(p.stem for p in group.glob("*.yaml"))
+        for group in sorted(CONF_DIR.iterdir())
+        if group.is_dir()
+        and group.name not in NOT_RUN_GROUPS
+        and any(group.glob("*.yaml"))
+        and group.name != "hydra"
+    }
+
+
+def groups_help() -> str:
+    """The `--help` listing: one line per group, `+experiment` written as it must be typed."""
+    lines = []
+    for group, options in run_groups().items():
+        name = f"+{group}" if group == "experiment" else group
+        text = f"{name}: " + ", ".join(options)
+        lines += textwrap.wrap(text, width=98, initial_indent="  ", subsequent_indent="      ")
+    return "\n".join(lines)

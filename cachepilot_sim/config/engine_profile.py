@@ -1,0 +1,47 @@
+"""Which serving engine the batcher imitates (conf/engine/*.yaml; docs/validation.md).
+
+`default` is the project's own engine model. A profile of a real engine sets the batcher, KV and
+scheduler sections to that engine's rules and, here, what those sections do not hold: its step
+cost, its KV pool size in blocks, its asynchronous scheduling and its prefill safety margin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import ClassVar
+
+from cachepilot_sim.config.base import Sealed, bounded
+
+
+class StepCost(StrEnum):
+    ROOFLINE = "roofline"  # cost/model.py over hardware.*: an idealised kernel-bound engine
+    FITTED = "fitted"  # cost/engine_step.py: a real engine's step time, fitted from its micro-runs
+
+
+@dataclass
+class EngineConfig(Sealed):
+    """A real engine's rules that the batcher, KV and scheduler sections do not hold."""
+
+    section: ClassVar[str | None] = "engine"
+    name: str = bounded("default", nonempty=True)
+    step_cost: StepCost = StepCost.ROOFLINE
+    # FITTED: step time = sum of coefficient x feature (cost.engine_step.EngineStepFit).
+    const_us: float = bounded(0.0, ge=0)
+    q_padded_token_us: float = bounded(0.0, ge=0)
+    kv_read_token_us: float = bounded(0.0, ge=0)
+    kv_read_token2_us: float = bounded(0.0, ge=0)  # per (10^3 KV tokens read)^2
+    seqlen_per_sqrt_request_us: float = bounded(0.0, ge=0)  # longest sequence / sqrt(requests)
+    prefill_seqlen_us: float = bounded(0.0, ge=0)  # per 10^3 (prefill x longest sequence) pairs
+    request_us: float = bounded(0.0, ge=0)
+    q_pad_tokens: int = bounded(256, gt=0, integer=True)  # queries padded to a multiple of this
+    # KV pool in blocks of kv.block_tokens, as the engine allocated it; 0: from vram_gb.
+    kv_pool_blocks: int = bounded(0, ge=0, integer=True)
+    # Async batching: step n+1 is scheduled while step n runs, so a request that arrived during a
+    # step sits out the next one, and a finished request still takes a decode slot (and its KV
+    # read) in the step after its last token.
+    async_scheduling: bool = False
+    # While free KV (idle cached blocks included) is under this fraction of the pool, no new
+    # request is admitted next to running ones (transformers' safety_margin; the engine also holds
+    # back split prefills then, which with whole-prompt allocation here starved admission); 0: off.
+    prefill_margin_fraction: float = bounded(0.0, ge=0, lt=1)

@@ -1,0 +1,147 @@
+"""Step time of a real engine, fitted from its own micro-runs: a linear model over the padded
+shape a CUDA-graph engine really launches.
+
+transformers' continuous batching (5.17, graphs on) pads a step's queries to a multiple of
+`q_pad_tokens` and copies every request's whole KV into one contiguous buffer each step, so its
+step time grows with the padded query count, the KV tokens read (and their square), the longest
+sequence over the square root of the request count (attention's critical path: one long sequence
+alone runs on few SMs, next to others it shares them), the number of requests (per-request
+gathers), and prefill x sequence length for chunks that attend to earlier chunks. That form won a
+leave-one-configuration-out cross-validation over the micro-runs (tools/fit_engine.py) against
+the plain longest sequence and five other forms. The coefficients come from closed micro-runs only
+(`fit_engine_step`), never from the validation workloads.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import numpy as np
+from scipy.optimize import nnls
+
+# Order of the features, of `EngineStepFit`'s coefficients and of `step_features`' columns.
+FEATURES = (
+    "const_us",
+    "q_padded_token_us",
+    "kv_read_token_us",
+    "kv_read_token2_us",
+    "seqlen_per_sqrt_request_us",
+    "prefill_seqlen_us",
+    "request_us",
+)
+# Scales that keep the fitted numbers readable: kv_read_token2_us is per (10^3 tokens)^2 and
+# prefill_seqlen_us per 10^3 (prefill token x sequence token) pairs.
+_KV2_SCALE = 1e6
+_PAIR_SCALE = 1e3
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStepFit:
+    """Step time = sum of coefficient x feature (microseconds), over the padded step shape."""
+
+    const_us: float
+    q_padded_token_us: float
+    kv_read_token_us: float
+    kv_read_token2_us: float
+    seqlen_per_sqrt_request_us: float
+    prefill_seqlen_us: float
+    request_us: float
+    q_pad_tokens: int = 256
+
+    def coefficients(self) -> np.ndarray:
+        return np.array([getattr(self, name) for name in FEATURES], dtype=np.float64)
+
+
+def padded(num_tokens: int | np.ndarray, interval: int) -> int | np.ndarray:
+    """`num_tokens` rounded up to a multiple of `interval` (0 stays 0)."""
+    return -(-num_tokens // interval) * interval
+
+
+def step_features(
+    q_tokens: np.ndarray,
+    kv_read_tokens: np.ndarray,
+    max_seqlen_k: np.ndarray,
+    prefill_tokens: np.ndarray,
+    num_requests: np.ndarray,
+    q_pad_tokens: int,
+) -> np.ndarray:
+    """One row per step, columns in `FEATURES` order (all inputs are per-step token counts)."""
+    q = np.asarray(q_tokens, dtype=np.float64)
+    kv = np.asarray(kv_read_tokens, dtype=np.float64)
+    seqlen = np.asarray(max_seqlen_k, dtype=np.float64)
+    return np.stack(
+        [
+            np.ones_like(q),
+            np.ceil(q / q_pad_tokens) * q_pad_tokens,
+            kv,
+            kv * kv / _KV2_SCALE,
+            seqlen / np.sqrt(np.maximum(np.asarray(num_requests, dtype=np.float64), 1.0)),
+            np.asarray(prefill_tokens, dtype=np.float64) * seqlen / _PAIR_SCALE,
+            np.asarray(num_requests, dtype=np.float64),
+        ],
+        axis=1,
+    )
+
+
+def engine_step_us(fit: EngineStepFit, new_tokens: np.ndarray, context_tokens: np.ndarray) -> float:
+    """Time of one step (before rounding): one entry per request in the step, the tokens it
+    computes now (1 for a decode, the chunk for a prefill) and the tokens of KV it holds before
+    the step. An empty step costs nothing."""
+    if new_tokens.size == 0:
+        return 0.0
+    new = new_tokens.astype(np.float64)
+    ctx = context_tokens.astype(np.float64)
+    q = float(new.sum())
+    kv = float(ctx.sum())
+    seqlen = float((ctx + new).max())
+    prefill = float(new[new > 1].sum())
+    c = fit
+    return (
+        c.const_us
+        + c.q_padded_token_us * math.ceil(q / c.q_pad_tokens) * c.q_pad_tokens
+        + c.kv_read_token_us * kv
+        + c.kv_read_token2_us * kv * kv / _KV2_SCALE
+        + c.seqlen_per_sqrt_request_us * seqlen / math.sqrt(new.size)
+        + c.prefill_seqlen_us * prefill * seqlen / _PAIR_SCALE
+        + c.request_us * new.size
+    )
+
+
+def decode_run_us(fit: EngineStepFit, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
+    """Durations (before rounding) of `num_steps` pure-decode steps of an unchanged batch whose
+    contexts grow by one token per step."""
+    n = context_tokens.size
+    j = np.arange(num_steps, dtype=np.float64)
+    kv = float(context_tokens.sum()) + n * j
+    seqlen = float(context_tokens.max()) + 1.0 + j
+    q = math.ceil(n / fit.q_pad_tokens) * fit.q_pad_tokens
+    return (
+        fit.const_us
+        + fit.q_padded_token_us * q
+        + fit.kv_read_token_us * kv
+        + fit.kv_read_token2_us * kv * kv / _KV2_SCALE
+        + fit.seqlen_per_sqrt_request_us * seqlen / math.sqrt(max(n, 1))
+        + fit.request_us * n
+    )
+
+
+def fit_engine_step(
+    features: np.ndarray, step_us: np.ndarray, q_pad_tokens: int
+) -> tuple[EngineStepFit, np.ndarray]:
+    """Non-negative least squares of relative error: minimises sum ((model - y) / y)^2, so short
+    decode steps weigh as much as long prefills. Returns the fit and each step's relative residual
+    (model - measured) / measured."""
+    y = np.asarray(step_us, dtype=np.float64)
+    if y.size < features.shape[1] or (y <= 0).any():
+        raise ValueError(f"need at least {features.shape[1]} steps with positive times")
+    coef, _ = nnls(features / y[:, None], np.ones_like(y))
+    values = dict(zip(FEATURES, (float(c) for c in coef), strict=True))
+    fit = EngineStepFit(**values, q_pad_tokens=q_pad_tokens)  # type: ignore[arg-type]
+    residuals = (features @ coef - y) / y
+    return fit, residuals
+
+
+def fit_fields() -> tuple[str, ...]:
+    """Field names of `EngineStepFit` (the YAML keys of a committed fit)."""
+    return tuple(f.name for f in fields(EngineStepFit))

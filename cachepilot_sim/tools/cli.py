@@ -1,0 +1,56 @@
+"""The console command `cachepilot-sim`: an experiment run, or a tool named by its first word.
+
+`cachepilot-sim [overrides]` is exactly `python -m cachepilot_sim [overrides]` (Hydra parses the
+command line, so `key=value`, `+experiment=...`, `--multirun`, `--help` and `-sc` work as there).
+`cachepilot-sim TOOL [args]` runs a tool's `main(args)`. A Hydra override always holds `=` or
+starts with `-`, so a bare first word that names a tool can never be mistaken for one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Sequence
+
+# Tool name on the command line -> module under cachepilot_sim.tools (imported only when run).
+TOOLS: dict[str, str] = {
+    "plot": "plot",
+    "collect": "collect",
+    "scorecard": "scorecard",
+    "profile-dataset": "profile_dataset",
+    "calibrate": "calibrate",
+    "train-admission": "train_admission",
+    "validate": "validate",  # the engine-fidelity tool, where this installation has it
+}
+
+
+def available_tools() -> dict[str, str]:
+    """The tools of TOOLS whose module this installation has."""
+    return {
+        name: module
+        for name, module in TOOLS.items()
+        if importlib.util.find_spec(f"cachepilot_sim.tools.{module}") is not None
+    }
+
+
+def run_tool(name: str, argv: Sequence[str]) -> int:
+    """Run one tool's main(argv) under the console command's name; returns its exit status."""
+    module = importlib.import_module(f"cachepilot_sim.tools.{available_tools()[name]}")
+    sys.argv = [f"cachepilot-sim {name}", *argv]  # argparse's usage line names the command
+    status = module.main(list(argv))
+    return int(status or 0)
+
+
+def main() -> None:
+    """Console entry point (`[project.scripts] cachepilot-sim`)."""
+    args = sys.argv[1:]
+    if args and args[0] in available_tools():
+        sys.exit(run_tool(args[0], args[1:]))
+    from cachepilot_sim.__main__ import main as run_experiment_app
+
+    run_experiment_app()
+
+
+if __name__ == "__main__":
+    main()

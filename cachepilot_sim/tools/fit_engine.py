@@ -1,0 +1,148 @@
+"""Fit a real engine's step cost (cost/engine_step.py) from its micro-runs, never from validation
+workloads: device time per step (`gpu_us`) over the step's shape, steps that captured a CUDA graph
+left out. Writes the fit, the data file it came from and the residuals as JSON, and prints the
+`engine.*` keys to paste into the profile (conf/engine/<name>.yaml; a test checks they match).
+
+    python -m cachepilot_sim.tools.fit_engine \\
+        experiments/validation/hf_cb/2026-12-01/microbench/steps.parquet \\
+        --json experiments/validation/hf_cb/2026-12-01/step_fit.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from cachepilot_sim.cost.engine_step import FEATURES, EngineStepFit, fit_engine_step, step_features
+
+STEP_COLUMNS = (
+    "gpu_us",
+    "q_tokens",
+    "kv_read_tokens",
+    "max_seqlen_k",
+    "prefill_tokens",
+    "num_requests",
+    "graph_captures",
+)
+
+
+def load_micro_steps(path: Path) -> pl.DataFrame:
+    """The micro-run steps usable for a fit: every column present, no graph capture in the step."""
+    steps = pl.read_parquet(path)
+    missing = [c for c in STEP_COLUMNS if c not in steps.columns]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {missing}")
+    return steps.filter(pl.col("graph_captures") == 0, pl.col("gpu_us") > 0)
+
+
+def fit_steps(steps: pl.DataFrame, q_pad_tokens: int) -> tuple[EngineStepFit, np.ndarray]:
+    """The fit over `steps` and each step's relative residual (model - measured) / measured."""
+    x = step_features(
+        steps["q_tokens"].to_numpy(),
+        steps["kv_read_tokens"].to_numpy(),
+        steps["max_seqlen_k"].to_numpy(),
+        steps["prefill_tokens"].to_numpy(),
+        steps["num_requests"].to_numpy(),
+        q_pad_tokens,
+    )
+    return fit_engine_step(x, steps["gpu_us"].to_numpy(), q_pad_tokens)
+
+
+def cross_validate(steps: pl.DataFrame, q_pad_tokens: int) -> np.ndarray:
+    """Leave-one-configuration-out: each micro-run configuration's steps predicted by a fit of
+    all the others; returns every step's relative error. How the feature set was chosen."""
+    keys = [
+        c
+        for c in ("bench", "batch_size", "cfg_prompt_tokens", "context_tokens")
+        if c in steps.columns
+    ]
+    if not keys:
+        return np.zeros(0)
+    group = steps.select(pl.concat_str(keys, separator="/")).to_series()
+    errors = []
+    for g in group.unique(maintain_order=True).to_list():
+        held = group == g
+        fit, _ = fit_steps(steps.filter(~held), q_pad_tokens)
+        test = steps.filter(held)
+        x = step_features(
+            test["q_tokens"].to_numpy(),
+            test["kv_read_tokens"].to_numpy(),
+            test["max_seqlen_k"].to_numpy(),
+            test["prefill_tokens"].to_numpy(),
+            test["num_requests"].to_numpy(),
+            q_pad_tokens,
+        )
+        y = test["gpu_us"].to_numpy().astype(np.float64)
+        errors.append((x @ fit.coefficients() - y) / y)
+    return np.concatenate(errors)
+
+
+def report(
+    path: Path, steps: pl.DataFrame, fit: EngineStepFit, resid: np.ndarray
+) -> dict[str, Any]:
+    """The fit, its data and its residuals: overall and per micro-run configuration."""
+    abs_r = np.abs(resid)
+    cv = cross_validate(steps, fit.q_pad_tokens)
+    frame = steps.with_columns(resid=pl.Series(resid))
+    keys = [
+        c
+        for c in ("bench", "batch_size", "cfg_prompt_tokens", "context_tokens")
+        if c in frame.columns
+    ]
+    per_config = []
+    if keys:
+        per = (
+            frame.group_by(keys)
+            .agg(
+                steps=pl.len(),
+                gpu_us_median=pl.col("gpu_us").median(),
+                resid_median=pl.col("resid").median(),
+                resid_abs_max=pl.col("resid").abs().max(),
+            )
+            .sort(keys)
+        )
+        per_config = per.to_dicts()
+    return {
+        "data": str(path),
+        "target": "gpu_us (device time of the step's forward)",
+        "steps_used": int(steps.height),
+        "fit": {name: getattr(fit, name) for name in (*FEATURES, "q_pad_tokens")},
+        "residual_abs_median": float(np.median(abs_r)),
+        "residual_abs_mean": float(abs_r.mean()),
+        "residual_abs_p90": float(np.percentile(abs_r, 90)),
+        "residual_abs_max": float(abs_r.max()),
+        "residual_signed_mean": float(resid.mean()),
+        "loco_cv_abs_mean": float(np.abs(cv).mean()) if cv.size else None,
+        "loco_cv_abs_p90": float(np.percentile(np.abs(cv), 90)) if cv.size else None,
+        "per_config": per_config,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("steps", type=Path, help="the micro-runs' steps.parquet")
+    ap.add_argument("--q-pad-tokens", type=int, default=256)
+    ap.add_argument("--json", type=Path, help="write the fit and its residuals here")
+    args = ap.parse_args(argv)
+    steps = load_micro_steps(args.steps)
+    fit, resid = fit_steps(steps, args.q_pad_tokens)
+    out = report(args.steps, steps, fit, resid)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1, default=float) + "\n")
+    print(
+        f"# {out['steps_used']} steps; |residual| median {out['residual_abs_median']:.2%}, "
+        f"mean {out['residual_abs_mean']:.2%}, p90 {out['residual_abs_p90']:.2%}; "
+        f"leave-one-configuration-out |error| mean {out['loco_cv_abs_mean']:.2%}, "
+        f"p90 {out['loco_cv_abs_p90']:.2%}"
+    )
+    for name in (*FEATURES, "q_pad_tokens"):
+        print(f"  {name}: {out['fit'][name]!r}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""Validate the simulator against a real engine's ground truth (docs/validation.md).
+
+    python -m cachepilot_sim.validate GROUND_TRUTH_DIR [--engine hf_cb] [--json OUT.json]
+                                      [--plot DIR] [--workloads a,b]
+
+GROUND_TRUTH_DIR is one run folder, a workload folder (run1 is validated, run2 is the engine's own
+spread) or a dated folder of workloads. Per workload: the signed relative error (sim - real) / real
+of mean, p50, p90, p99 TTFT, TPOT, ITL and E2E, of throughput and preemptions, and the per-request
+MAPE. Bad ground truth: one line naming the file and the column, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from cachepilot_sim.config import RunConfig, register_configs, to_config
+from cachepilot_sim.validation.ground_truth import (
+    GroundTruth,
+    GroundTruthError,
+    find_runs,
+    load_ground_truth,
+    request_latencies,
+    summarize,
+)
+from cachepilot_sim.validation.replay import engine_overrides, simulate
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+LATENCIES = ("ttft", "tpot", "itl", "e2e")
+STATS = ("mean", "p50", "p90", "p99")
+TABLE = (
+    "ttft_mean_err",
+    "ttft_p99_err",
+    "tpot_mean_err",
+    "tpot_p99_err",
+    "e2e_mean_err",
+    "e2e_p99_err",
+    "throughput_err",
+)
+
+
+def sim_config(engine: str, extra: list[str]) -> RunConfig:
+    """The composed config of an engine profile (conf/engine/<engine>.yaml) for replay."""
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
+    overrides = [
+        f"engine={engine}",
+        "model=llama3_8b",
+        "vram_gb=200",
+        "trace.enabled=false",
+        "replay.format=MOONCAKE",
+        "replay.path=ground_truth",
+        *extra,
+    ]
+    with initialize_config_dir(str(CONF_DIR), version_base=None):
+        return to_config(compose("config", overrides=overrides))
+
+
+def _rel(sim: float | None, real: float | None) -> float | None:
+    if sim is None or real is None or real == 0:
+        return None
+    return (sim - real) / real
+
+
+def _mape(sim: GroundTruth, real: GroundTruth, col: str) -> float | None:
+    a = request_latencies(real).select("request_id", col)
+    b = request_latencies(sim).select("request_id", pl.col(col).alias("sim"))
+    both = a.join(b, on="request_id").drop_nulls()
+    both = both.filter(pl.col(col) > 0)
+    if not both.height:
+        return None
+    value = ((both["sim"] - both[col]).abs() / both[col]).mean()
+    return float(value) if isinstance(value, int | float) else None
+
+
+def compare(sim: GroundTruth, real: GroundTruth) -> dict[str, Any]:
+    """Errors of one workload: `<metric>_<stat>_err`, throughput, preemptions, per-request MAPE."""
+    s, r = summarize(sim), summarize(real)
+    out: dict[str, Any] = {"requests": r["requests"], "finished_sim": s["finished"]}
+    for lat in LATENCIES:
+        for st in STATS:
+            out[f"{lat}_{st}_err"] = _rel(s[f"{lat}_ms_{st}"], r[f"{lat}_ms_{st}"])
+            out[f"{lat}_{st}_real_ms"] = r[f"{lat}_ms_{st}"]
+    out["throughput_err"] = _rel(s["throughput_tok_s"], r["throughput_tok_s"])
+    real_pre = (r["num_soft_resets"] or 0) + (r["num_cpu_swaps"] or 0)
+    out["preemptions_real"], out["preemptions_sim"] = real_pre, s["num_soft_resets"]
+    for lat in ("ttft", "tpot", "e2e"):
+        out[f"{lat}_mape"] = _mape(sim, real, f"{lat}_us")
+    return out
+
+
+def spread(run1: GroundTruth, run2: GroundTruth) -> dict[str, float | None]:
+    """The engine's own run-to-run difference (run2 - run1) / run1 on the table's metrics."""
+    cmp = compare(run2, run1)
+    return {k: cmp[k] for k in TABLE}
+
+
+def validate_runs(
+    root: Path, engine: str, only: list[str] | None = None
+) -> tuple[dict[str, Any], dict[str, tuple[GroundTruth, GroundTruth]]]:
+    """Validate every workload under `root` (run1 of each); run2, when present, is the spread."""
+    runs = find_runs(root)
+    if not runs:
+        raise GroundTruthError(f"{root}: no requests.parquet under this folder")
+    by_workload: dict[str, list[Path]] = {}
+    for path in runs:
+        wl = load_ground_truth(path).workload if path == root else None
+        name = wl or (path.parent.name if path.name.startswith("run") else path.name)
+        by_workload.setdefault(name, []).append(path)
+    out: dict[str, Any] = {}
+    pairs: dict[str, tuple[GroundTruth, GroundTruth]] = {}
+    for name, paths in sorted(by_workload.items()):
+        if only and name not in only:
+            continue
+        if name in ("microbench",):
+            continue  # cost micro-runs: the fit's data, not a validation workload
+        real = load_ground_truth(paths[0])
+        block_tokens = sim_config(engine, []).kv.block_tokens
+        run_cfg = sim_config(engine, engine_overrides(real, block_tokens))
+        cfg = run_cfg.sim_for(run_cfg.policy.name, 0)
+        sim, _ = simulate(cfg, real)
+        row = compare(sim, real)
+        if len(paths) > 1:
+            row["spread"] = spread(real, load_ground_truth(paths[1]))
+        out[name] = row
+        pairs[name] = (sim, real)
+    return out, pairs
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.1%}"
+
+
+def markdown(workloads: dict[str, Any]) -> str:
+    """The error table: sim vs run 1, with run 2's difference (the engine's spread) in brackets."""
+    head = ["workload", "requests", *TABLE, "preempt (sim/real)", "E2E MAPE"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---:|" + "---:|" * (len(head) - 2)]
+    for name, row in workloads.items():
+        sp = row.get("spread", {})
+        cells = [f"{_pct(row[k])} ({_pct(sp.get(k))})" if sp else _pct(row[k]) for k in TABLE]
+        lines.append(
+            f"| `{name}` | {row['requests']} | "
+            + " | ".join(cells)
+            + f" | {row['preemptions_sim']}/{row['preemptions_real']}"
+            + f" | {_pct(row['e2e_mape']).lstrip('+')} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(pairs: dict[str, tuple[GroundTruth, GroundTruth]], out_dir: Path) -> None:
+    """Per workload: sim vs real CDFs of TTFT, TPOT and E2E, and a per-request E2E scatter."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, (sim, real) in pairs.items():
+        frames = []
+        for label, gt in (("sim", sim), ("real", real)):
+            lat = request_latencies(gt).select("request_id", "ttft_us", "tpot_us", "e2e_us")
+            frames.append(lat.with_columns(source=pl.lit(label)))
+        df = pl.concat(frames).to_pandas()
+        fig, axes = plt.subplots(1, 4, figsize=(16, 3.5))
+        for ax, col in zip(axes[:3], ("ttft_us", "tpot_us", "e2e_us"), strict=True):
+            sns.ecdfplot(data=df, x=col, hue="source", ax=ax)
+        wide = df.pivot_table(index="request_id", columns="source", values="e2e_us")
+        sns.scatterplot(data=wide, x="real", y="sim", ax=axes[3], s=12)
+        hi = float(np.nanmax(wide.to_numpy()))
+        axes[3].plot([0, hi], [0, hi], lw=0.8, color="grey")
+        axes[3].set_title("E2E per request (us)")
+        fig.suptitle(name)
+        fig.tight_layout()
+        fig.savefig(out_dir / f"{name}.png", dpi=110)
+        plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        prog="python -m cachepilot_sim.validate", description=__doc__.splitlines()[0]
+    )
+    ap.add_argument("ground_truth", type=Path)
+    ap.add_argument("--engine", default="hf_cb", help="engine profile (conf/engine/NAME.yaml)")
+    ap.add_argument("--json", type=Path, help="write the errors as JSON")
+    ap.add_argument("--plot", type=Path, help="write sim-vs-real figures to this folder")
+    ap.add_argument("--workloads", default="", help="comma-separated subset of workloads")
+    args = ap.parse_args(argv)
+    only = [w for w in args.workloads.split(",") if w] or None
+    try:
+        workloads, pairs = validate_runs(args.ground_truth, args.engine, only)
+    except GroundTruthError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(f"engine profile: {args.engine}; cells: sim vs run 1 (run 2 vs run 1)")
+    print(markdown(workloads))
+    if args.json:
+        args.json.write_text(
+            json.dumps({"engine": args.engine, "workloads": workloads}, indent=1) + "\n"
+        )
+    if args.plot:
+        plot(pairs, args.plot)
+
+
+if __name__ == "__main__":
+    main()

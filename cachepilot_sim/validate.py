@@ -1,0 +1,6 @@
+"""`python -m cachepilot_sim.validate`: the documented entry of tools/validate.py."""
+
+from cachepilot_sim.tools.validate import main
+
+if __name__ == "__main__":
+    main()
