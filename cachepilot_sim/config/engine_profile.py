@@ -1,4 +1,4 @@
-"""Which serving engine the batcher imitates (conf/engine/*.yaml; docs/validation.md).
+"""Which serving engine the batcher imitates (conf/engine/*.yaml in the package).
 
 `default` is the project's own engine model. A profile of a real engine sets the batcher, KV and
 scheduler sections to that engine's rules and, here, what those sections do not hold: its step

@@ -1,7 +1,7 @@
 """Fit a real engine's step cost (cost/engine_step.py) from its micro-runs, never from validation
 workloads: device time per step (`gpu_us`) over the step's shape, steps that captured a CUDA graph
 left out. Writes the fit, the data file it came from and the residuals as JSON, and prints the
-`engine.*` keys to paste into the profile (conf/engine/<name>.yaml; a test checks they match).
+`engine.*` keys to paste into the profile (conf/engine/<name>.yaml in the package; a test checks).
 
     python -m cachepilot_sim.tools.fit_engine \\
         experiments/validation/hf_cb/2026-12-01/microbench/steps.parquet \\

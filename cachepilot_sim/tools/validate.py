@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config import RunConfig, register_configs, to_config
 from cachepilot_sim.validation.ground_truth import (
     GroundTruth,
@@ -31,7 +32,6 @@ from cachepilot_sim.validation.ground_truth import (
 )
 from cachepilot_sim.validation.replay import engine_overrides, simulate
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 STATS = ("mean", "p50", "p90", "p99")
 TABLE = (
@@ -46,7 +46,7 @@ TABLE = (
 
 
 def sim_config(engine: str, extra: list[str]) -> RunConfig:
-    """The composed config of an engine profile (conf/engine/<engine>.yaml) for replay."""
+    """The composed config of an engine profile (package conf/engine/<engine>.yaml), for replay."""
     from hydra import compose, initialize_config_dir
 
     register_configs()

@@ -44,7 +44,7 @@ def test_step_cost_grows_with_context(ctx: list[int]) -> None:
 
 def test_committed_profile_matches_a_fresh_fit_of_the_micro_runs() -> None:
     fit, resid = fit_steps(load_micro_steps(MICRO), 256)
-    text = (ROOT / "conf/engine/hf_cb.yaml").read_text()
+    text = (ROOT / "cachepilot_sim/conf/engine/hf_cb.yaml").read_text()
     engine = yaml.safe_load(text)["engine"]
     for name in FEATURES:
         assert np.isclose(engine[name], getattr(fit, name), rtol=1e-9), name
