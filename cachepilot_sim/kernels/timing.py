@@ -58,6 +58,9 @@ def time_us(
 ) -> tuple[float, float, float]:
     """(median, min, max) microseconds of fn(rep) on `stream` (default: torch's current stream).
 
+    Not triton.testing.do_bench: it times from the host's launch (no sleep kernel to hide Python's
+    10-40 us enqueue) and reports no min/max; both matter for the swap kernels' small copies.
+
     fn receives the repetition index, so callers can rotate inputs and keep them out of L2.
     hide_launch: a sleep kernel ahead of the start event keeps the device busy while Python
     enqueues fn, so the events time the device work, not the host's launch overhead (what a C++

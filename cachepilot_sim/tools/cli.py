@@ -21,7 +21,8 @@ TOOLS: dict[str, str] = {
     "profile-dataset": "profile_dataset",
     "calibrate": "calibrate",
     "train-admission": "train_admission",
-    "validate": "validate",  # the engine-fidelity tool, where this installation has it
+    "validate": "validate",
+    "fit-engine": "fit_engine",
 }
 
 

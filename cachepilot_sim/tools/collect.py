@@ -1,12 +1,12 @@
-"""Gather a sweep's jobs into one table: `python -m cachepilot_sim.tools.collect <sweep dir>`.
+"""Gather a sweep's jobs into one table: `cachepilot-sim collect <sweep dir>`.
 
 One row per (job, policy, seed) cell of every complete job, with the job's overrides as columns
-(typed as YAML reads them; a cell's own `policy` and `seed` win over an override of the same name),
-written to `collected.parquet` and `collected.csv`, plus `jobs.csv` (every job and its status) and a
-plot of a chosen metric against a chosen parameter with the spread over seeds. Failed and incomplete
-jobs are listed with their reasons; a job whose metrics.json cannot be read is reported as such,
-naming the file, and the others are still collected. Outputs are written to temporary names and
-renamed, so an interrupted collect never damages an earlier table.
+(typed by Hydra's override parser; a cell's own `policy` and `seed` win over an override of the same
+name), written to `collected.parquet` and `collected.csv`, plus `jobs.csv` (every job and its
+status) and a plot of a chosen metric against a chosen parameter with the spread over seeds. Failed
+and incomplete jobs are listed with their reasons; a job whose metrics.json cannot be read is
+reported as such, naming the file, and the others are still collected. Outputs are written to
+temporary names and renamed, so an interrupted collect never damages an earlier table.
 """
 
 from __future__ import annotations
@@ -34,18 +34,21 @@ class CollectError(ValueError):
 
 
 def parse_override(text: str) -> tuple[str, Any] | None:
-    """`key=value` -> (key, typed value); None for deletions (`~key`)."""
-    if text.startswith("~") or "=" not in text:
-        return None
-    key, raw = text.split("=", 1)
-    key = key.lstrip("+")
+    """`key=value` -> (key, typed value) by Hydra's own override grammar; None for deletions
+    (`~key`). Lists and dicts become JSON text (one scalar per table cell)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
     try:
-        value = yaml.safe_load(raw) if raw else ""
-    except yaml.YAMLError:
-        value = raw
+        override = OverridesParser.create().parse_overrides([text])[0]
+    except HydraException as err:
+        raise CollectError(f"override {text!r}: {err}") from err
+    if override.is_delete():
+        return None
+    value = override.value()
     if isinstance(value, list | dict):
         value = json.dumps(value)
-    return key, value
+    return override.key_or_group, value
 
 
 def _read_overrides(job_dir: Path) -> list[str]:

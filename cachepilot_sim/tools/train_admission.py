@@ -102,6 +102,8 @@ def tune_teacher(cfg: SimConfig, seeds: list[int]) -> tuple[float, int, float]:
     return best
 
 
+# Not torch.optim.Adam: the gradients are NumPy arrays of the NumPy MLP the simulator runs without
+# torch (torch is a dev-only dependency); porting the training to torch is larger than this class.
 class Adam:
     def __init__(self, params: list[np.ndarray], lr: float) -> None:
         self.params, self.lr, self.t = params, lr, 0

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config import RunConfig, register_configs, to_config
+from cachepilot_sim.tools import CONF_DIR
 from cachepilot_sim.validation.ground_truth import (
     GroundTruth,
     GroundTruthError,

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from cachepilot_sim.components.kv.tails import TailIndex
 from cachepilot_sim.config import (
     KVConfig,
     ModelConfig,
@@ -15,7 +16,7 @@ from cachepilot_sim.config import (
     TraceFormat,
     policy_config,
 )
-from cachepilot_sim.policies import CacheEntry
+from cachepilot_sim.policies import CacheEntry, KeyScope
 from cachepilot_sim.policies.classic import ArcPolicy, GdsfPolicy
 from cachepilot_sim.policies.lru import LruPolicy
 from cachepilot_sim.sim import Simulation, build
@@ -67,7 +68,10 @@ def test_oracle_and_shadow_decide_on_chains() -> None:
 
 
 class _CutsRoots(LruPolicy):
-    """Breaks the contract: evicts chain roots."""
+    """Breaks the contract: evicts chain roots. It selects by its own rule, so it must see the whole
+    set (a ranking index would never ask it)."""
+
+    key_scope = KeyScope.SET
 
     def select_victims(
         self,
@@ -85,5 +89,6 @@ def test_a_selection_that_is_not_a_tail_is_refused() -> None:
     sim = make_replay("lru", offload=False)
     bad = _CutsRoots(sim.policy.cfg, sim.estimator)  # type: ignore[attr-defined]
     sim.policy = sim.kv.policy = bad
+    sim.kv.tails = TailIndex(sim.kv.tree, bad)  # the manager's index follows its policy
     with pytest.raises(ValueError, match="not tails"):
         sim.run()

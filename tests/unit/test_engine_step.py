@@ -9,6 +9,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.cost.engine_step import FEATURES, EngineStepFit, decode_run_us, engine_step_us
 from cachepilot_sim.tools.fit_engine import fit_steps, load_micro_steps
 
@@ -44,7 +45,7 @@ def test_step_cost_grows_with_context(ctx: list[int]) -> None:
 
 def test_committed_profile_matches_a_fresh_fit_of_the_micro_runs() -> None:
     fit, resid = fit_steps(load_micro_steps(MICRO), 256)
-    text = (ROOT / "cachepilot_sim/conf/engine/hf_cb.yaml").read_text()
+    text = (CONF_DIR / "engine" / "hf_cb.yaml").read_text()
     engine = yaml.safe_load(text)["engine"]
     for name in FEATURES:
         assert np.isclose(engine[name], getattr(fit, name), rtol=1e-9), name

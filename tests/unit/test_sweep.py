@@ -106,12 +106,14 @@ def test_collect_of_a_folder_without_jobs_fails_clearly(tmp_path: Path, capsys) 
     assert "no job folders" in capsys.readouterr().err
 
 
-def test_overrides_are_typed_as_yaml_reads_them() -> None:
+def test_overrides_are_typed_as_hydra_parses_them() -> None:
     assert parse_override("vram_gb=16") == ("vram_gb", 16)
     assert parse_override("+kv.watermark_fraction=0.02") == ("kv.watermark_fraction", 0.02)
     assert parse_override("policy=perc") == ("policy", "perc")
     assert parse_override("compare_policies=[perc,lru]") == ("compare_policies", '["perc", "lru"]')
     assert parse_override("~trace") is None
+    assert parse_override("policy.delta_s=1e3") == ("policy.delta_s", 1000.0)  # YAML: a string
+    assert parse_override("kv.offload_enabled=false") == ("kv.offload_enabled", False)
 
 
 def test_a_job_that_raises_records_error_and_traceback_without_raising(
