@@ -224,7 +224,10 @@ class Simulation:
             }
         out |= self.kv.metrics()
         if self.replay is not None:
-            out |= {"trace_rows_skipped": self.replay.table.num_skipped}
+            out |= {
+                "trace_rows_skipped": self.replay.table.num_skipped,
+                "trace_rows_skipped_by_reason": dict(self.replay.table.skipped),
+            }
         return out
 
 

@@ -37,7 +37,7 @@ def main(path: Path) -> None:
         for key, _, spec in columns:
             s = stats.get(key)
             f = spec.format
-            if s is None:
+            if s is None or s["mean"] is None:  # metrics.json writes null for no value
                 cells.append("-")
             else:
                 cells.append(f(s["mean"]) if s["n"] == 1 else f"{f(s['mean'])} ± {f(s['std'])}")

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar
 
-from cachepilot_sim.config.base import GIB, Sealed, bounded
+from cachepilot_sim.clock import s_to_us
+from cachepilot_sim.config.base import GIB, Sealed, bounded, join_key, require
 
 
 class BatchMode(StrEnum):
@@ -39,6 +40,16 @@ class SchedulerConfig(Sealed):
     section: ClassVar[str | None] = "scheduler"
     promote_slack_ms: float = bounded(250.0, ge=0)
     queue_timeout_s: float = bounded(0.0, ge=0)  # 0: requests never give up while queued
+
+    def validate(self, prefix: str) -> None:
+        super().validate(prefix)
+        # Time is integer us: a timeout that rounds to 0 us would silently mean "never give up".
+        require(
+            self.queue_timeout_s == 0 or s_to_us(self.queue_timeout_s) >= 1,
+            join_key(prefix, "queue_timeout_s"),
+            self.queue_timeout_s,
+            "must be 0 (never give up) or at least 1e-6 (1 us, the clock's resolution)",
+        )
 
 
 @dataclass

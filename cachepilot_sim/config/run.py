@@ -49,7 +49,7 @@ class SimConfig(Sealed):
     """Everything one simulation needs: one policy, one seed."""
 
     section: ClassVar[str | None] = ""  # its keys are top-level
-    seed: int = 0
+    seed: int = bounded(0, ge=0, integer=True)  # numpy's SeedSequence takes non-negative integers
     vram_gb: float = bounded(16.0, gt=0)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -8,10 +8,11 @@ fields exist and an override of another policy's field is an unknown key.
 
 from __future__ import annotations
 
-from dataclasses import is_dataclass
+from dataclasses import fields, is_dataclass
 from typing import TYPE_CHECKING, Any
 
 from cachepilot_sim.config.admission import ADMISSION
+from cachepilot_sim.config.base import ConfigError
 from cachepilot_sim.config.engine import BatcherConfig
 from cachepilot_sim.config.engine_profile import EngineConfig
 from cachepilot_sim.config.hardware import HardwareConfig
@@ -37,6 +38,19 @@ def _store_choices(cs: ConfigStore, registry: Registry[Any, Any]) -> None:
         cs.store(group=f"{registry.group}_schema", name=name, node=node)
 
 
+REQUIRED_MODEL_KEYS = (
+    "name",
+    "num_layers",
+    "num_kv_heads",
+    "head_dim",
+    "kv_dtype_bytes",
+    "weight_bytes",
+    "max_context_tokens",
+    "num_params",
+    "num_attention_heads",
+)
+
+
 def register_configs() -> None:
     """Register the schema with Hydra's ConfigStore (the entry points call it once)."""
     from hydra.core.config_store import ConfigStore
@@ -47,6 +61,10 @@ def register_configs() -> None:
     # YAML dicts merge key by key: start the class table empty so that a workload file lists
     # exactly its own classes instead of adding to the dataclass default.
     node.workload.classes = {}
+    # A model file must state its whole geometry: before, one that omitted a key silently got the
+    # dataclass default (Llama-3-8B's), which tests and factories still use from Python.
+    for key in REQUIRED_MODEL_KEYS:
+        node.model[key] = "???"  # OmegaConf MISSING
     cs.store(name="run_schema", node=node)
     for group, schema in (
         ("hardware", HardwareConfig),
@@ -64,6 +82,22 @@ def to_config(cfg: Any) -> RunConfig:
     """DictConfig (from Hydra) -> validated, sealed RunConfig."""
     from omegaconf import OmegaConf
 
-    obj = OmegaConf.to_object(cfg)
+    known = {f.name for f in fields(RunConfig)}
+    extra = sorted(str(k) for k in cfg if k not in known)
+    if extra:  # a `+key=value` override or a YAML key that no config class declares
+        raise ConfigError(f"unknown config key '{extra[0]}'; top-level keys are {sorted(known)}")
+    from omegaconf.errors import MissingMandatoryValue
+
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except AttributeError as err:  # a sealed section refusing a key it does not declare
+        raise ConfigError(f"unknown config key: {err}") from err
+    except MissingMandatoryValue as err:
+        where = (
+            "cachepilot_sim/conf/model/<name>.yaml"
+            if str(err.full_key).startswith("model.")
+            else "config"
+        )
+        raise ConfigError(f"required key '{err.full_key}' is not set (in {where})") from err
     assert is_dataclass(obj) and isinstance(obj, RunConfig), type(obj)
     return obj

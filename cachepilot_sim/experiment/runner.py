@@ -4,7 +4,9 @@ Files under the output folder: `metrics.json` (every cell and the per-policy sum
 (the answer's tables, experiment/answer.py), `requests/<policy>_seed<k>.parquet` (per-request
 results) and, when tracing is on, `trace/<policy>_seed<k>/part-*.parquet`. Each file is written to
 a temporary name and renamed, so an interrupted run never leaves a half-written file over an
-earlier one.
+earlier one. A run owns its folder (`outdir.py`): it first removes an earlier run's outputs
+there, then writes `run.json` (id, cells); trace readers refuse parts and trace folders that are not
+this run's. metrics.json is strict JSON (null where a metric has no value).
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ import numpy as np
 from rich.console import Console
 
 from cachepilot_sim.config import RunConfig, SimConfig, TraceFormat
+from cachepilot_sim.experiment import outdir
 from cachepilot_sim.experiment.answer import answer_tables, bench_block, markdown_answer
+from cachepilot_sim.experiment.lifecycle import exit_with_parent, stop_workers
 from cachepilot_sim.experiment.progress import ProgressRelay, progress_hook
 from cachepilot_sim.experiment.report import results_frame, run_meta, write_report
 from cachepilot_sim.experiment.serving import baseline_policy, policy_rows, serving_stats
@@ -111,13 +115,17 @@ def run_cells(
         queue = None if relay is None else relay.queue
         live_every = None if monitor is None else monitor.live_metrics_every_s
         try:
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+            with ProcessPoolExecutor(jobs, context, initializer=exit_with_parent) as pool:
                 futures = [
                     pool.submit(run_cell, s, out_dir, cfg.write_requests, cfg.offline_bound,
                                 None, every, queue, i, live_every)
                     for i, s in enumerate(sims)
                 ]  # fmt: skip
-                cells = [f.result() for f in futures]
+                try:
+                    cells = [f.result() for f in futures]
+                except BaseException:  # SIGINT/SIGTERM/SIGHUP or a failed cell: stop the rest now
+                    stop_workers(pool)
+                    raise
         finally:
             if relay is not None:
                 relay.close()
@@ -172,6 +180,7 @@ def run_experiment(cfg: RunConfig, out_dir: Path, console: Console | None = None
     console = console or Console()
     started = datetime.now(UTC).isoformat(timespec="seconds")
     t0 = time.perf_counter()  # wall time of the run, for run_meta.json only
+    rid = claim_output(cfg, out_dir)
     monitor = RunMonitor(cfg.telemetry, console)
     serving: list[dict[str, float]] = []
     try:
@@ -179,14 +188,12 @@ def run_experiment(cfg: RunConfig, out_dir: Path, console: Console | None = None
     except BaseException:
         monitor.close([], None)  # stop the bar and the server; no exposition of a failed run
         raise
+    skipped = _skipped_by_reason(cells)
     monitor.close(cells, out_dir)
     summary = summarize(cells)
     title = run_title(cfg, cells)
-    report = {"title": title, "cells": cells, "summary": summary}
-    _write_atomic(
-        out_dir / "metrics.json",
-        lambda p: p.write_text(json.dumps(report, indent=1, allow_nan=True)),
-    )
+    report = {"title": title, "run_id": rid, "cells": cells, "summary": summary} | skipped
+    outdir.write_json(out_dir / "metrics.json", report)
     baseline = baseline_policy(cfg.policy_names())
     rows = policy_rows(cells, serving, baseline)
     shown = title.replace("; mean ± σ [min, max]", "")
@@ -200,6 +207,20 @@ def run_experiment(cfg: RunConfig, out_dir: Path, console: Console | None = None
         meta = run_meta(_config_text(cfg, out_dir), shown, time.perf_counter() - t0, started)
         write_report(out_dir, rows, baseline, results_frame(cells, serving), meta)
     return report | {"serving": serving}
+
+
+def claim_output(cfg: RunConfig, out_dir: Path) -> str:
+    """Take `out_dir` for this run (an earlier run's outputs there are removed); its run id."""
+    rid = outdir.run_id(cfg)
+    seeds = range(cfg.seed, cfg.seed + cfg.seeds)
+    outdir.claim(out_dir, rid, [f"{p}_seed{s}" for p in cfg.policy_names() for s in seeds])
+    return rid
+
+
+def _skipped_by_reason(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """Trace rows skipped per reason (the same trace for every cell): moved to the report's top."""
+    reasons = [c.pop("trace_rows_skipped_by_reason", None) for c in cells]
+    return {} if not reasons or reasons[0] is None else {"trace_rows_skipped_by_reason": reasons[0]}
 
 
 def _config_text(cfg: RunConfig, out_dir: Path) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import traceback
 from pathlib import Path
@@ -21,8 +20,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from cachepilot_sim.config import to_config
+from cachepilot_sim.experiment.lifecycle import exit_with_parent
+from cachepilot_sim.experiment.outdir import write_json
 
 JOB_FILE = "job.json"
+LAUNCH_DIR = ".jobs"  # one record per launched job (record_launch)
 STATUS_FILE = "sweep_status.json"
 
 
@@ -33,9 +35,8 @@ def config_hash(cfg: DictConfig) -> str:
 
 
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1, allow_nan=True))
-    os.replace(tmp, path)
+    """Strict JSON (null for NaN), temporary name then rename: see outdir.write_json."""
+    write_json(path, payload)
 
 
 def read_job(job_dir: Path) -> dict[str, Any] | None:
@@ -58,17 +59,62 @@ def is_complete(job_dir: Path, digest: str) -> bool:
     )
 
 
-def run_job(cfg: DictConfig, out_dir: Path, overrides: list[str], job_num: int) -> str:
+def safe_dirname(name: str) -> str:
+    """A job folder name from its overrides that stays one folder inside the sweep folder.
+
+    `/` (and `%`, to keep names distinct) are percent-encoded, so `replay.path=../x` cannot move
+    the job out of the sweep; names past 200 characters are cut and end with a digest of the whole.
+    Registered as the `cp_safe_dirname` resolver that conf/config.yaml's `hydra.sweep.subdir` uses.
+    """
+    out = name.replace("%", "%25").replace("/", "%2F").replace("\\", "%5C").replace("\0", "")
+    if out in (".", ".."):
+        out = out.replace(".", "%2E")
+    if len(out) > 200:
+        out = out[:180] + "~" + hashlib.sha256(name.encode()).hexdigest()[:12]
+    return out
+
+
+def record_launch(sweep_dir: Path, job_num: int, entry: dict[str, Any]) -> None:
+    """The sweep's own record of a launched job (`.jobs/<num>.json`, always inside the sweep
+    folder), so that the summary counts every job even when its folder is missing or elsewhere."""
+    (sweep_dir / LAUNCH_DIR).mkdir(parents=True, exist_ok=True)
+    write_json_atomic(sweep_dir / LAUNCH_DIR / f"{job_num}.json", {"job": job_num} | entry)
+
+
+def run_job(
+    cfg: DictConfig,
+    out_dir: Path,
+    overrides: list[str],
+    job_num: int,
+    sweep_dir: Path | None = None,
+) -> str:
     """Run one sweep job in `out_dir`; returns its status: complete, skipped or failed.
 
-    Exceptions are recorded in job.json and printed with the job's overrides, never raised.
+    Exceptions are recorded in job.json and printed with the job's overrides, never raised. With
+    `sweep_dir`, the job is also recorded there, and a job folder outside it is refused.
     """
+    exit_with_parent()  # a launcher worker (loky) must not outlive a terminated sweep
+    label = f"job {job_num} ({','.join(overrides) or 'no overrides'})"
+    if sweep_dir is None:
+        return _run_job(cfg, out_dir, overrides, job_num, label)
+    inside = out_dir.resolve().is_relative_to(sweep_dir.resolve())
+    entry = {"dir": str(out_dir), "overrides": overrides}
+    record_launch(sweep_dir, job_num, entry | {"status": "running"})
+    if not inside:
+        status, error = "failed", f"job folder {out_dir} is outside the sweep folder {sweep_dir}"
+        print(f"cachepilot_sim: {label} failed: {error}", file=sys.stderr)
+    else:
+        status, error = _run_job(cfg, out_dir, overrides, job_num, label), ""
+    record_launch(sweep_dir, job_num, entry | {"status": status, "error": error})
+    return status
+
+
+def _run_job(cfg: DictConfig, out_dir: Path, overrides: list[str], job_num: int, label: str) -> str:
     from rich.console import Console
 
     from cachepilot_sim.experiment.runner import run_experiment
 
     digest = config_hash(cfg)
-    label = f"job {job_num} ({','.join(overrides) or 'no overrides'})"
     if is_complete(out_dir, digest):
         print(f"cachepilot_sim: {label}: skipped, results complete in {out_dir}")
         return "skipped"
@@ -119,7 +165,27 @@ def sweep_status(sweep_dir: Path) -> dict[str, list[dict[str, Any]]]:
         else:
             entry["error"] = entry["error"] or f"no finished job.json (status {status})"
             out["incomplete"].append(entry)
+    _add_lost_jobs(sweep_dir, out)
     return out
+
+
+def _add_lost_jobs(sweep_dir: Path, out: dict[str, list[dict[str, Any]]]) -> None:
+    """Launched jobs (`.jobs/`) whose folder is not among the sweep's job folders: failed."""
+    found = {str((sweep_dir / e["dir"]).resolve()) for group in out.values() for e in group}
+    for path in sorted((sweep_dir / LAUNCH_DIR).glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+            job_dir = Path(record["dir"])
+        except (OSError, ValueError, KeyError, TypeError):
+            record, job_dir = {"error": f"{path}: unreadable launch record"}, path
+        if str(job_dir.resolve()) in found:
+            continue
+        error = (
+            record.get("error") or f"job folder {job_dir} missing (status {record.get('status')})"
+        )
+        out["failed"].append(
+            {"dir": str(job_dir), "overrides": record.get("overrides"), "error": error}
+        )
 
 
 try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 import time
@@ -303,8 +304,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         sys.stdout.write(text)
     else:
-        args.out.write_text(text)
+        try:
+            write_text_atomic(args.out, text)
+        except OSError as err:  # an unwritable --out: named, no traceback, nothing half-written
+            print(f"{ap.prog}: {args.out}: cannot write ({err.strerror})", file=sys.stderr)
+            return 2
     return 0
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -307,13 +307,56 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, flush=True)
 
-    if args.refit:
-        raw = json.loads(args.refit.read_text())
-        write_outputs(raw, args.out, log, write_raw=False)
-        return 0
-    raw = measure_all(log)
-    write_outputs(raw, args.out, log)
+    try:
+        if args.refit:
+            raw = _read_raw(args.refit)
+            try:  # the fit runs before anything is written
+                write_outputs(raw, args.out, log, write_raw=False)
+            except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as err:
+                raise CalibrationError(
+                    f"{args.refit}: not a raw calibration file measure_all wrote "
+                    f"({type(err).__name__}: {err})"
+                ) from err
+            return 0
+        _require_gpu()
+        raw = measure_all(log)
+        write_outputs(raw, args.out, log)
+    except CalibrationError as err:
+        print(f"calibrate: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # an unwritable --out: named, no traceback
+        print(f"calibrate: {err.filename}: cannot write ({err.strerror})", file=sys.stderr)
+        return 2
     return 0
+
+
+class CalibrationError(ValueError):
+    """A calibration that cannot run or a raw file that cannot be fitted; names the cause."""
+
+
+def _require_gpu() -> None:
+    try:
+        import torch
+
+        found = bool(torch.cuda.is_available())
+    except ImportError:
+        found = False
+    if not found:
+        raise CalibrationError(
+            "measuring needs a CUDA GPU (none found here); to fit an existing raw file on CPU: "
+            "--refit experiments/calibration/<date>_<gpu>.json"
+        )
+
+
+def _read_raw(path: Path) -> dict[str, Any]:
+    """A raw calibration file as measure_all wrote it; refused with its name otherwise."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise CalibrationError(f"{path}: cannot read a raw calibration file ({err})") from err
+    if not isinstance(raw, dict):
+        raise CalibrationError(f"{path}: not a raw calibration file (expected a JSON object)")
+    return raw
 
 
 if __name__ == "__main__":

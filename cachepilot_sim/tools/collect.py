@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -64,13 +65,28 @@ def _read_overrides(job_dir: Path) -> list[str]:
 def _read_cells(job_dir: Path) -> list[dict[str, Any]]:
     path = job_dir / "metrics.json"
     try:
-        report = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+        # Runs before metrics.json became strict JSON wrote bare NaN for "no value": read as null.
+        report = json.loads(path.read_text(), parse_constant=lambda _: None)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise CollectError(f"{path}: unreadable ({err})") from err
     cells = report.get("cells") if isinstance(report, dict) else None
     if not isinstance(cells, list) or not all(isinstance(c, dict) for c in cells):
         raise CollectError(f"{path}: key 'cells' missing or not a list of objects")
+    for num, cell in enumerate(cells):
+        for key, value in cell.items():
+            # A metric is a number (or null); only the cell's policy name is text. A string or a
+            # list in a metric column would turn the whole column into text in the table.
+            ok = isinstance(value, str) if key == "policy" else _is_number(value)
+            if not ok:
+                raise CollectError(
+                    f"{path}: cells[{num}].{key} = {json.dumps(value)[:40]} is not a "
+                    f"{'name' if key == 'policy' else 'number or null'}"
+                )
     return cells
+
+
+def _is_number(value: Any) -> bool:
+    return value is None or (isinstance(value, int | float) and math.isfinite(value))
 
 
 def collect_rows(sweep_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
@@ -183,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
         result = collect(args.sweep_dir, args.out, args.metric, args.param, args.format)
     except CollectError as err:
         print(f"cachepilot_sim.tools.collect: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # an unwritable --out: named, no traceback
+        print(
+            f"cachepilot_sim.tools.collect: {err.filename}: cannot write ({err.strerror})",
+            file=sys.stderr,
+        )
         return 2
     n_ok = sum(j["status"] == "complete" for j in result["jobs"])
     print(

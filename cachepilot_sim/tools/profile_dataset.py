@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -187,6 +188,13 @@ def profile(
     return summary
 
 
+def _plain_name(text: str) -> str:
+    """The name becomes a file name under out/workload/: one plain name, never a path."""
+    if text and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", text):
+        raise argparse.ArgumentTypeError(f"{text!r}: use letters, digits, '_', '.', '-' only")
+    return text
+
+
 def parse_args(argv: list[str]) -> dict[str, str]:
     """The command line (argparse: `--path FILE [--format ...]`) as a dict of KEYS."""
     ap = argparse.ArgumentParser(
@@ -206,7 +214,9 @@ def parse_args(argv: list[str]) -> dict[str, str]:
         help="auto | cl100k_base | estimate | a tokenizer.json path",
     )
     ap.add_argument("--out", default=KEYS["out"], help="folder (default: profiles/<name>)")
-    ap.add_argument("--name", default=KEYS["name"], help="workload name (default: file stem)")
+    ap.add_argument(
+        "--name", type=_plain_name, default=KEYS["name"], help="workload name (default: file stem)"
+    )
     ap.add_argument(
         "--max-records",
         dest="max_records",
@@ -225,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         summary = profile(path, a["format"], a["tokenizer"], out, name, int(a["max_records"]))
     except (ValueError, ConfigError) as err:  # DatasetError is a ValueError
         print(f"profile_dataset: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # an unwritable out=: named, no traceback
+        print(f"profile_dataset: {err.filename}: cannot write ({err.strerror})", file=sys.stderr)
         return 2
     d = summary["distributions"]
     print(

@@ -1,7 +1,9 @@
 """Train the learned admission controller: imitate a tuned threshold rule, then REINFORCE.
 
-    python -m cachepilot_sim.tools.train_admission --out experiments/admission/weights.npz
-        [--seed 0]
+    python -m cachepilot_sim.tools.train_admission --out NEW.npz [--seed 0]
+
+`--out` is required and may not be a shipped weights file (experiments/admission/*.npz, which
+`admission=learned` loads); every argument is range-checked by argparse before anything runs.
 
 1. Teacher: the threshold rule's two parameters picked by a small grid on the training seeds (best
    mean goodput). 2. Imitation: cross-entropy of the MLP against the teacher's decisions, recorded
@@ -16,6 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +34,11 @@ from cachepilot_sim.admission.mlp import Mlp
 from cachepilot_sim.config import SimConfig, admission_config, register_configs, to_config
 from cachepilot_sim.sim import build
 from cachepilot_sim.tools import CONF_DIR
+
+# Weights the repository ships (conf/admission/*.yaml load them): never a training output.
+SHIPPED_WEIGHTS = tuple(
+    (Path(__file__).resolve().parents[2] / "experiments" / "admission").glob("*.npz")
+)
 
 # The overloaded variant of mixed_spike the controller is trained for: 256 front-end slots and a
 # x16 spike, so that queues and KV pressure actually build (stock mixed_spike rarely needs a gate).
@@ -213,20 +223,69 @@ def train(args: Args) -> dict[str, Any]:
     return log
 
 
+def _int_at_least(low: int) -> Callable[[str], int]:
+    def parse_int(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below the minimum {low}")
+        return value
+
+    parse_int.__name__ = f"integer >= {low}"
+    return parse_int
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite positive number")
+    return value
+
+
+def _weights_out(text: str) -> Path:
+    """A new .npz path: not a folder, not the shipped weights (admission=learned loads those)."""
+    path = Path(text)
+    if path.suffix != ".npz" or path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: not a .npz file name")
+    if path.resolve() in {w.resolve() for w in SHIPPED_WEIGHTS}:
+        raise argparse.ArgumentTypeError(
+            f"{text}: these are the shipped weights that admission=learned loads; write to "
+            "another file and replace them deliberately (git shows the change)"
+        )
+    base = path.parent
+    while not base.exists() and base != base.parent:  # folders to be created: check the first
+        base = base.parent  # one that exists
+    if not base.is_dir() or not os.access(base, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text}: {base} is not a writable folder")
+    return path
+
+
 def parse(argv: list[str] | None = None) -> Args:
+    """Every argument typed and range-checked by argparse: a bad one exits 2 naming it, before
+    any training or writing."""
+    experiments = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path("experiments/admission/weights.npz"))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--train-seeds", type=int, default=3)
-    p.add_argument("--episode-requests", type=int, default=1000)
-    p.add_argument("--imitation-epochs", type=int, default=60)
-    p.add_argument("--iterations", type=int, default=30)
-    p.add_argument("--episodes", type=int, default=6)
-    p.add_argument("--eval-every", type=int, default=5)
-    p.add_argument("--hidden", type=int, default=16)
-    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--out", type=_weights_out, required=True, help="new .npz file")
+    p.add_argument("--seed", type=_int_at_least(0), default=0)
+    p.add_argument("--train-seeds", type=_int_at_least(1), default=3)
+    p.add_argument("--episode-requests", type=_int_at_least(1), default=1000)
+    p.add_argument("--imitation-epochs", type=_int_at_least(0), default=60)
+    p.add_argument("--iterations", type=_int_at_least(1), default=30)
+    # REINFORCE's advantage divides by the std over the batch: at least two episodes.
+    p.add_argument("--episodes", type=_int_at_least(2), default=6)
+    p.add_argument("--eval-every", type=_int_at_least(1), default=5)
+    p.add_argument("--hidden", type=_int_at_least(1), default=16)
+    p.add_argument("--lr", type=_rate, default=0.01)
     p.add_argument(
-        "--experiment", default="mixed_spike", help="cachepilot_sim/conf/experiment/<name>.yaml"
+        "--experiment",
+        default="mixed_spike",
+        choices=experiments,
+        help="cachepilot_sim/conf/experiment/<name>.yaml",
     )
     p.add_argument(
         "--override",

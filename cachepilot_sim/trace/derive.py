@@ -29,6 +29,9 @@ _SOURCES = ("hit", "reload_done", "recompute")
 _SOURCE_NAME = {"hit": "hit", "reload_done": "reload", "recompute": "recompute"}
 
 
+RUN_FILE = "run.json"  # a run folder's owner record: run id and cells (experiment/outdir.py)
+
+
 class TraceError(ValueError):
     """A trace folder that cannot be read: the message names the file and what is wrong."""
 
@@ -44,19 +47,61 @@ def load_trace(trace_dir: Path) -> tuple[pl.LazyFrame, dict[str, Any]]:
         raise TraceError(f"{meta_path}: missing; the run did not finish (incomplete trace)")
     try:
         meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise TraceError(f"{meta_path}: not valid JSON ({err})") from err
+    if not isinstance(meta, dict):
+        raise TraceError(f"{meta_path}: not a JSON object")
     for key in ("class_names", "ttft_slo_us", "tpot_slo_us", "kv_pool_bytes"):
         if key not in meta:
             raise TraceError(f"{meta_path}: key '{key}' missing")
     if not parts:
         raise TraceError(f"{trace_dir}: meta.json but no part-*.parquet files")
+    _check_manifest(meta_path, meta, parts)
+    if (why := check_trace_owner(trace_dir, meta)) is not None:
+        raise TraceError(why)
     for part in parts:
-        schema = pl.read_parquet_schema(part)
+        try:
+            schema = pl.scan_parquet(part, glob=False).collect_schema()
+        except (pl.exceptions.PolarsError, OSError) as err:
+            raise TraceError(f"{part}: not a readable Parquet file (truncated?): {err}") from err
         if dict(schema) != dict(TRACE_SCHEMA):
             missing = sorted(set(TRACE_SCHEMA) - set(schema))
             raise TraceError(f"{part}: schema differs from TRACE_SCHEMA (missing {missing})")
-    return pl.scan_parquet(parts), meta
+    # glob=False: a sweep job folder named `compare_policies=[perc]` is a path, not a pattern.
+    return pl.scan_parquet(parts, glob=False), meta
+
+
+def check_trace_owner(trace_dir: Path, meta: dict[str, Any]) -> str | None:
+    """Why the trace folder does not belong to the run of its run folder, or None when it does
+    (or when the run folder has no run.json: one trace folder on its own, or an older run)."""
+    run_file = trace_dir.parent.parent / RUN_FILE
+    if trace_dir.parent.name != "trace" or not run_file.is_file():
+        return None
+    try:
+        record = json.loads(run_file.read_text())
+        cells = record["cells"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"{run_file}: unreadable ({err})"
+    if trace_dir.name not in cells:
+        return f"{trace_dir}: not a cell of the run in {run_file} (left by an earlier run?)"
+    return None
+
+
+def _check_manifest(meta_path: Path, meta: dict[str, Any], parts: list[Path]) -> None:
+    """Every part on disk is one meta.json lists (written by the same run), and none is missing.
+    Traces written before the manifest existed have no `parts` key and are read as they are."""
+    listed = meta.get("parts")
+    if listed is None:
+        return
+    on_disk = {p.name for p in parts}
+    extra, missing = sorted(on_disk - set(listed)), sorted(set(listed) - on_disk)
+    if extra:
+        raise TraceError(
+            f"{meta_path}: {extra[0]} is not among this run's parts (left by another run?); "
+            f"{len(extra)} such part(s); rerun into an empty folder"
+        )
+    if missing:
+        raise TraceError(f"{meta_path}: part {missing[0]} listed but missing")
 
 
 def slo_frame(meta: dict[str, Any]) -> pl.DataFrame:

@@ -31,6 +31,7 @@ class TraceRecorder:
         self._cols: list[list] = [[] for _ in TRACE_SCHEMA]
         self._chunks: list[pl.DataFrame] = []
         self._num_parts = 0
+        self._claimed = False  # an earlier run's files in out_dir removed (see _claim_dir)
         self.num_rows = 0
 
     def emit(
@@ -77,7 +78,7 @@ class TraceRecorder:
         if self.out_dir is None:
             self._chunks.append(frame)
             return
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._claim_dir()
         path = self.out_dir / f"part-{self._num_parts:05d}.parquet"
         tmp = path.with_name(path.name + ".tmp")
         frame.write_parquet(tmp)
@@ -91,10 +92,27 @@ class TraceRecorder:
         self.flush()
         if self.out_dir is None:
             return
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._claim_dir()
+        meta = meta | {"parts": [p.name for p in self._part_paths()]}
         tmp = self.out_dir / (META_FILE + ".tmp")
         tmp.write_text(json.dumps(meta, indent=1))
         os.replace(tmp, self.out_dir / META_FILE)
+
+    def _part_paths(self) -> list[Path]:
+        assert self.out_dir is not None
+        return [self.out_dir / f"part-{k:05d}.parquet" for k in range(self._num_parts)]
+
+    def _claim_dir(self) -> None:
+        """Once, before the first write: remove what an earlier run left in this folder (its
+        meta.json first, so an interruption leaves an incomplete trace, never a mixed one)."""
+        assert self.out_dir is not None
+        if self._claimed:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / META_FILE).unlink(missing_ok=True)
+        for stale in (*self.out_dir.glob("part-*.parquet"), *self.out_dir.glob("*.tmp")):
+            stale.unlink()
+        self._claimed = True
 
     def frame(self) -> pl.DataFrame:
         """The whole trace (reads the part files back when they were written to disk)."""
@@ -102,7 +120,8 @@ class TraceRecorder:
         if self.out_dir is not None:
             if self._num_parts == 0:
                 return TRACE_SCHEMA.to_frame()
-            return pl.read_parquet(self.out_dir / "part-*.parquet", schema=TRACE_SCHEMA)
+            # glob=False: a sweep folder named `compare_policies=[perc]` is a path, not a pattern
+            return pl.read_parquet(self._part_paths(), schema=TRACE_SCHEMA, glob=False)
         if not self._chunks:
             return TRACE_SCHEMA.to_frame()
         return pl.concat(self._chunks)

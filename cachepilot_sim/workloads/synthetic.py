@@ -73,11 +73,15 @@ class SessionFactory:
         think = _lognormal(s.think_times, cls.think_time_mean_s, cls.think_time_sigma, turns)
         prompt_i = prompt.astype(np.int64)
         output_i = output.astype(np.int64)
-        # A client stops the conversation before a turn would exceed the model's context window.
+        # A client stops the conversation before a turn would exceed the model's context window
+        # (model.max_context_tokens). A first turn longer than the window is cut to fit, output
+        # included: the server caps max_tokens at what the window has left, as engines do.
+        window = self.max_context[ci]
         total = np.cumsum(prompt_i + output_i)
-        keep = max(1, int(np.searchsorted(total, self.max_context[ci], side="right")))
-        if total[0] > self.max_context[ci]:
-            prompt_i[0] = max(1, self.max_context[ci] - output_i[0])
+        keep = max(1, int(np.searchsorted(total, window, side="right")))
+        if total[0] > window:
+            output_i[0] = max(1, min(int(output_i[0]), window // 2))
+            prompt_i[0] = max(1, window - int(output_i[0]))
         think_us = np.fromiter((s_to_us(t) for t in think[:keep]), dtype=np.int64, count=keep)
         return SessionSpec(
             sid, ci, self.model_of_class[ci], prompt_i[:keep], output_i[:keep], think_us

@@ -10,7 +10,7 @@ dropped silently.
 
 from __future__ import annotations
 
-import json
+import csv
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,17 +19,14 @@ import numpy as np
 import polars as pl
 
 from cachepilot_sim.config import OnError, TraceFormat
-
-_LENGTHS = ("input_length", "output_length")
-_HASH_TYPE = pl.List(pl.Int64)
-MOONCAKE_SCHEMA = pl.Struct(
-    {
-        "timestamp": pl.Float64,
-        "input_length": pl.Float64,
-        "output_length": pl.Float64,
-        "hash_ids": _HASH_TYPE,
-    }
+from cachepilot_sim.workloads.trace_json import (
+    _LENGTHS,
+    MAX_LENGTH_TOKENS,
+    MAX_TIME_US,
+    decode_slow,
+    fast_decode,
 )
+
 AZURE_COLUMNS = {
     "TIMESTAMP": "timestamp",
     "ContextTokens": "input_length",
@@ -103,10 +100,12 @@ def _length_reason(name: str) -> pl.Expr:
         .then(pl.format(f"'{name}' = {{}} is not a whole number", c))
         .when(c < 1)
         .then(pl.lit(f"'{name}' is 0 (every request needs at least one token)"))
+        .when(c > MAX_LENGTH_TOKENS)
+        .then(pl.format(f"'{name}' = {{}} is over the limit of {MAX_LENGTH_TOKENS} tokens", c))
     )
 
 
-def _row_reasons(hash_block_tokens: int | None) -> pl.Expr:
+def _row_reasons(hash_block_tokens: int | None, time_to_us: float) -> pl.Expr:
     """The first reason a row is bad, or null: lengths, then timestamp, then hash ids."""
     reasons = [_length_reason(name) for name in _LENGTHS]
     ts = pl.col("timestamp")
@@ -115,10 +114,12 @@ def _row_reasons(hash_block_tokens: int | None) -> pl.Expr:
         .then(pl.lit("missing or unparseable 'timestamp'"))
         .when(ts.is_nan() | ts.is_infinite())
         .then(pl.lit("'timestamp' is not finite"))
+        .when(ts.abs() * time_to_us > MAX_TIME_US)
+        .then(pl.format(f"'timestamp' = {{}} is over the limit of {MAX_TIME_US} us", ts))
     )
     if hash_block_tokens is not None:
         h = pl.col("hash_ids")
-        need = (pl.col("input_length") / hash_block_tokens).ceil().cast(pl.Int64)
+        need = (pl.col("input_length") / hash_block_tokens).ceil().cast(pl.Int64, strict=False)
         reasons.append(
             pl.when(h.is_null())
             .then(pl.lit("missing field 'hash_ids'"))
@@ -139,10 +140,14 @@ def _row_reasons(hash_block_tokens: int | None) -> pl.Expr:
 
 
 def _validate(
-    frame: pl.DataFrame, path: Path, on_error: OnError, hash_block_tokens: int | None
+    frame: pl.DataFrame,
+    path: Path,
+    on_error: OnError,
+    hash_block_tokens: int | None,
+    time_to_us: float,
 ) -> tuple[pl.DataFrame, dict[str, int]]:
     """Drop or raise on bad rows; returns the good rows and the skip counts per reason."""
-    checked = frame.with_columns(_row_reasons(hash_block_tokens).alias("reason"))
+    checked = frame.with_columns(_row_reasons(hash_block_tokens, time_to_us).alias("reason"))
     skipped: dict[str, int] = {}
     bad = checked.filter(pl.col("reason").is_not_null())
     good = checked.filter(pl.col("reason").is_null())
@@ -185,68 +190,19 @@ def _scan_lines(path: Path) -> pl.LazyFrame:
     )
 
 
-def _decode_slow(lines: pl.DataFrame) -> pl.DataFrame:
-    """Error path only (polars refused some line): parse line by line to name the bad ones.
-
-    A line that is not a JSON object becomes a row of nulls with its reason in `parse_error`.
-    """
-    rows: dict[str, list[object]] = {
-        k: [] for k in ("timestamp", *_LENGTHS, "hash_ids", "parse_error")
-    }
-    for raw in lines["raw"].to_list():
-        try:
-            obj = json.loads(raw)
-            if not isinstance(obj, dict):
-                raise ValueError("not a JSON object")
-            values = [_as_float(obj.get(k)) for k in ("timestamp", *_LENGTHS)]
-            ids = obj.get("hash_ids")
-            if ids is not None and not (
-                isinstance(ids, list) and all(isinstance(x, int) for x in ids)
-            ):
-                raise ValueError("'hash_ids' is not a list of integers")
-            error = None
-        except ValueError as err:  # json.JSONDecodeError is a ValueError
-            values, ids, error = [None, None, None], None, f"not a valid JSON request: {err}"
-        for key, value in zip(
-            ("timestamp", *_LENGTHS, "hash_ids", "parse_error"), (*values, ids, error), strict=True
-        ):
-            rows[key].append(value)
-    schema = pl.Schema(
-        [
-            ("timestamp", pl.Float64),
-            ("input_length", pl.Float64),
-            ("output_length", pl.Float64),
-            ("hash_ids", _HASH_TYPE),
-            ("parse_error", pl.Utf8),
-        ]
-    )
-    return pl.DataFrame(rows, schema=schema).with_columns(lines["line"])
-
-
-def _as_float(value: object) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"value {value!r} is not a number")
-    return float(value)
-
-
 def read_mooncake(path: Path, on_error: OnError, hash_block_tokens: int = 512) -> TraceTable:
     """Mooncake JSONL: `timestamp` (ms), `input_length`, `output_length`, `hash_ids`."""
     lines = _scan_lines(path).collect(engine="streaming")
     try:
-        frame = lines.select(
-            "line", pl.col("raw").str.json_decode(MOONCAKE_SCHEMA).alias("j")
-        ).unnest("j")
-        frame = frame.with_columns(pl.lit(None, pl.Utf8).alias("parse_error"))
+        frame = fast_decode(lines).with_columns(pl.lit(None, pl.Utf8).alias("parse_error"))
     except pl.exceptions.PolarsError:
-        frame = _decode_slow(lines)
+        frame = decode_slow(lines)
     parse_bad = frame.filter(pl.col("parse_error").is_not_null())
     if parse_bad.height and on_error == OnError.RAISE:
         row = parse_bad.row(0, named=True)
         raise TraceError(f"{path}:{row['line']}: {row['parse_error']}")
     frame = frame.filter(pl.col("parse_error").is_null()).drop("parse_error")
-    good, skipped = _validate(frame, path, on_error, hash_block_tokens)
+    good, skipped = _validate(frame, path, on_error, hash_block_tokens, 1_000.0)
     good = _check_prefix_tree(good, path, on_error, skipped)
     if parse_bad.height:
         skipped = {"not a valid JSON request": parse_bad.height, **skipped}
@@ -320,7 +276,7 @@ def read_azure(path: Path, on_error: OnError) -> TraceTable:
         (stamp.dt.epoch("ns").cast(pl.Float64) / 1_000.0).alias("timestamp"),
         *(_numeric(n) for n in _LENGTHS),
     )
-    good, skipped = _validate(frame, path, on_error, None)
+    good, skipped = _validate(frame, path, on_error, None, 1.0)
     return _to_table(good, path, skipped, time_to_us=1.0)
 
 
@@ -328,7 +284,7 @@ def read_sharegpt(path: Path, on_error: OnError) -> TraceTable:
     """ShareGPT length statistics: num_prefill_tokens, num_decode_tokens; no timestamps."""
     raw = _scan_csv_columns(path, SHAREGPT_COLUMNS)
     frame = raw.with_columns(*(_numeric(n) for n in _LENGTHS), pl.lit(0.0).alias("timestamp"))
-    good, skipped = _validate(frame, path, on_error, None)
+    good, skipped = _validate(frame, path, on_error, None, 1.0)
     return _to_table(good, path, skipped, time_to_us=1.0)
 
 
@@ -347,6 +303,27 @@ def _to_table(
     )
 
 
+def _file_error(path: Path, fmt: TraceFormat, err: Exception) -> str:
+    """One line for a file polars or the OS refused: unreadable, not UTF-8, empty, ragged CSV."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if isinstance(err, OSError):
+        return f"{path}: cannot read ({err.strerror or text})"
+    if "utf-8" in text.lower():
+        return f"{path}: not UTF-8 text ({text}); is it a binary file?"
+    if isinstance(err, pl.exceptions.NoDataError):
+        return f"{path}:1: empty file (a {fmt!s} trace needs a header line)"
+    if fmt != TraceFormat.MOONCAKE and "fields" in text:
+        with path.open(newline="", encoding="utf-8", errors="replace") as f:
+            rows = csv.reader(f)
+            width = len(next(rows, []))
+            for num, row in enumerate(rows, start=2):
+                if row and len(row) != width:
+                    return (
+                        f"{path}:{num}: {len(row)} fields but the header has {width} (ragged CSV)"
+                    )
+    return f"{path}: cannot read as a {fmt!s} trace ({text})"
+
+
 def read_trace(
     fmt: TraceFormat, path: str | Path, on_error: OnError, hash_block_tokens: int = 512
 ) -> TraceTable:
@@ -357,14 +334,17 @@ def read_trace(
             f"{p}: no such trace file (set replay.path, or CACHEPILOT_TRACES_DIR to "
             f"a folder laid out like cachepilot_sim/workloads/samples)"
         )
-    if fmt == TraceFormat.MOONCAKE:
-        table = read_mooncake(p, on_error, hash_block_tokens)
-    elif fmt == TraceFormat.AZURE:
-        table = read_azure(p, on_error)
-    elif fmt == TraceFormat.SHAREGPT:
-        table = read_sharegpt(p, on_error)
-    else:
-        raise TraceError(f"{p}: trace format {fmt!r} has no reader")
+    try:
+        if fmt == TraceFormat.MOONCAKE:
+            table = read_mooncake(p, on_error, hash_block_tokens)
+        elif fmt == TraceFormat.AZURE:
+            table = read_azure(p, on_error)
+        elif fmt == TraceFormat.SHAREGPT:
+            table = read_sharegpt(p, on_error)
+        else:
+            raise TraceError(f"{p}: trace format {fmt!r} has no reader")
+    except (pl.exceptions.PolarsError, OSError, UnicodeDecodeError) as err:
+        raise TraceError(_file_error(p, fmt, err)) from err
     if table.num_requests == 0:
         raise TraceError(f"{p}: no valid requests (skipped: {table.skipped})")
     assert math.isfinite(float(table.arrival_us[-1]))

@@ -125,7 +125,13 @@ def test_load_trace_names_the_file_that_is_missing_or_wrong(tmp_path: Path) -> N
         load_trace(trace_dir)
     meta.write_text(saved)
     pl.DataFrame({"t_us": [1]}).write_parquet(trace_dir / "part-99999.parquet")
-    with pytest.raises(TraceError, match=r"part-99999.parquet: schema differs"):
+    with pytest.raises(TraceError, match=r"part-99999.parquet is not among this run's parts"):
+        load_trace(trace_dir)
+    (trace_dir / "part-99999.parquet").replace(trace_dir / "part-00000.parquet")
+    with pytest.raises(TraceError, match=r"part-00000.parquet: schema differs"):
+        load_trace(trace_dir)
+    (trace_dir / "part-00000.parquet").write_bytes(b"PAR1 truncated")
+    with pytest.raises(TraceError, match=r"part-00000.parquet: not a readable Parquet file"):
         load_trace(trace_dir)
 
 

@@ -1,0 +1,98 @@
+"""A real run on two spawn workers is stopped by a signal: no worker outlives it, no half-written
+file is left, and a rerun into the same folder heals it (issue 15)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from cachepilot_sim.tools.figures import load_runs
+
+RUN = ["workload.num_requests=4000", "seeds=2", "jobs=2", "trace.chunk_rows=20000"]
+
+
+def _workers(pid: int) -> list[int]:
+    """Child processes of `pid` running a multiprocessing worker."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in task.read_text().split():
+            try:
+                cmd = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"multiprocessing" in cmd or b"spawn_main" in cmd:
+                found.append(int(child))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def _start(out: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "cachepilot_sim", *RUN, f"hydra.run.dir={out}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc")
+@pytest.mark.parametrize(
+    ("signum", "status"),
+    [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGKILL, -9)],
+)
+def test_a_stopped_run_leaves_no_orphan_no_partial_file_and_a_rerun_heals(
+    tmp_path: Path, signum: int, status: int
+) -> None:
+    out = tmp_path / "run"
+    proc = _start(out)
+    deadline = time.monotonic() + 120
+    workers: list[int] = []
+    while time.monotonic() < deadline and len(workers) < 3:
+        workers = _workers(proc.pid)
+        time.sleep(0.2)
+    time.sleep(1.5)  # the workers are simulating
+    workers = _workers(proc.pid) or workers
+    assert len(workers) >= 2, "the run did not start its workers"  # + resource tracker
+    os.kill(proc.pid, signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == status, err[-2000:]
+    if signum != signal.SIGKILL:
+        assert f"stopped by {signal.Signals(signum).name}" in err and "Traceback" not in err
+    time.sleep(2.0)  # the watchdog polls every 0.5 s
+    assert [w for w in workers if _alive(w)] == []
+    # A file cut short can only be a *.tmp (never read; the rerun removes it): every file under
+    # its real name was renamed into place when complete.
+    for part in out.rglob("*.parquet"):
+        pl.read_parquet(part)
+    assert not (out / "metrics.json").exists()
+    rerun = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cachepilot_sim",
+            "workload.num_requests=200",
+            "seeds=1",
+            f"hydra.run.dir={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert list(out.rglob("*.tmp")) == []
+    traces, requests, _ = load_runs(out)
+    assert len(traces) == 1 and requests.height > 0  # perc, seed 0: nothing of the stopped run
