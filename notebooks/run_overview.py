@@ -72,8 +72,10 @@ _ = plot_latency_cdfs(requests)
 # %%
 per_class = (
     requests.group_by("policy", "workload_class")
-    .agg(((pl.col("reload_us") + pl.col("recompute_us")).sum() / 1e6).alias("restore_s"),
-         pl.len().alias("requests"))
+    .agg(
+        ((pl.col("reload_us") + pl.col("recompute_us")).sum() / 1e6).alias("restore_s"),
+        pl.len().alias("requests"),
+    )
     .sort("workload_class", "policy")
 )
 print(per_class)
@@ -92,6 +94,10 @@ _ = plot_gap_estimates(gaps)
 # %%
 gaps.group_by("policy").agg(
     pl.len().alias("returns"),
-    (pl.col("predicted gap s") / pl.col("true gap s")).log().abs().median().exp()
+    (pl.col("predicted gap s") / pl.col("true gap s"))
+    .log()
+    .abs()
+    .median()
+    .exp()
     .alias("median ratio (either way)"),
 )

@@ -30,9 +30,22 @@ from cachepilot_sim.tools.figures import fig_metric_vs_param
 sweep_dir = os.environ.get("CACHEPILOT_SWEEP_DIR")
 if sweep_dir is None:
     sweep_dir = str(Path(tempfile.mkdtemp(prefix="cachepilot_sweep_")) / "sweep")
-    subprocess.run([sys.executable, "-m", "cachepilot_sim", "--multirun", "policy=perc,lru",
-                    "vram_gb=10,16", "seed=0,1", "seeds=1", "workload.num_requests=40",
-                    f"hydra.sweep.dir={sweep_dir}"], check=False, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cachepilot_sim",
+            "--multirun",
+            "policy=perc,lru",
+            "vram_gb=10,16",
+            "seed=0,1",
+            "seeds=1",
+            "workload.num_requests=40",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        check=False,
+        capture_output=True,
+    )
 sweep_dir = Path(sweep_dir)
 result = collect(sweep_dir, Path(tempfile.mkdtemp(prefix="cachepilot_collect_")))
 table = result["table"]
@@ -52,10 +65,12 @@ param = default_param(table, result["params"]) or "seed"
 print(f"swept: {result['params']}; plotting against {param}")
 print(
     table.group_by("policy", param)
-    .agg(pl.len().alias("seeds"),
-         pl.col("realized_restore_s").mean().alias("restore_s_mean"),
-         pl.col("realized_restore_s").std().alias("restore_s_sd"),
-         pl.col("ttft_p95_s").mean().alias("ttft_p95_s_mean"))
+    .agg(
+        pl.len().alias("seeds"),
+        pl.col("realized_restore_s").mean().alias("restore_s_mean"),
+        pl.col("realized_restore_s").std().alias("restore_s_sd"),
+        pl.col("ttft_p95_s").mean().alias("ttft_p95_s_mean"),
+    )
     .sort("policy", param)
 )
 
