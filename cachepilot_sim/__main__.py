@@ -16,12 +16,18 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from cachepilot_sim.conf import groups_help
-from cachepilot_sim.config import ConfigError, register_configs, to_config
-from cachepilot_sim.experiment.lifecycle import exit_status, install_signal_handlers
+from cachepilot_sim.config import register_configs
+from cachepilot_sim.experiment.lifecycle import (
+    checked_config,
+    exit_status,
+    install_signal_handlers,
+)
 from cachepilot_sim.experiment.outdir import OutputDirError
 from cachepilot_sim.experiment.runner import run_experiment
 from cachepilot_sim.experiment.sweep import safe_dirname
@@ -34,20 +40,10 @@ OmegaConf.register_new_resolver("cachepilot_groups", groups_help, replace=True)
 OmegaConf.register_new_resolver("cp_safe_dirname", safe_dirname, replace=True)
 
 
-def refuse_ignored_overrides(cfg: DictConfig, overrides: list[str]) -> None:
-    """`policy=X` does nothing when the experiment compares policies: refuse, naming both keys."""
-    chosen = [o for o in overrides if o.split("=", 1)[0].lstrip("+") == "policy"]
-    if chosen and cfg.get("compare_policies"):
-        names = list(cfg.compare_policies)
-        raise ConfigError(
-            f"{chosen[0]} is ignored because compare_policies={names} is set; use "
-            f"compare_policies=[{chosen[0].split('=', 1)[1]}] (or compare_policies=[] to run "
-            "that policy alone)"
-        )
-
-
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> None:
+def app(cfg: DictConfig) -> None:
+    """One run (or one job of a `--multirun` sweep); the Preflight callback
+    (experiment/lifecycle.py) has refused a bad config, input or run folder before this runs."""
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
     if hydra_cfg.mode == RunMode.MULTIRUN:
@@ -56,14 +52,8 @@ def main(cfg: DictConfig) -> None:
         overrides = [str(o) for o in OmegaConf.to_container(hydra_cfg.overrides.task) or []]
         run_job(cfg, out_dir, overrides, int(hydra_cfg.job.num), Path(hydra_cfg.sweep.dir))
         return
-    try:
-        refuse_ignored_overrides(cfg, [str(o) for o in hydra_cfg.overrides.task])
-        run_cfg = to_config(cfg)
-    except ConfigError as err:
-        model_file = str(hydra_cfg.runtime.choices.get("model", "<name>"))
-        message = str(err).replace("model/<name>.yaml", f"model/{model_file}.yaml")
-        print(f"cachepilot_sim: invalid configuration: {message}", file=sys.stderr)
-        sys.exit(2)
+    overrides = [str(o) for o in hydra_cfg.overrides.task]
+    run_cfg = checked_config(cfg, overrides, hydra_cfg.runtime.choices)  # again: no callback ran
     install_signal_handlers()  # SIGTERM/SIGHUP stop the run as SIGINT does
     try:
         run_experiment(run_cfg, out_dir)
@@ -91,6 +81,66 @@ def main(cfg: DictConfig) -> None:
         )
         sys.exit(2)
     print(f"results: {out_dir}")
+
+
+# Lines of Hydra's own error messages that say nothing about the input.
+HYDRA_NOISE = ("full_key:", "object_type=", "reference_type=", "provider=", "To append to your")
+
+
+def hydra_error_line(err: BaseException) -> str:
+    """Hydra's multi-line message for a bad override or group option as one line: its lines
+    joined by `; `, an indented list (a group's options) joined by `, `, and the key that OmegaConf
+    names (`full_key`) put first."""
+    segments: list[str] = []
+    for part in (err, err.__cause__):
+        if part is None:
+            continue
+        lines: list[str] = []
+        for raw in str(part).splitlines():
+            line = raw.strip().rstrip(".").removeprefix("In 'config':").strip()
+            if line == "Config search path:":
+                break
+            if not line or line.startswith(HYDRA_NOISE):
+                continue
+            if raw.startswith("\t") and lines:
+                lines[-1] += (" " if lines[-1].endswith(":") else ", ") + line
+            else:
+                lines.append(line)
+        key = getattr(part, "full_key", None)
+        if key and lines:
+            lines[0] = f"{key}: {lines[0]}"
+        segments += lines
+    override = getattr(err, "override", None)  # a parse error names the override it could not read
+    if override:
+        segments.insert(0, f"cannot parse {override!r}")
+    return "; ".join(segments) or type(err).__name__
+
+
+def main() -> None:
+    """Entry point: Hydra's app, with the errors Hydra reports itself before the app runs (an
+    override of a key the config has not, an unknown group option, a value of the wrong type) as
+    one line naming the key, exit 2, instead of Hydra's multi-line message and exit 1.
+    `HYDRA_FULL_ERROR=1` or `CACHEPILOT_TRACEBACK=1` keep Hydra's own report."""
+    if os.environ.get("HYDRA_FULL_ERROR") or os.environ.get("CACHEPILOT_TRACEBACK"):
+        app()
+        return
+    # Hydra's documented switch to let its errors propagate instead of printing them itself.
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        app()
+    except (HydraException, OmegaConfBaseException) as err:
+        print(f"cachepilot_sim: invalid configuration: {hydra_error_line(err)}", file=sys.stderr)
+        sys.exit(2)
+    except Exception as err:  # Hydra failed outside the run (the run reports its own errors)
+        first = (str(err).strip().splitlines() or [""])[0]
+        print(
+            f"cachepilot_sim: {type(err).__name__}: {first} "
+            "(CACHEPILOT_TRACEBACK=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    finally:
+        os.environ.pop("HYDRA_FULL_ERROR", None)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,11 @@ from cachepilot_sim.config import SimConfig
 EVICTION_RATE_TAU_US = s_to_us(1.0)  # time constant of the eviction-rate EMA
 
 
+def gate_class_names(cfg: SimConfig) -> list[str]:
+    """The classes the controller's features are split by (a replayed trace is one class)."""
+    return list(cfg.workload.classes) if cfg.replay.format == "none" else ["trace"]
+
+
 class AdmissionGate:
     """Admit, defer or reject a new session's first turn; its ports are handed in: the queue
     (pop, requeue), the KV manager (sizes, stats, evictable bytes), a read-only pool view, the
@@ -41,7 +46,7 @@ class AdmissionGate:
         a = cfg.admission
         self.env, self.queue, self.kv, self.pool, self.reject = env, queue, kv, pool, reject
         self.running_fraction = running_fraction
-        self.class_names = list(cfg.workload.classes) if cfg.replay.format == "none" else ["trace"]
+        self.class_names = gate_class_names(cfg)
         self.feature_names = feature_names(self.class_names)
         self.controller: AdmissionController = make_controller(a, self.feature_names)
         self.defer_us = ms_to_us(a.defer_ms)

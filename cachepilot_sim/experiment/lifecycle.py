@@ -1,5 +1,11 @@
-"""How a run or sweep ends when it is told to stop: SIGTERM and SIGHUP behave like SIGINT, and no
-worker process outlives its parent.
+"""How a run starts and how it ends when it is told to stop.
+
+Start: everything a run can be refused for (its config, a missing trace or learned-weights file, a
+run folder that cannot be made) is checked by `Preflight`, a Hydra callback that runs before Hydra
+creates the run folder, so a refused run writes nothing and leaves an earlier run's results whole.
+Each refusal is one line naming the key or file, exit 2.
+
+Stop: SIGTERM and SIGHUP behave like SIGINT, and no worker process outlives its parent.
 
 SIGINT already unwound a run cleanly (KeyboardInterrupt). SIGTERM (a scheduler, `kill`, a closed
 container) and SIGHUP (a closed terminal) killed only the parent: spawn and loky workers went on
@@ -10,11 +16,32 @@ interrupted run leaves no half-written file, and the next run into the folder re
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
+import sys
+import tempfile
 import threading
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from types import FrameType
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from cachepilot_sim.admission import make_controller
+from cachepilot_sim.admission.features import feature_names
+from cachepilot_sim.admission.mlp import WeightsError
+from cachepilot_sim.components.admission_gate import gate_class_names
+from cachepilot_sim.config import ConfigError, RunConfig, TraceFormat, to_config
+from cachepilot_sim.experiment.outdir import OutputDirError
+from cachepilot_sim.workloads.replay import resolve_path
+from cachepilot_sim.workloads.traces import TraceError, require_trace_file
+
+try:
+    from hydra.experimental.callback import Callback
+except ImportError:  # pragma: no cover - hydra-core always ships it (>= 1.1)
+    Callback = object  # type: ignore[misc,assignment]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 PARENT_POLL_S = 0.5  # how often a worker checks that its parent is still there
@@ -63,3 +90,98 @@ def stop_workers(pool: ProcessPoolExecutor) -> None:
     for process in list(getattr(pool, "_processes", {}).values()):
         process.terminate()
     pool.shutdown(wait=True, cancel_futures=True)
+
+
+def refuse_ignored_overrides(cfg: DictConfig, overrides: list[str]) -> None:
+    """`policy=X` does nothing when the experiment compares policies: refuse, naming both keys."""
+    chosen = [o for o in overrides if o.split("=", 1)[0].lstrip("+") == "policy"]
+    if chosen and cfg.get("compare_policies"):
+        names = list(cfg.compare_policies)
+        raise ConfigError(
+            f"{chosen[0]} is ignored because compare_policies={names} is set; use "
+            f"compare_policies=[{chosen[0].split('=', 1)[1]}] (or compare_policies=[] to run "
+            "that policy alone)"
+        )
+
+
+def check_inputs(cfg: RunConfig) -> None:
+    """Open what the run will read besides its config: the trace file and the learned admission
+    weights (loaded as the simulation loads them, so a file trained on other features is refused
+    too). Raises TraceError or WeightsError naming the file, before anything is written."""
+    if cfg.replay.format != TraceFormat.NONE:
+        require_trace_file(resolve_path(cfg.replay.path))
+    sim = cfg.sim_for(cfg.policy_names()[0], cfg.seed)
+    make_controller(sim.admission, feature_names(gate_class_names(sim)))
+
+
+def checked_config(task_cfg: DictConfig, overrides: list[str], choices: Any) -> RunConfig:
+    """The typed, validated config with its inputs checked; on a refusal, one line on stderr
+    naming the key or file, and exit 2. `choices` are Hydra's group choices (model file name)."""
+    try:
+        refuse_ignored_overrides(task_cfg, overrides)
+        run_cfg = to_config(task_cfg)
+    except ConfigError as err:
+        model_file = str(choices.get("model", "<name>"))
+        message = str(err).replace("model/<name>.yaml", f"model/{model_file}.yaml")
+        refuse(f"invalid configuration: {message}")
+    try:
+        check_inputs(run_cfg)
+    except TraceError as err:
+        refuse(f"cannot replay the trace: {err}")
+    except WeightsError as err:
+        refuse(f"invalid configuration: admission.weights: {err}")
+    return run_cfg
+
+
+def check_folder(key: str, path: Path) -> None:
+    """Make `path` (as Hydra is about to) and write a scratch file in it; OutputDirError naming
+    `key` and the path when either fails. Folders made here are removed again on failure."""
+    made = [p for p in (path, *path.parents) if not p.exists() and not p.is_symlink()]
+    try:
+        if path.exists() and not path.is_dir():
+            raise OutputDirError(f"{key}={path}: exists and is not a folder")
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        for folder in made:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        in_the_way = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+        reason = f"{in_the_way} is a file, not a folder" if in_the_way else err.strerror
+        raise OutputDirError(f"{key}={path}: cannot create or write the folder ({reason})") from err
+
+
+def refuse(message: str) -> None:
+    """One line on stderr, exit 2 (the bad-input status)."""
+    print(f"cachepilot_sim: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+class Preflight(Callback):  # type: ignore[misc]
+    """Hydra callback (conf/config.yaml): refuses a run before Hydra makes its folder or writes
+    `.hydra/` there: a bad config or input (checked_config) or an unusable `hydra.run.dir`; a
+    sweep whose `hydra.sweep.dir` cannot be made. Each job of a sweep is checked by its run."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        HydraConfig.instance().set_config(config)  # `${hydra:...}` resolves, as in Hydra's run_job
+        task_cfg = copy.deepcopy(config)
+        with read_write(task_cfg), open_dict(task_cfg):
+            del task_cfg["hydra"]
+        overrides = [str(o) for o in OmegaConf.to_container(config.hydra.overrides.task) or []]
+        checked_config(task_cfg, overrides, config.hydra.runtime.choices)
+        self._folder("hydra.run.dir", config)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._folder("hydra.sweep.dir", config)
+
+    @staticmethod
+    def _folder(key: str, config: DictConfig) -> None:
+        try:
+            check_folder(key, Path(str(OmegaConf.select(config, key))))
+        except OutputDirError as err:
+            refuse(str(err))

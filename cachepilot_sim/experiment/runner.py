@@ -28,7 +28,7 @@ from rich.console import Console
 from cachepilot_sim.config import RunConfig, SimConfig, TraceFormat
 from cachepilot_sim.experiment import outdir
 from cachepilot_sim.experiment.answer import answer_tables, bench_block, markdown_answer
-from cachepilot_sim.experiment.lifecycle import exit_with_parent, stop_workers
+from cachepilot_sim.experiment.lifecycle import check_inputs, exit_with_parent, stop_workers
 from cachepilot_sim.experiment.progress import ProgressRelay, progress_hook
 from cachepilot_sim.experiment.report import results_frame, run_meta, write_report
 from cachepilot_sim.experiment.serving import baseline_policy, policy_rows, serving_stats
@@ -180,6 +180,7 @@ def run_experiment(cfg: RunConfig, out_dir: Path, console: Console | None = None
     console = console or Console()
     started = datetime.now(UTC).isoformat(timespec="seconds")
     t0 = time.perf_counter()  # wall time of the run, for run_meta.json only
+    check_inputs(cfg)  # a missing trace or weights file must not cost the folder's earlier results
     rid = claim_output(cfg, out_dir)
     monitor = RunMonitor(cfg.telemetry, console)
     serving: list[dict[str, float]] = []

@@ -112,7 +112,9 @@ class WildPolicy(RankingPolicy):
         """q e^{-rt}(1 - e^{-r delta}) / (1 - q + q e^{-rt}): returns within delta given idle t,
         q the class's return fraction, r its exponential rate (the prior until a gap is seen)."""
         c = self._cls(entry.class_index)
-        q = (c.returned + 1) / (c.released + 2)  # Laplace: no data gives 1/2
+        # Laplace: no data gives 1/2. A class can count more returns than releases (an entry used
+        # again before its turn ended); capped, q stays below 1 and the denominator above 0.
+        q = (min(c.returned, c.released) + 1) / (c.released + 2)
         mean_gap = c.gap_sum_us / c.returned if c.returned else self.estimator.population_gap_us
         rate = 1.0 / max(mean_gap, 1.0)
         alive = q * math.exp(-rate * max(now_us - entry.last_used_us, 0))

@@ -324,16 +324,21 @@ def _file_error(path: Path, fmt: TraceFormat, err: Exception) -> str:
     return f"{path}: cannot read as a {fmt!s} trace ({text})"
 
 
-def read_trace(
-    fmt: TraceFormat, path: str | Path, on_error: OnError, hash_block_tokens: int = 512
-) -> TraceTable:
-    """Read and validate one trace file of the given format."""
-    p = Path(path)
+def require_trace_file(p: Path) -> None:
+    """TraceError naming `p` when it is not a file (checked again before a run writes anything)."""
     if not p.is_file():
         raise TraceError(
             f"{p}: no such trace file (set replay.path, or CACHEPILOT_TRACES_DIR to "
             f"a folder laid out like cachepilot_sim/workloads/samples)"
         )
+
+
+def read_trace(
+    fmt: TraceFormat, path: str | Path, on_error: OnError, hash_block_tokens: int = 512
+) -> TraceTable:
+    """Read and validate one trace file of the given format."""
+    p = Path(path)
+    require_trace_file(p)
     try:
         if fmt == TraceFormat.MOONCAKE:
             table = read_mooncake(p, on_error, hash_block_tokens)

@@ -12,9 +12,9 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from cachepilot_sim.__main__ import refuse_ignored_overrides
 from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config import ConfigError, register_configs, to_config
+from cachepilot_sim.experiment.lifecycle import refuse_ignored_overrides
 
 CONF = CONF_DIR
 register_configs()
