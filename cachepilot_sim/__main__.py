@@ -120,7 +120,24 @@ def main() -> None:
     """Entry point: Hydra's app, with the errors Hydra reports itself before the app runs (an
     override of a key the config has not, an unknown group option, a value of the wrong type) as
     one line naming the key, exit 2, instead of Hydra's multi-line message and exit 1.
-    `HYDRA_FULL_ERROR=1` or `CACHEPILOT_TRACEBACK=1` keep Hydra's own report."""
+    `HYDRA_FULL_ERROR=1` or `CACHEPILOT_TRACEBACK=1` keep Hydra's own report.
+
+    SIGTERM and SIGHUP stop a sweep as SIGINT does: the launcher's workers are stopped (joblib
+    terminates them on the interrupt; each also exits when its parent is gone) and the command
+    exits 128 + signal with one line."""
+    install_signal_handlers()
+    try:
+        _run_app()
+    except KeyboardInterrupt as err:  # a sweep (a single run reports its own, naming its folder)
+        print(
+            f"cachepilot_sim: {err or 'stopped by SIGINT'}; rerun the same command with the same "
+            "hydra.sweep.dir: complete jobs are skipped, the others run again",
+            file=sys.stderr,
+        )
+        sys.exit(exit_status(err))
+
+
+def _run_app() -> None:
     if os.environ.get("HYDRA_FULL_ERROR") or os.environ.get("CACHEPILOT_TRACEBACK"):
         app()
         return

@@ -10,6 +10,7 @@ case as a real subprocess to see the whole stderr of the command.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -29,8 +30,14 @@ def _refused(
     monkeypatch.setattr(sys, "argv", ["cachepilot-sim", *argv])
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     monkeypatch.delenv("CACHEPILOT_TRACEBACK", raising=False)
-    with pytest.raises(SystemExit) as exit_info:
-        main()
+    # main() installs SIGTERM/SIGHUP handlers: give pytest its own back.
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            main()
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
     err = capsys.readouterr().err
     assert exit_info.value.code == 2, err
     lines = err.strip().splitlines()
@@ -208,5 +215,10 @@ def test_hydra_full_error_keeps_hydras_own_report(
     """The switch Hydra documents still shows the whole exception to whoever asks for it."""
     monkeypatch.setattr(sys, "argv", ["cachepilot-sim", "policy=lru", "policy.flop_weight=9"])
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
-    with pytest.raises(Exception, match="Could not override 'policy.flop_weight'"):
-        main()
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with pytest.raises(Exception, match="Could not override 'policy.flop_weight'"):
+            main()
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)

@@ -1,0 +1,96 @@
+"""A real `--multirun` sweep on the joblib launcher (two loky workers) is stopped by SIGTERM or
+SIGHUP: the command says so in one line and exits 128 + signal, no process it started outlives
+it, every file under the sweep folder is whole (JSON parses, parquet reads; only `*.tmp` can be
+cut short), and a rerun with the same `hydra.sweep.dir` finishes every job (issue 15)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+JOBS = ["seed=0,1,2,3"]
+SWEEP = ["workload.num_requests=1500", "seeds=1", "jobs=1", "hydra.launcher.n_jobs=2"]
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below `pid` (children, their children, ...), from /proc."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*/children"):
+            try:
+                kids = {int(c) for c in task.read_text().split()}
+            except OSError:
+                continue
+            todo += sorted(kids - found)
+            found |= kids
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def _sweep(sweep_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "cachepilot_sim", "--multirun", *JOBS, *SWEEP,
+            f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
+
+
+def _running_jobs(sweep_dir: Path) -> int:
+    return sum('"running"' in p.read_text() for p in sweep_dir.glob("*/job.json") if p.is_file())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc")
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_a_stopped_sweep_leaves_no_orphan_no_partial_file_and_a_rerun_heals(
+    tmp_path: Path, signum: int, status: int
+) -> None:
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.Popen(
+        _sweep(sweep_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 240
+    started: set[int] = set()
+    while time.monotonic() < deadline and proc.poll() is None:
+        started |= _descendants(proc.pid)
+        if sweep_dir.is_dir() and _running_jobs(sweep_dir) >= 2:
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)  # both workers are simulating
+    started |= _descendants(proc.pid)
+    assert proc.poll() is None and _running_jobs(sweep_dir) >= 1, "the sweep ended too soon"
+    assert len(started) >= 2, "the launcher did not start its workers"
+    os.kill(proc.pid, signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == status, err[-3000:]
+    name = signal.Signals(signum).name
+    assert f"stopped by {name}" in err and "Traceback" not in err, err[-3000:]
+    time.sleep(2.0)  # a worker's watchdog polls its parent every 0.5 s
+    assert sorted(p for p in started if _alive(p)) == []
+    # Whole files only: every JSON parses, every parquet reads (a cut file can only be *.tmp).
+    for path in sweep_dir.rglob("*.json"):
+        json.loads(path.read_text())
+    for path in sweep_dir.rglob("*.parquet"):
+        pl.read_parquet(path)
+    rerun = subprocess.run(_sweep(sweep_dir), capture_output=True, text=True, timeout=400)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    report = json.loads((sweep_dir / "sweep_status.json").read_text())
+    assert len(report["complete"]) == 4 and report["failed"] == report["incomplete"] == []
+    assert list(sweep_dir.rglob("*.tmp")) == []
+    for job in report["complete"]:
+        cells = json.loads((sweep_dir / job["dir"] / "metrics.json").read_text())["cells"]
+        assert len(cells) == 1 and cells[0]["requests"] > 0
