@@ -91,6 +91,9 @@ class ReplayClients:
         parent = int(wl.sessions.parent[i])
         req.parent = self._slots[parent] if parent >= 0 else None
         self._slots[i] = req
+        # Sent so far, in send order (live progress counts it); rebuilt in trace order by the
+        # callers once their sends are done, which is the order every result is written in.
+        self.requests.append(req)
         self.inbox.put(req)  # unbounded Store: succeeds at once
         for child in self._children.get(i, ()):
             self.env.process(self._after_parent(child, req))

@@ -47,6 +47,13 @@ def numeric_metrics(sim: Any) -> dict[str, float]:
     }
 
 
+def requests_total(sim: Any) -> int:
+    """Requests the cell will issue: a replay's trace requests (after `replay.limit`), else the
+    synthetic workload's `num_requests` (which a replay does not read)."""
+    replay = getattr(sim, "replay", None)
+    return int(sim.cfg.workload.num_requests if replay is None else replay.num_requests)
+
+
 def progress_hook(
     sim: Any,
     index: int,
@@ -57,13 +64,17 @@ def progress_hook(
     cell complete. Requests done are counted incrementally (the done prefix is skipped). With
     `metrics_every_s`, a report carries the run metrics so far at most once per that many wall
     seconds (they cost a pass over the issued requests), for the live dashboard."""
-    cfg, requests = sim.cfg, sim.clients.requests
-    policy, seed, total = cfg.policy.name, cfg.seed, cfg.workload.num_requests
+    cfg = sim.cfg
+    policy, seed, total = cfg.policy.name, cfg.seed, requests_total(sim)
     prefix, events = 0, 0
     last_metrics = -math.inf
+    seen: list[Any] = []
 
     def on_progress(num_events: int) -> None:
-        nonlocal prefix, events, last_metrics
+        nonlocal prefix, events, last_metrics, seen
+        requests = sim.clients.requests
+        if requests is not seen:  # replay clients rebuild their list as they send: count afresh
+            seen, prefix = requests, 0
         while prefix < len(requests) and requests[prefix].outcome != Outcome.PENDING:
             prefix += 1
         done = prefix + sum(1 for r in requests[prefix:] if r.outcome != Outcome.PENDING)

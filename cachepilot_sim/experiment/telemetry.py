@@ -167,6 +167,7 @@ class RunMonitor:
         self._tasks: dict[int, Any] = {}
         self._started: dict[int, float] = {}
         self._done: dict[int, int] = {}
+        self._totals: dict[int, int] = {}
 
     @property
     def live(self) -> bool:
@@ -201,8 +202,11 @@ class RunMonitor:
         visible = p.done < p.total or self._overall is None
         self.bar.update(task, completed=p.done, sim_s=p.sim_us / 1e6, eps=eps, visible=visible)
         self._done[p.index] = p.done
+        self._totals[p.index] = p.total
         if self._overall is not None:
-            self.bar.update(self._overall, completed=sum(self._done.values()))
+            # A replay's cell knows its request count once built: the bar's total follows.
+            total = sum(self._totals.get(i, n) for i, (_, _, n) in enumerate(self._cells))
+            self.bar.update(self._overall, completed=sum(self._done.values()), total=total)
 
     @property
     def live_metrics_every_s(self) -> float | None:
