@@ -67,14 +67,18 @@ def install_signal_handlers() -> None:
         signal.signal(signum, _raise_interrupt)
 
 
-def exit_with_parent() -> None:
+def exit_with_parent(parent: int | None = None) -> None:
     """In a worker process: exit as soon as the parent is gone (reparented to another pid), so a
-    killed parent leaves no orphan that keeps writing. Idempotent per process."""
+    killed parent leaves no orphan that keeps writing. Idempotent per process.
+
+    `parent` is the pid the worker belongs to: a pool passes its own (`initargs`), so a worker that
+    finishes starting only after its parent was killed (it is then already reparented, and
+    `os.getppid()` would name its new parent) exits at once instead of waiting forever."""
     global _watching
     if _watching:
         return
     _watching = True
-    parent = os.getppid()
+    parent = os.getppid() if parent is None else parent
 
     def watch() -> None:
         while os.getppid() == parent:

@@ -115,7 +115,9 @@ def run_cells(
         queue = None if relay is None else relay.queue
         live_every = None if monitor is None else monitor.live_metrics_every_s
         try:
-            with ProcessPoolExecutor(jobs, context, initializer=exit_with_parent) as pool:
+            with ProcessPoolExecutor(
+                jobs, context, initializer=exit_with_parent, initargs=(os.getpid(),)
+            ) as pool:
                 futures = [
                     pool.submit(run_cell, s, out_dir, cfg.write_requests, cfg.offline_bound,
                                 None, every, queue, i, live_every)

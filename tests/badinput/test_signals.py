@@ -96,3 +96,32 @@ def test_a_stopped_run_leaves_no_orphan_no_partial_file_and_a_rerun_heals(
     assert list(out.rglob("*.tmp")) == []
     traces, requests, _ = load_runs(out)
     assert len(traces) == 1 and requests.height > 0  # perc, seed 0: nothing of the stopped run
+
+
+def test_a_worker_that_starts_after_its_parent_died_exits(tmp_path: Path) -> None:
+    """A pool worker still starting when its parent is killed is reparented before it installs
+    its watchdog: given the pool's pid, it exits at once (it used to watch its new parent and
+    live on; such orphans were left by the SIGKILL test on a loaded machine)."""
+    started, failed = tmp_path / "started", tmp_path / "failed"
+    worker = (
+        "import sys, time; time.sleep(1.5); "
+        "from cachepilot_sim.experiment.lifecycle import exit_with_parent; "
+        f"open({str(started)!r}, 'w').close()\n"
+        f"try:\n exit_with_parent(int(sys.argv[1]))\n"
+        f"except Exception:\n open({str(failed)!r}, 'w').close(); raise\n"
+        "time.sleep(120)"
+    )
+    parent = (
+        "import os, subprocess, sys; "
+        f"p = subprocess.Popen([sys.executable, '-c', {worker!r}, str(os.getpid())], "
+        "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(p.pid)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", parent], capture_output=True, text=True, timeout=60, check=True
+    )
+    child = int(out.stdout)  # its parent has exited: the worker is reparented while it sleeps
+    deadline = time.monotonic() + 60
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(child), "the orphaned worker is still running"
+    assert started.exists() and not failed.exists()  # its watchdog ended it
