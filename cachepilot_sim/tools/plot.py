@@ -84,7 +84,7 @@ def select(runs: list[Run], where: list[str]) -> list[Run]:
             raise RunSetError(f"--where {item!r}: no run's config has the key {key!r}")
         want = yaml.safe_load(text)
         runs = [r for r in runs if r.config.get(key) == want or str(r.config.get(key)) == text]
-    if not runs:
+    if where and not runs:
         raise RunSetError(f"--where {' '.join(where)}: no run left")
     return runs
 
