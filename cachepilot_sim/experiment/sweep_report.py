@@ -38,6 +38,7 @@ from cachepilot_sim.experiment.runset import (
 
 FIGURE = "headline_by_config"
 METRICS = [m for m, _, _ in HEADLINE]
+WRAP = 6  # configurations side by side; more start a new band of rows
 
 
 def headline_data(frame: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
@@ -60,8 +61,9 @@ def headline_data(frame: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
 
 
 def headline_figure(frame: pl.DataFrame, data: pl.DataFrame) -> Any:
-    """Rows = metrics, columns = configurations (the grid grows with them): policies side by side,
-    bar = mean, whisker = 95 % t interval over seeds, dots = seeds; titles say n."""
+    """Rows = metrics, columns = configurations (WRAP a band; the grid grows with more bands):
+    policies side by side, bar = mean, whisker = 95 % t interval over seeds, dots = seeds; titles
+    say n. Each metric has one y scale across configurations."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -69,17 +71,19 @@ def headline_figure(frame: pl.DataFrame, data: pl.DataFrame) -> Any:
 
     configs = list(dict.fromkeys(data[CONFIG].to_list()))
     policies = list(dict.fromkeys(frame["policy"].to_list()))
-    fig, axes = plt.subplots(
-        len(HEADLINE),
-        len(configs),
-        figsize=(0.9 + 3.4 * len(configs), 2.9 * len(HEADLINE)),
-        squeeze=False,
-        sharey="row",
-    )
-    for col, config in enumerate(configs):
+    ncols, bands = min(len(configs), WRAP), math.ceil(len(configs) / WRAP)
+    nrows = len(HEADLINE) * bands
+    fig, axes = plt.subplots(nrows, ncols, figsize=(0.9 + 3.4 * ncols, 2.9 * nrows), squeeze=False)
+    for ax in axes.flat:  # a last band with fewer configurations leaves some empty
+        ax.set_visible(False)
+    for k, config in enumerate(configs):
+        band, col = divmod(k, WRAP)
         cells = frame.filter(pl.col(CONFIG) == config)
-        for row, (metric, label, _) in enumerate(HEADLINE):
-            ax = axes[row][col]
+        for m, (metric, label, _) in enumerate(HEADLINE):
+            ax = axes[band * len(HEADLINE) + m][col]
+            ax.set_visible(True)
+            if k:  # one y scale per metric across every configuration
+                ax.sharey(axes[m][0])
             part = data.filter((pl.col(CONFIG) == config) & (pl.col("metric") == metric))
             for i, policy in enumerate(policies):
                 hit = part.filter(pl.col("policy") == policy)
@@ -94,11 +98,11 @@ def headline_figure(frame: pl.DataFrame, data: pl.DataFrame) -> Any:
             ax.grid(axis="y", alpha=0.3)
             if col == 0:
                 ax.set_ylabel(label, fontsize=9)
-            if row == 0:
+            if m == 0:
                 n = sorted(set(part["n"].to_list()))
                 ax.set_title(f"{config}\n(mean over n={'/'.join(map(str, n))} seeds)", fontsize=8)
     fig.suptitle("bar: mean, whisker: 95 % t interval over seeds, dots: seeds", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()))  # room for the suptitle
     return fig
 
 
@@ -221,6 +225,12 @@ def _pages(
         "each seed's realized restore by LRU's on the same configuration and seed (n/a without "
         "LRU or when LRU restored nothing)."
     )
+    seeds = [int(r[headers.index("seeds")]) for r in rows]
+    if seeds and min(seeds) < 3:
+        note += (
+            f" Weak: some configurations have {min(seeds)} seed(s); with 2 the t factor is 12.7, "
+            "so their intervals are wide by construction. Run more seeds before ranking them."
+        )
     md = [f"# {title}", "", f"![headline by configuration]({FIGURE}.png)", "", note, ""]
     md += ["| " + " | ".join(headers) + " |", "|---" * len(headers) + "|"]
     md += ["| " + " | ".join(r) + " |" for r in rows] + [""]

@@ -200,3 +200,17 @@ def test_report_tool_on_a_parent_folder_and_refusal_on_a_run(
     assert "| workload.max_active_sessions |" in table and "| workload.spike_multiplier |" in table
     assert report_main([str(two_configs / "run0")]) == 2
     assert "a run folder" in capsys.readouterr().err
+
+
+def test_collect_plot_pools_only_seeds_and_writes_its_numbers(sweep: Path, tmp_path: Path) -> None:
+    from cachepilot_sim.tools.collect import collect
+
+    result = collect(sweep, tmp_path, metric="goodput_req_s", param="vram_gb")
+    data = pl.read_csv(result["plot"].with_suffix(".csv"))
+    assert data.height == 2 * 3 and set(data["n"]) == {2}
+    cells = job_cells(sweep)
+    for row in data.iter_rows(named=True):
+        want = cells.filter(
+            (pl.col("vram_gb") == row["vram_gb"]) & (pl.col("policy") == row["policy"])
+        )["goodput_req_s"]
+        assert row["mean"] == pytest.approx(want.mean())
