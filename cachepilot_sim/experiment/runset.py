@@ -1,7 +1,8 @@
 """The runs under a folder (one run, a sweep, or a parent of several) and what sets them apart.
 
 Each run folder holds `metrics.json`; its configuration is Hydra's composed `.hydra/config.yaml`
-or, for a run started from Python, `run_meta.json`'s `config_yaml`. The keys whose values differ
+or, for a run started from Python, `run_meta.json`'s `config_yaml`; when some run has neither,
+every run is compared by its `.hydra/overrides.yaml`. The keys whose values differ
 between runs name the configurations; seeds of one configuration may be pooled, two
 configurations never are (`check_no_pooling` refuses, naming the keys that differ).
 """
@@ -48,6 +49,7 @@ class Run:
     config: dict[str, Any]
     cells: list[dict[str, Any]]
     meta: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] | None = None
 
 
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -92,7 +94,7 @@ def read_run(run_dir: Path, root: Path) -> Run:
     meta_path = run_dir / "run_meta.json"
     meta = _load_json(meta_path) if meta_path.is_file() else {}
     name = str(run_dir.relative_to(root)) if run_dir != root else "."
-    return Run(run_dir, name, read_config(run_dir, meta), cells, meta)
+    return Run(run_dir, name, read_config(run_dir, meta), cells, meta, read_overrides(run_dir))
 
 
 def find_runs(root: Path) -> list[Run]:
@@ -103,7 +105,27 @@ def find_runs(root: Path) -> list[Run]:
     dirs = sorted({p.parent for p in root.rglob("metrics.json")} - {root})
     if (root / "metrics.json").is_file():
         dirs = [root, *dirs]
-    return [read_run(d, root) for d in dirs]
+    runs = [read_run(d, root) for d in dirs]
+    if any(not r.config for r in runs) and all(r.overrides is not None for r in runs):
+        for r in runs:  # compare by what was overridden: the only config that every run has
+            r.config = dict(r.overrides or {})
+    return runs
+
+
+def read_overrides(run_dir: Path) -> dict[str, Any] | None:
+    """Hydra's `.hydra/overrides.yaml` as {key: typed value} (Hydra's override grammar), or None."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    path = run_dir / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return None
+    try:
+        items = yaml.safe_load(path.read_text()) or []
+        parsed = OverridesParser.create().parse_overrides([str(i) for i in items])
+    except (yaml.YAMLError, HydraException, TypeError) as err:
+        raise RunSetError(f"{path}: cannot read the job's overrides ({err})") from err
+    return {o.key_or_group: _scalar(o.value()) for o in parsed if not o.is_delete()}
 
 
 def differing_keys(runs: Sequence[Run]) -> list[str]:
@@ -117,7 +139,9 @@ def differing_keys(runs: Sequence[Run]) -> list[str]:
         return []
     if any(not r.config for r in runs):
         bare = next(r for r in runs if not r.config)
-        raise RunSetError(f"{bare.dir}: no .hydra/config.yaml or run_meta.json to compare runs by")
+        raise RunSetError(
+            f"{bare.dir}: no .hydra/config.yaml, run_meta.json or overrides.yaml to compare runs by"
+        )
     keys = list(dict.fromkeys(k for r in runs for k in r.config))
     missing = object()
 

@@ -214,3 +214,23 @@ def test_collect_plot_pools_only_seeds_and_writes_its_numbers(sweep: Path, tmp_p
             (pl.col("vram_gb") == row["vram_gb"]) & (pl.col("policy") == row["policy"])
         )["goodput_req_s"]
         assert row["mean"] == pytest.approx(want.mean())
+
+
+def test_runs_without_a_saved_config_compare_by_overrides_and_bad_files_are_named(
+    sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for path in sorted(sweep.glob("*seed=0,*/metrics.json")):  # vram_gb=10 and 16, seed 0
+        shutil.copytree(path.parent, tmp_path / path.parent.name)
+    first = sorted(tmp_path.iterdir())[0]
+    (first / ".hydra" / "config.yaml").unlink()
+    (first / "run_meta.json").unlink()
+    assert plot_main([str(tmp_path), "--no-traces"]) == 0
+    data = pl.read_csv(tmp_path / "plots" / "headline_by_config.csv")
+    assert sorted(set(data["config"])) == ["vram_gb=10", "vram_gb=16"] and set(data["n"]) == {1}
+    shutil.rmtree(tmp_path / "plots")
+    (first / "metrics.json").write_text('{"cells": [')
+    assert plot_main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(first / "metrics.json") in err
+    assert not (tmp_path / "plots").exists()
+    assert report_main([str(tmp_path)]) == 2 and not (tmp_path / "report.md").exists()
