@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,6 +168,11 @@ def differing_keys(runs: Sequence[Run]) -> list[str]:
 def config_label(values: dict[str, Any]) -> str:
     """`key=value, ...` of one configuration; `one configuration` when nothing differs."""
     return ", ".join(f"{k}={v}" for k, v in values.items()) or "one configuration"
+
+
+def wrapped(label: str, width: int = 56) -> str:
+    """A configuration label broken into lines at commas, for a panel title."""
+    return textwrap.fill(label, width, break_long_words=False)
 
 
 def run_labels(runs: Sequence[Run], keys: Sequence[str]) -> dict[str, str]:

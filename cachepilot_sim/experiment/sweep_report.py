@@ -34,6 +34,7 @@ from cachepilot_sim.experiment.runset import (
     find_runs,
     group_stats,
     paired_vs_lru,
+    wrapped,
 )
 
 FIGURE = "headline_by_config"
@@ -100,7 +101,10 @@ def headline_figure(frame: pl.DataFrame, data: pl.DataFrame) -> Any:
                 ax.set_ylabel(label, fontsize=9)
             if m == 0:
                 n = sorted(set(part["n"].to_list()))
-                ax.set_title(f"{config}\n(mean over n={'/'.join(map(str, n))} seeds)", fontsize=8)
+                ax.set_title(
+                    f"{wrapped(config, 40)}\n(mean over n={'/'.join(map(str, n))} seeds)",
+                    fontsize=8,
+                )
     fig.suptitle("bar: mean, whisker: 95 % t interval over seeds, dots: seeds", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()))  # room for the suptitle
     return fig

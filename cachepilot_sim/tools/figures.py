@@ -28,6 +28,7 @@ from cachepilot_sim.experiment.runset import (
     find_runs,
     group_stats,
     run_labels,
+    wrapped,
 )
 from cachepilot_sim.trace.derive import TraceError, load_trace, request_results
 from cachepilot_sim.trace.recorder import META_FILE
@@ -154,7 +155,7 @@ def vram_figure(traces: Sequence[TraceRun]) -> tuple[plt.Figure, pl.DataFrame]:
             ms=10,
             label=f"evictions ({ev.height})",
         )
-        gpu_ax.set_title(f"{run.label}: GPU KV pool (used + in flight)", fontsize=8)
+        gpu_ax.set_title(f"{wrapped(run.label, 90)}: GPU KV pool (used + in flight)", fontsize=8)
         cpu_ax.set_title("CPU store and copies in flight", fontsize=8)
         gpu_ax.legend(loc="upper left", fontsize=7)
         cpu_ax.legend(loc="upper left", fontsize=7)
@@ -242,7 +243,7 @@ def latency_cdfs(requests: pl.DataFrame) -> tuple[plt.Figure, pl.DataFrame]:
             ax.set_xscale("log")
             ax.set_xlabel(f"{metric} (log)")
             ax.set_ylabel("fraction of completed requests")
-            ax.set_title(f"{config}: {metric.split()[0]} CDF", fontsize=9)
+            ax.set_title(f"{wrapped(config)}: {metric.split()[0]} CDF", fontsize=9)
             ax.grid(alpha=0.3, which="both")
             ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
@@ -289,7 +290,7 @@ def restore_by_class(requests: pl.DataFrame) -> tuple[plt.Figure, pl.DataFrame]:
             n |= set(d["n"].to_list())
         ax.set_xticks(range(len(classes)), classes)
         ax.set_title(
-            f"{config}\n(mean over n={'/'.join(map(str, sorted(n)))} seeds, "
+            f"{wrapped(config)}\n(mean over n={'/'.join(map(str, sorted(n)))} seeds, "
             "whisker: 95 % t interval)",
             fontsize=8,
         )
@@ -327,7 +328,7 @@ def gap_estimates(gaps: pl.DataFrame) -> tuple[plt.Figure, pl.DataFrame]:
             ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
             ax.set_xscale("log")
             ax.set_yscale("log")
-        ax.set_title(f"{config}: predicted vs true idle gap", fontsize=9)
+        ax.set_title(f"{wrapped(config)}: predicted vs true idle gap", fontsize=9)
     fig.tight_layout()
     return fig, gaps
 

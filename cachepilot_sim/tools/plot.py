@@ -187,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.dir.is_dir():
             raise RunSetError(f"{args.dir}: no such folder")
+        if args.report and (args.dir / "metrics.json").is_file():
+            raise RunSetError(f"--report: {args.dir} is a run folder (the run wrote its report)")
         paths = draw(args, out)
         if args.report:
             from cachepilot_sim.experiment.sweep_report import write_sweep_report

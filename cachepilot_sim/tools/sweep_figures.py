@@ -14,7 +14,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import polars as pl
 
-from cachepilot_sim.experiment.runset import check_no_pooling, config_label, group_stats
+from cachepilot_sim.experiment.runset import check_no_pooling, config_label, group_stats, wrapped
 from cachepilot_sim.tools.figures import style
 
 FACET = "facet"  # column of the data: the panel's label (`key=value, ...` of the facet keys)
@@ -95,7 +95,9 @@ def metric_vs_param_figure(
             )  # type: ignore[arg-type]
         ax.set_xlabel(param)
         ax.set_ylabel(metric)
-        ax.set_title(f"{panel}\nline: mean over seeds, whisker: 95 % t interval", fontsize=8)
+        ax.set_title(
+            f"{wrapped(panel)}\nline: mean over seeds, whisker: 95 % t interval", fontsize=8
+        )
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
