@@ -26,7 +26,6 @@ WORKLOADS = (
     "azure_conv_sample", "pressure_queue", "pressure_soft_reset", "pressure_cpu_swap",
     "pressure_preempt",
 )  # fmt: skip
-SINGLE_RUN = ("multiturn",)  # captured again on a fresh engine (2026-12-02): one run
 
 
 def make_requests(**overrides: Any) -> dict[str, list[Any]]:
@@ -63,11 +62,7 @@ def make_folder(tmp_path: Path, steps: dict[str, list[Any]] | None = None,
 def test_every_committed_capture_loads_with_all_requests_finished_to_length() -> None:
     runs = find_runs(CAPTURED)
     assert {r.parent.name for r in runs} == set(WORKLOADS)
-    assert all(
-        {r.name for r in runs if r.parent.name == w}
-        == ({"run1"} if w in SINGLE_RUN else {"run1", "run2"})
-        for w in WORKLOADS
-    )
+    assert all({r.name for r in runs if r.parent.name == w} == {"run1", "run2"} for w in WORKLOADS)
     for run in runs:
         gt = load_ground_truth(run)
         req = gt.requests
@@ -79,7 +74,7 @@ def test_every_committed_capture_loads_with_all_requests_finished_to_length() ->
 
 
 def test_committed_run_pairs_replay_the_same_request_list() -> None:
-    for wl in set(WORKLOADS) - set(SINGLE_RUN):
+    for wl in WORKLOADS:
         one, two = (load_ground_truth(CAPTURED / wl / r).requests for r in ("run1", "run2"))
         cols = ["request_id", "parent_id", "prompt_tokens", "max_new_tokens", "think_time_us"]
         assert one.select(cols).equals(two.select(cols)), wl
