@@ -147,6 +147,23 @@ def run_grid(args: argparse.Namespace) -> None:
             sink.flush()
             elapsed = time.monotonic() - start
             print(f"[{n}/{len(todo)} {elapsed:.0f}s] {cell['cell']}", flush=True)
+    record = {
+        "finished_utc": f"{datetime.now(UTC):%Y-%m-%d %H:%M}",
+        "command": " ".join(["python experiments/policy_frontier.py", *sys.argv[1:]]),
+        "commit": git_commit(),
+        "cells_run": len(todo),
+        "wall_s": round(time.monotonic() - start),
+        "load_avg_1min": round(os.getloadavg()[0], 1),
+        "cores": os.cpu_count(),
+    }
+    with args.cells.with_name("runs.jsonl").open("a") as runs:
+        runs.write(json.dumps(record) + "\n")
+
+
+def git_commit() -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE
+    ).stdout.strip()
 
 
 def paired_ratio(
@@ -247,17 +264,17 @@ def report(args: argparse.Namespace) -> str:
         if args.cells.resolve().is_relative_to(root)
         else args.cells
     )
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE
-    ).stdout.strip()
+    runs_file = args.cells.with_name("runs.jsonl")
+    runs = runs_file.read_text().splitlines() if runs_file.exists() else []
     lines = [
         "# Policy frontier: online eviction policies vs clairvoyance",
         "",
-        f"Generated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC at commit {commit} on "
-        f"{platform.node() or 'unknown'} ({os.cpu_count()} cores) from {len(cells)} cells in "
-        f"`{shown}`:",
+        f"Generated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC at commit {git_commit()} on "
+        f"{platform.node() or 'unknown'} from {len(cells)} cells in `{shown}`, by "
+        f"`python experiments/policy_frontier.py --report-only` (no simulation). The cells came "
+        f"from these runs (`{runs_file.name}`: command, commit, wall time, machine load):",
         "",
-        "    " + " ".join(["python experiments/policy_frontier.py", *sys.argv[1:]]),
+        *[f"    {r}" for r in runs],
         "",
         "Realized restore s is what the run paid (reload + recompute); mean ± σ over seeds. "
         "*vs LRU* is realized restore over LRU's on the same seed, mean and 95 % t interval over "

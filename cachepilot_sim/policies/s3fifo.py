@@ -7,6 +7,8 @@ cleared) if it was hit at least `s3fifo_move_to_main_threshold` times, else it i
 remembered in G. Evicting from M: its oldest entry is evicted if its counter is 0, else it is
 reinserted at M's head with min(counter, 3) - 1. A miss found in G enters M; any other enters S.
 S is evicted from while M holds no more than (1 - small fraction) of the cache and S is not empty.
+For KV entries: an entry enters when it first goes idle (the first hook a manager calls for it),
+sizes are bytes, and the cache size is the most bytes the policy has seen cached.
 """
 
 from __future__ import annotations
