@@ -21,6 +21,7 @@ def frontier() -> ModuleType:
     spec = importlib.util.spec_from_file_location("policy_frontier", PATH)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules["policy_frontier"] = module  # its dataclass looks its module up while defined
     spec.loader.exec_module(module)
     return module
 
