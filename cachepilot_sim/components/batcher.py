@@ -253,7 +253,7 @@ class Batcher:
                 yield self.env.timeout(int(ends[steps - 1]) - elapsed)
         self._account(int(ends[steps - 1]), steps)
         self.step_start_us = start + (int(ends[steps - 2]) if steps > 1 else 0)
-        self._advance_decode(n, steps, finished=steps == k)
+        self._advance_decode(n, ends[:steps], finished=steps == k)
 
     def _end_run(self, run_id: int) -> None:
         """Timer callback of a decode run: wake the engine unless that run was already cut short."""
@@ -294,9 +294,7 @@ class Batcher:
         return False
 
     def _grow(self, idx: np.ndarray, num_blocks: np.ndarray) -> bool:
-        """Ask the KV manager for `num_blocks[j]` more blocks for column `idx[j]`; all or
-        nothing.
-        """
+        """Ask the KV manager for num_blocks[j] more blocks for column idx[j]; all or nothing."""
         sessions = [self.slot_req[i].session_id for i in idx.tolist()]  # type: ignore[union-attr]
         if not self.kv.grow(sessions, num_blocks.tolist()):
             return False
@@ -308,6 +306,7 @@ class Batcher:
         n = self.n
         victim = int(np.lexsort((-self.order[:n], self.prio[:n]))[0])
         tokens = int(self.ctx[victim])
+        self.stats.preempted(self.slot_req[victim], self.env.now, self.prefill_left[victim] == 0)
         req = self._remove(victim)
         self.kv.preempt(req, tokens)
         self.queue.requeue_front(req)
@@ -353,6 +352,7 @@ class Batcher:
 
     def _advance(self, decode: np.ndarray, chunk_idx: np.ndarray, chunks: np.ndarray) -> None:
         now = self.env.now
+        self.stats.add_gaps(now - self.step_start_us, decode.size)
         self.ctx[decode] += 1
         self.decode_left[decode] -= 1
         self.generated[decode] += 1
@@ -363,6 +363,7 @@ class Batcher:
         st.tokens_prefilled += int(chunks.sum())
         # The iteration that finishes a prefill also produces the first output token.
         first = chunk_idx[self.prefill_left[chunk_idx] == 0]
+        self.stats.resumed([self.slot_req[i] for i in first[self.generated[first] > 0]], now)
         self.decode_left[first] -= 1
         self.generated[first] += 1
         st.tokens_decoded += first.size
@@ -374,9 +375,10 @@ class Batcher:
                 self.events.first_token(now, req)
         self._finish_done()
 
-    def _advance_decode(self, n: int, steps: int, finished: bool) -> None:
-        """`steps` decode iterations of all n sequences; only a full run (k = the fewest tokens
-        left, or the run cap) can finish a sequence."""
+    def _advance_decode(self, n: int, ends: np.ndarray, finished: bool) -> None:
+        """Decode steps of all n sequences, step j ending `ends[j]` us into the run; only a full
+        run (k = the fewest tokens left, or the run cap) can finish a sequence."""
+        steps = self.stats.add_run(ends, n)
         self.ctx[:n] += steps
         self.decode_left[:n] -= steps
         self.generated[:n] += steps

@@ -83,7 +83,8 @@ def run_cell(
     if offline_bound:
         _add_offline_bound(result.metrics, sim_cfg, result.requests)
     # Popped by run_cells: metrics.json keeps its cells as they were.
-    result.metrics[SERVING] = serving_stats(result.requests, result.metrics["duration_s"])
+    duration_s, gaps = result.metrics["duration_s"], sim.batcher.stats.itl_gaps
+    result.metrics[SERVING] = serving_stats(result.requests, duration_s, gaps)
     return result.metrics
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import socket
+import tempfile
 import threading
 import time
 import urllib.request
@@ -119,3 +120,31 @@ def test_publishing_changes_nothing_and_ends_at_the_run_metrics() -> None:
     )
     done = plain.requests.filter(pl.col("outcome") == "completed")
     assert value("cachepilot_sim_ttft_seconds_sum") == pytest.approx(done["ttft_us"].sum() / 1e6)
+
+
+def test_live_metrics_on_or_off_write_the_same_results(tmp_path: Path) -> None:
+    """Workers in multiprocess mode (jobs=2): trace parts, request tables and metrics.json are
+    byte-identical (but for the run id, a digest of the whole config, telemetry included); the
+    multiprocess folder is gone afterwards."""
+    sim = make_sim_config(vram_gb=10.0, workload=make_workload(num_requests=120))
+    values = {k: getattr(sim, k) for k in ("seed", "vram_gb", "model", "workload", "kv")}
+    before = set(Path(tempfile.gettempdir()).glob("cachepilot-prom-*"))
+    runs = {}
+    for every_s in (0.0, 0.25):
+        cfg = RunConfig(
+            **values, compare_policies=["perc", "lru"], seeds=1, jobs=2, write_report=False,
+            telemetry=TelemetryConfig(progress=False, live_metrics_every_s=every_s),
+        )  # type: ignore[arg-type]  # fmt: skip
+        out = tmp_path / f"every{every_s}"
+        report = run_experiment(cfg, out, Console(file=io.StringIO()))
+        runs[every_s] = (out, report["run_id"])
+    (off, off_id), (on, on_id) = runs[0.0], runs[0.25]
+    files = sorted(p.relative_to(off) for p in off.rglob("*.parquet"))
+    assert len(files) >= 4  # two trace parts and two request tables at least
+    for rel in files:
+        assert (off / rel).read_bytes() == (on / rel).read_bytes(), rel
+    on_json = (on / "metrics.json").read_text().replace(on_id, off_id)
+    assert on_json == (off / "metrics.json").read_text()
+    assert "cachepilot_sim_ttft_seconds_bucket" in (on / "metrics.prom").read_text()
+    assert "cachepilot_sim_" not in (off / "metrics.prom").read_text()
+    assert set(Path(tempfile.gettempdir()).glob("cachepilot-prom-*")) <= before
