@@ -98,7 +98,13 @@ PANELS: tuple[tuple[str, str, list[tuple[str, str]]], ...] = (
     (
         "PCIe busy (so far)",
         "percentunit",
-        [(f"cachepilot_sim_pcie_busy_ratio{SEL}", f"{{{{direction}}}} {CELL}")],
+        [
+            (
+                f"cachepilot_sim_pcie_busy_seconds_total{SEL} / ignoring (direction) "
+                f"group_left cachepilot_sim_time_seconds{SEL}",
+                f"{{{{direction}}}} {CELL}",
+            )
+        ],
     ),
     (
         "Cache outcomes and evictions",

@@ -61,9 +61,6 @@ class LiveMetrics:
         self.running = gauge("running_requests", "sequences in the running batch")
         self.kv_used = gauge("kv_used_bytes", "KV bytes held (gpu: incl. copies in flight)", "tier")
         self.kv_util = gauge("kv_utilization", "KV bytes held / the tier's capacity", "tier")
-        self.pcie_busy = gauge(
-            "pcie_busy_ratio", "link busy time so far / simulated time so far", "direction"
-        )
         self.requests = counter("requests", "requests that ended, by outcome", "outcome")
         self.slo_met = counter("slo_met", "completed requests within their TTFT and TPOT SLOs")
         self.kv_events = counter("kv_events", "cache outcomes and evictions", "event")
@@ -88,12 +85,11 @@ class LivePublisher:
         self._ttft_slo_us: list[int] = list(sim.clients.ttft_slo_us)
         labels = (sim.cfg.policy.name, str(sim.cfg.seed), str(cell))
         m = metrics
-        self._time, self._queue, self._running = (
-            g.labels(*labels) for g in (m.time_s, m.queue_depth, m.running)
-        )
-        self._kv_used = {t: m.kv_used.labels(*labels, t) for t in ("gpu", "cpu")}
-        self._kv_util = {t: m.kv_util.labels(*labels, t) for t in ("gpu", "cpu")}
-        self._busy = {d: m.pcie_busy.labels(*labels, d) for d in DIRECTIONS}
+        # The gauges in the order __call__ computes their values.
+        self._gauges = [g.labels(*labels) for g in (m.time_s, m.queue_depth, m.running)]
+        self._gauges += [m.kv_used.labels(*labels, "gpu"), m.kv_util.labels(*labels, "gpu")]
+        self._gauges += [m.kv_used.labels(*labels, "cpu"), m.kv_util.labels(*labels, "cpu")]
+        self._gauge_values = [-1.0] * len(self._gauges)
         self._completed = m.requests.labels(*labels, "completed")
         self._rejected = m.requests.labels(*labels, "rejected")
         self._slo_met = m.slo_met.labels(*labels)
@@ -121,20 +117,23 @@ class LivePublisher:
         self._open: list[Request] = []  # issued, not yet ended
 
     def __call__(self, t_us: int) -> None:
-        """Publish the state at simulated time `t_us` (every event before it has run)."""
-        sim = self.sim
-        self._time.set(t_us / 1e6)
-        self._queue.set(len(sim.queue))
-        self._running.set(sim.batcher.n)
-        pool = sim.pool
+        """Publish the state at simulated time `t_us` (every event before it has run); a metric
+        is written only when its value changed (a tick of an idle stretch writes one gauge)."""
+        sim, pool, cpu = self.sim, self.sim.pool, self.sim.kv.cpu
         gpu_bytes = pool.used_bytes + pool.in_flight_bytes
-        self._kv_used["gpu"].set(gpu_bytes)
-        self._kv_util["gpu"].set(gpu_bytes / max(pool.capacity_bytes, 1))
-        cpu = sim.kv.cpu
-        self._kv_used["cpu"].set(cpu.used_bytes)
-        self._kv_util["cpu"].set(cpu.used_bytes / max(cpu.capacity_bytes, 1))
-        for d in DIRECTIONS:
-            self._busy[d].set(sim.link.busy_us[d] / max(t_us, 1))
+        gauges = (
+            t_us / 1e6,
+            len(sim.queue),
+            sim.batcher.n,
+            gpu_bytes,
+            gpu_bytes / max(pool.capacity_bytes, 1),
+            cpu.used_bytes,
+            cpu.used_bytes / max(cpu.capacity_bytes, 1),
+        )
+        for i, (child, value) in enumerate(zip(self._gauges, gauges, strict=True)):
+            if value != self._gauge_values[i]:
+                child.set(value)
+                self._gauge_values[i] = value
         for i, (child, read) in enumerate(self._mirrors):
             value = read()
             if value > self._mirrored[i]:
