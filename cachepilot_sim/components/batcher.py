@@ -363,7 +363,7 @@ class Batcher:
         st.tokens_prefilled += int(chunks.sum())
         # The iteration that finishes a prefill also produces the first output token.
         first = chunk_idx[self.prefill_left[chunk_idx] == 0]
-        self.stats.resumed([self.slot_req[i] for i in first[self.generated[first] > 0]], now)
+        self.stats.resumed(first, self.generated, self.slot_req, now)
         self.decode_left[first] -= 1
         self.generated[first] += 1
         st.tokens_decoded += first.size
