@@ -8,6 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from cachepilot_sim.config import EngineConfig, Preemption
 from cachepilot_sim.experiment.serving import gap_stats, serving_stats
 from cachepilot_sim.sim import build
 from tests.conftest import make_sim_config, make_workload
@@ -24,8 +25,9 @@ def test_gap_stats_equal_numpy_on_the_expanded_gaps(seed: int) -> None:
     assert [p50, p99] == pytest.approx(np.percentile(expanded, [50, 99]).tolist())
 
 
-def run(vram_gb: float) -> tuple[object, dict[int, int]]:
-    sim = build(make_sim_config(vram_gb=vram_gb, workload=make_workload(num_requests=150)))
+def run(vram_gb: float, **overrides: object) -> tuple[object, dict[int, int]]:
+    workload = make_workload(num_requests=150)
+    sim = build(make_sim_config(vram_gb=vram_gb, workload=workload, **overrides))
     return sim.run(), sim.batcher.stats.itl_gaps
 
 
@@ -66,3 +68,12 @@ def test_without_cut_short_requests_the_mean_is_the_per_request_one() -> None:
     exact = serving_stats(requests, m["duration_s"], gaps)
     approx = serving_stats(requests, m["duration_s"])
     assert exact["itl_mean_ms"] == pytest.approx(approx["itl_mean_ms"], rel=1e-12)
+
+
+def test_gaps_add_up_under_the_starved_back_preemption_rule_too() -> None:
+    # transformers CB's rule (engine=hf_cb): starved sequences re-queue at the back.
+    engine = EngineConfig(preemption=Preemption.STARVED_BACK, async_scheduling=True)
+    result, gaps = run(9.4, engine=engine)
+    requests = result.requests  # type: ignore[attr-defined]
+    assert requests["preemptions"].sum() > 0
+    assert sum(gaps.values()) == int((requests["generated"] - 1).clip(lower_bound=0).sum())
