@@ -24,6 +24,7 @@ TOOLS: dict[str, str] = {
     "train-admission": "train_admission",
     "validate": "validate",
     "fit-engine": "fit_engine",
+    "trace-export": "trace_export",
 }
 
 
