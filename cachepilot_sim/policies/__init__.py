@@ -9,6 +9,7 @@ from cachepilot_sim.policies import (  # noqa: F401  (registers the policies)
     perc,
     perc_variants,
     priority,
+    reuse_forecast,
     utility,
 )
 from cachepilot_sim.policies.base import (

@@ -21,6 +21,7 @@ TOOLS: dict[str, str] = {
     "profile-dataset": "profile_dataset",
     "calibrate": "calibrate",
     "train-admission": "train_admission",
+    "train-forecast": "train_forecast",
     "validate": "validate",
     "fit-engine": "fit_engine",
 }
