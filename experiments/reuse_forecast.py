@@ -28,6 +28,7 @@ from cachepilot_sim.policies.forecast_model import model_path
 from cachepilot_sim.sim import build
 from cachepilot_sim.tools import CONF_DIR
 from cachepilot_sim.tools.forecast_data import fit_table, load_rows
+from cachepilot_sim.tools.train_forecast import GRID
 
 OUT = Path(__file__).with_name("reuse_forecast")
 EVAL_SEEDS = range(10)
@@ -107,7 +108,6 @@ def cmd_eval(only_baselines: bool) -> None:
 
 def cmd_ablate() -> None:
     rows = load_rows(ROWS)
-    grid = (0.1, 100_000.0, 81)
     variants: dict[str, tuple[str, dict]] = {"lru": ("lru", {})}
     subsets = {"class": ("class",), "class+tokens": ("class", "tokens"),
                "class+tokens+turn": ("class", "tokens", "turn"),
@@ -116,7 +116,7 @@ def cmd_ablate() -> None:
                "population (no features)": ()}  # fmt: skip
     for label, feats in subsets.items():
         path = Path("outputs/forecast") / f"ablate_{'_'.join(feats) or 'none'}.json"
-        fit_table(rows, feats, grid, 30, 20.0, {"ablation": label}).save(path)
+        fit_table(rows, feats, GRID, 100, 20.0, {"ablation": label}).save(path)
         variants[f"features: {label}"] = ("reuse_forecast", {"forecast_model": str(path)})
     variants["all features (shipped)"] = ("reuse_forecast", {})
     variants["forecast only (no restore pricing)"] = (

@@ -69,6 +69,27 @@ class SurvivalTable:
                 f"curves have shape {self.curves.shape}, not ({len(keys)}, {num})"
             )
         self.meta = meta or {}
+        self._rows = [list(map(float, c)) for c in self.curves]  # for the scalar path
+
+    def survival_at(self, row: int, t_us: float) -> float:
+        """S_row(t) for one item, in plain floats (a decision keys each candidate alone): the
+        same interpolation as `survival`."""
+        start_us = self.grid[0] * 1e6
+        if t_us < start_us:
+            return 1.0
+        curve = self._rows[row]
+        last = len(curve) - 1
+        pos = min(max((math.log(max(t_us, 1.0)) - self.log_start) / self.log_step, 0.0), last)
+        i = min(int(pos), last - 1)
+        f = pos - i
+        return curve[i] * (1.0 - f) + curve[i + 1] * f
+
+    def resume_within_at(self, row: int, idle_us: float, delta_us: float) -> float:
+        """`resume_within` for one item."""
+        s_now = self.survival_at(row, idle_us)
+        if s_now <= 1e-12:
+            return 0.0
+        return 1.0 - self.survival_at(row, idle_us + delta_us) / s_now
 
     def grid_us(self) -> np.ndarray:
         """The gap times (µs) the curves are given at."""

@@ -12,11 +12,8 @@ restore estimate, bytes): a vLLM policy can compute it from the same fields.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-
-import numpy as np
 
 from cachepilot_sim.config import PolicyConfig, bounded
 from cachepilot_sim.config.base import require
@@ -111,7 +108,7 @@ class ReuseForecastPolicy(RankingPolicy):
             self.access_log.append((entry.entry_id, now_us))
 
     def on_evict(self, entry: CacheEntry, now_us: int) -> None:
-        p = float(self.probabilities([entry], now_us)[0])
+        p = self.probability(entry, now_us)
         self.num_evictions += 1
         self.p_evicted_sum += p
         if self.record:
@@ -121,33 +118,19 @@ class ReuseForecastPolicy(RankingPolicy):
             self.delta_us += self.age_weight * (age - self.delta_us)
 
     # -- ranking ----------------------------------------------------------------------------
-    def probabilities(self, entries: Sequence[CacheEntry], now_us: int) -> np.ndarray:
-        """Forecast P(next use within delta | idle so far), per entry."""
-        n = len(entries)
-        rows = np.fromiter((self.rows.get(e.entry_id, 0) for e in entries), np.int64, count=n)
-        idle = np.fromiter((now_us - e.last_used_us for e in entries), np.float64, count=n)
-        return self.table.resume_within(rows, np.maximum(idle, 0.0), self.delta_us)
+    def probability(self, entry: CacheEntry, now_us: int) -> float:
+        """Forecast P(next use within delta | idle so far)."""
+        idle = float(max(now_us - entry.last_used_us, 0))
+        return self.table.resume_within_at(self.rows.get(entry.entry_id, 0), idle, self.delta_us)
 
-    def scores(self, entries: Sequence[CacheEntry], now_us: int) -> np.ndarray:
+    def score(self, entry: CacheEntry, now_us: int) -> float:
         """P x restore_us / bytes (or P alone with forecast_pricing=none)."""
-        p = self.probabilities(entries, now_us)
-        if not self.priced:
-            return p
-        n = len(entries)
-        restore = np.fromiter((e.restore_us for e in entries), np.float64, count=n)
-        size = np.fromiter((max(e.num_bytes, 1) for e in entries), np.float64, count=n)
-        return p * restore / size
+        p = self.probability(entry, now_us)
+        return p * entry.restore_us / max(entry.num_bytes, 1) if self.priced else p
 
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
-        return (float(self.scores([entry], now_us)[0]), entry.last_used_us, entry.entry_id)
-
-    def order(self, entries: Sequence[CacheEntry], now_us: int) -> list[CacheEntry]:
-        """Every key at once (one NumPy pass), sorted exactly as by `key`."""
-        n = len(entries)
-        score = self.scores(entries, now_us)
-        last = np.fromiter((e.last_used_us for e in entries), np.int64, count=n)
-        ids = np.fromiter((e.entry_id for e in entries), np.int64, count=n)
-        return [entries[i] for i in np.lexsort((ids, last, score))]
+        # Plain floats, one entry at a time: the prefix manager keys every chain tail alone.
+        return (self.score(entry, now_us), entry.last_used_us, entry.entry_id)
 
     def metrics(self) -> dict[str, float]:
         """The learned delta and the mean forecast P of the evicted entries."""

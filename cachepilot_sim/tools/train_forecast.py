@@ -41,7 +41,7 @@ from cachepilot_sim.trace.derive import load_trace
 from cachepilot_sim.workloads.replay import load_replay
 
 EVAL_SEEDS = range(0, 10)  # evaluation seeds (experiments/reuse_forecast.md): never trained on
-GRID = (0.1, 100_000.0, 81)  # gap grid: 0.1 s .. ~28 h, log-spaced
+GRID = (0.1, 100_000.0, 41)  # gap grid: 0.1 s .. ~28 h, log-spaced (x1.41 a step)
 
 
 @dataclass
@@ -122,8 +122,11 @@ def train(args: Args) -> dict[str, object]:
         "prior_weight": args.prior_weight,
     }
     if args.rows_in is not None:
-        rows = load_rows(args.rows_in)
-        meta |= {"rows": args.rows_in.name}
+        rows = load_rows(args.rows_in)  # saved by an earlier run of this tool with these seeds
+        meta |= {"seeds": [args.seeds[0], args.seeds[-1]], "trace_policy": args.policy}
+        if is_replay:
+            meta = {k: v for k, v in meta.items() if k not in ("seeds", "trace_policy")}
+            meta |= {"seed": args.seeds[0], "first_fraction": args.first_fraction}
     elif is_replay:
         rows, limit = replay_rows(args)
         meta |= {"seed": args.seeds[0], "first_fraction": args.first_fraction, "requests": limit}
@@ -191,7 +194,7 @@ def parse(argv: list[str] | None = None) -> Args:
     p.add_argument("--experiment", default="mixed_spike", choices=experiments)
     p.add_argument("--seeds", type=_seeds, default=_seeds("100-199"), help="LO-HI or a,b,c")
     p.add_argument("--features", type=_features, default=FEATURES, help="comma list, key order")
-    p.add_argument("--min-count", type=_positive(int), default=30)
+    p.add_argument("--min-count", type=_positive(int), default=100)
     p.add_argument("--prior-weight", type=_positive(float), default=20.0)
     p.add_argument("--policy", default="lru", help="the policy of the training runs (sessions)")
     p.add_argument("--first-fraction", type=_positive(float), default=0.5)

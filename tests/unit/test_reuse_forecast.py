@@ -117,6 +117,8 @@ def test_the_table_backs_off_to_the_longest_stored_prefix(tmp_path: Path) -> Non
     np.testing.assert_allclose(again.curves, table.curves, atol=1e-5)
     p = again.resume_within(np.array([0, 1, 1]), np.array([0.0, 1e6, 1e9]), 30e6)
     assert np.all((p >= 0) & (p <= 1)) and p[0] == 0.0 and p[1] > 0.9 and p[2] < 1e-6
+    scalar = [again.resume_within_at(r, t, 30e6) for r, t in ((0, 0.0), (1, 1e6), (1, 1e9))]
+    np.testing.assert_allclose(scalar, p, rtol=1e-12, atol=1e-15)
 
 
 def test_a_bad_model_file_is_named(tmp_path: Path) -> None:
