@@ -25,7 +25,15 @@ from cachepilot_sim.policies.forecast_features import (
 from cachepilot_sim.policies.forecast_model import SurvivalTable
 
 NEVER = -1  # label of a release after which the entry was never used again
-Row = tuple[ReleaseState, int, int]  # (state, release time us, next gap us or NEVER)
+# Labels below NEVER: not used again before the observation stopped, c us after the release
+# (a replay's training part ends while its blocks may still come back): -2 - c.
+CENSORED = -2
+Row = tuple[ReleaseState, int, int]  # (state, release time us, next gap us, NEVER or censored)
+
+
+def censored(observed_us: int) -> int:
+    """The label of a release watched for `observed_us` without a next use."""
+    return CENSORED - max(observed_us, 0)
 
 
 def release_rows_from_trace(trace: pl.DataFrame) -> list[Row]:
@@ -79,10 +87,13 @@ def release_rows_from_trace(trace: pl.DataFrame) -> list[Row]:
 
 
 def release_rows_from_log(
-    releases: Sequence[tuple[int, int, ReleaseState]], accesses: Sequence[tuple[int, int]]
+    releases: Sequence[tuple[int, int, ReleaseState]],
+    accesses: Sequence[tuple[int, int]],
+    end_us: int | None = None,
 ) -> list[Row]:
     """Rows from a policy's log: releases (entry id, t, state) and accesses (entry id, t); the
-    label of a release is the time to the entry's next access after it."""
+    label of a release is the time to the entry's next access after it; without one, NEVER, or
+    censored at `end_us` when the run stopped before the workload did (a trace's first part)."""
     next_access: dict[int, list[int]] = {}
     for entry_id, t_us in accesses:
         next_access.setdefault(entry_id, []).append(t_us)
@@ -90,7 +101,10 @@ def release_rows_from_log(
     for entry_id, t_us, state in releases:
         times = next_access.get(entry_id, [])
         k = int(np.searchsorted(times, t_us, side="right"))
-        rows.append((state, t_us, times[k] - t_us if k < len(times) else NEVER))
+        if k < len(times):
+            rows.append((state, t_us, times[k] - t_us))
+        else:
+            rows.append((state, t_us, NEVER if end_us is None else censored(end_us - t_us)))
     return rows
 
 
@@ -118,11 +132,16 @@ def load_rows(path: Path) -> list[Row]:
 
 
 def _survival(gaps: np.ndarray, grid_us: np.ndarray) -> np.ndarray:
-    """Empirical S on the grid: never-returning releases (gap NEVER) stay in the numerator."""
-    ever = np.sort(gaps[gaps >= 0])
-    n_never = int(np.sum(gaps < 0))
-    above = len(ever) - np.searchsorted(ever, grid_us, side="right")
-    return (above + n_never) / max(len(gaps), 1)
+    """Kaplan-Meier S on the grid: a NEVER release stays at risk for ever (S keeps its share),
+    a censored one until it was last watched. Without censored rows it is the empirical S."""
+    event = gaps >= 0
+    dur = np.where(event, gaps, np.where(gaps == NEVER, np.iinfo(np.int64).max, CENSORED - gaps))
+    order = np.lexsort((~event, dur))  # events before censorings at equal times
+    dur, event = dur[order], event[order]
+    at_risk = len(dur) - np.arange(len(dur))
+    surv = np.cumprod(np.where(event, 1.0 - 1.0 / np.maximum(at_risk, 1), 1.0))
+    idx = np.searchsorted(dur, grid_us, side="right")  # items with duration <= t
+    return np.where(idx == 0, 1.0, surv[np.maximum(idx - 1, 0)])
 
 
 def fit_table(

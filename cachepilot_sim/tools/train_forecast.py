@@ -30,6 +30,8 @@ from cachepilot_sim.policies.forecast_model import shipped_tables
 from cachepilot_sim.sim import build
 from cachepilot_sim.tools import CONF_DIR
 from cachepilot_sim.tools.forecast_data import (
+    CENSORED,
+    NEVER,
     Row,
     fit_table,
     load_rows,
@@ -108,7 +110,9 @@ def replay_rows(args: Args) -> tuple[list[Row], int]:
     sim = build(replace(cfg, replay=replace(cfg.replay, limit=limit)))
     sim.run()
     policy = sim.policy
-    return release_rows_from_log(policy.release_log, policy.access_log), limit  # type: ignore[attr-defined]
+    log = (policy.release_log, policy.access_log)  # type: ignore[attr-defined]
+    # The trace goes on after this part: an unused block is censored, not gone for good.
+    return release_rows_from_log(*log, end_us=int(sim.env.now)), limit
 
 
 def train(args: Args) -> dict[str, object]:
@@ -135,7 +139,8 @@ def train(args: Args) -> dict[str, object]:
         meta |= {"seeds": [args.seeds[0], args.seeds[-1]], "trace_policy": args.policy}
     if args.rows_out is not None:
         save_rows(rows, args.rows_out)
-    never = sum(1 for _, _, g in rows if g < 0)
+    never = sum(1 for _, _, g in rows if g == NEVER)
+    meta |= {"censored_fraction": round(sum(1 for r in rows if r[2] <= CENSORED) / len(rows), 5)}
     meta |= {"num_rows": len(rows), "never_fraction": round(never / max(len(rows), 1), 5)}
     table = fit_table(rows, args.features, GRID, args.min_count, args.prior_weight, meta)
     table.save(args.out)

@@ -22,6 +22,7 @@ from cachepilot_sim.sim import build
 from cachepilot_sim.tools import train_forecast
 from cachepilot_sim.tools.forecast_data import (
     NEVER,
+    censored,
     fit_table,
     release_rows_from_log,
     release_rows_from_trace,
@@ -170,3 +171,13 @@ def test_a_run_is_deterministic_and_reports_its_learned_delta() -> None:
     a, b = build(cfg).run().metrics, build(replace(cfg)).run().metrics
     assert a == b
     assert a["forecast_delta_s"] > 0 and 0 <= a["forecast_evicted_p_mean"] <= 1
+
+
+def test_fit_drops_a_censored_release_from_risk_instead_of_counting_it_as_never() -> None:
+    s = ReleaseState(0, 1, 500, -1, 0, 0, 1)
+    # Half were watched for only 1 s (the training part of a trace ended), half came back at 10 s.
+    rows = [(s, 0, 10_000_000)] * 20 + [(s, 0, censored(1_000_000))] * 20
+    table = fit_table(rows, ("class",), (0.1, 1000.0, 41), 5, 1.0, {})
+    assert table.curves[0, -1] == pytest.approx(0.0)  # every one at risk at 10 s came back
+    naive = [(s, 0, 10_000_000)] * 20 + [(s, 0, NEVER)] * 20
+    assert fit_table(naive, ("class",), (0.1, 1000.0, 41), 5, 1.0, {}).curves[0, -1] == 0.5
