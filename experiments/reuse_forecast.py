@@ -173,8 +173,6 @@ def cmd_mooncake(limit: int) -> None:
     for label, name, knobs in [
         ("lru", "lru", {}),
         ("lfu", "lfu", {}),
-        ("slru", "slru", {}),
-        ("perc_hazard", "perc_hazard", {}),
         ("reuse_forecast", "reuse_forecast", {"forecast_model": "mooncake_synthetic"}),
     ]:
         sim = build(replace(cfg, seed=0, policy=policy_config(name, **knobs)))
