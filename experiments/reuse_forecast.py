@@ -132,7 +132,7 @@ def cmd_wrong() -> None:
     forecast 'never returns' (P = 0), chosen by a seeded hash of the entry id."""
     cfg = base("mixed_spike", [])
     out: dict[str, list[dict]] = {"lru": [run(cfg, "lru", s) for s in EVAL_SEEDS]}
-    for share in (0.0, 0.1, 0.3, 1.0):
+    for share in (0.0, 0.1, 0.3):
         res = []
         for seed in EVAL_SEEDS:
             sim = build(replace(cfg, seed=seed, policy=policy_config("reuse_forecast")))
@@ -149,6 +149,7 @@ def _blind(policy: object, share: float) -> None:
     table_ = policy.table  # type: ignore[attr-defined]
     never_row = len(table_.keys)
     table_.curves = np.vstack([table_.curves, np.ones(table_.curves.shape[1])])
+    table_._rows.append([1.0] * table_.curves.shape[1])  # S = 1: never comes back
     release = policy.on_release  # type: ignore[attr-defined]
 
     def on_release(entry, now_us):  # type: ignore[no-untyped-def]
@@ -200,16 +201,43 @@ def cmd_mooncake(limit: int) -> None:
     (OUT / f"mooncake{limit or ''}.json").write_text(json.dumps(out, indent=1))
 
 
+def cmd_bench() -> None:
+    """One decision's wall time (select 1 victim among n idle candidates), PERC vs
+    reuse_forecast: both key every candidate (DECISION scope). Figures, not a test."""
+    import time
+
+    from cachepilot_sim.policies import CacheEntry, GapEstimator, make_policy
+
+    rng = np.random.default_rng(0)
+    for n in (1_000, 10_000, 100_000):
+        entries = [
+            CacheEntry(i, i, 0, int(rng.integers(4)), 0, int(rng.integers(100, 30_000)),
+                       int(rng.integers(1, 100)) << 20, 0, int(rng.integers(0, 10**8)),
+                       restore_us=float(rng.uniform(1e3, 1e5)))
+            for i in range(n)
+        ]  # fmt: skip
+        for name in ("perc", "perc_hazard", "reuse_forecast"):
+            pc = policy_config(name)
+            pol = make_policy(pc, GapEstimator(0.3, 20e6, 30e6))
+            for e in entries:
+                pol.on_release(e, e.last_used_us)
+            t0 = time.perf_counter()
+            pol.select_victims(entries, 1, 2 * 10**8)
+            print(f"n={n:>7} {name:15s} {1e3 * (time.perf_counter() - t0):8.1f} ms", flush=True)
+
+
 def main() -> None:
     register_configs()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=["eval", "ablate", "wrong", "calibrate", "mooncake"])
+    p.add_argument("what", choices=["eval", "ablate", "wrong", "calibrate", "mooncake", "bench"])
     p.add_argument("--limit", type=int, default=0, help="mooncake: first N requests (0: all)")
     p.add_argument("--baselines", action="store_true", help="eval: the baselines only")
     a = p.parse_args()
     assert model_path("mixed_spike").is_file()
     if a.what == "mooncake":
         cmd_mooncake(a.limit)
+    elif a.what == "bench":
+        cmd_bench()
     else:
         if a.what == "eval":
             cmd_eval(a.baselines)

@@ -75,7 +75,8 @@ def release_rows_from_trace(trace: pl.DataFrame) -> list[Row]:
             state = ReleaseState(
                 class_index=int(r["class_index"]),
                 num_releases=num_rel,
-                num_tokens=int(r["tokens_in"]) + int(r["generated"]),
+                # In the KV at the end: all but the last generated token (never fed back).
+                num_tokens=int(r["tokens_in"]) + int(r["generated"]) - 1,
                 last_gap_us=last_gap,
                 gap_sum_us=gap_sum,
                 num_gaps=num_gaps,

@@ -117,7 +117,7 @@ def test_the_table_backs_off_to_the_longest_stored_prefix(tmp_path: Path) -> Non
     assert again.keys == table.keys
     np.testing.assert_allclose(again.curves, table.curves, atol=1e-5)
     p = again.resume_within(np.array([0, 1, 1]), np.array([0.0, 1e6, 1e9]), 30e6)
-    assert np.all((p >= 0) & (p <= 1)) and p[0] == 0.0 and p[1] > 0.9 and p[2] < 1e-6
+    assert np.all((p >= 0) & (p <= 1)) and p[0] == 0.0 and 0.7 < p[1] < 0.8 and p[2] < 1e-6
     scalar = [again.resume_within_at(r, t, 30e6) for r, t in ((0, 0.0), (1, 1e6), (1, 1e9))]
     np.testing.assert_allclose(scalar, p, rtol=1e-12, atol=1e-15)
 
@@ -180,4 +180,4 @@ def test_fit_drops_a_censored_release_from_risk_instead_of_counting_it_as_never(
     table = fit_table(rows, ("class",), (0.1, 1000.0, 41), 5, 1.0, {})
     assert table.curves[0, -1] == pytest.approx(0.0)  # every one at risk at 10 s came back
     naive = [(s, 0, 10_000_000)] * 20 + [(s, 0, NEVER)] * 20
-    assert fit_table(naive, ("class",), (0.1, 1000.0, 41), 5, 1.0, {}).curves[0, -1] == 0.5
+    assert fit_table(naive, ("class",), (0.1, 1000.0, 41), 5, 1.0, {}).curves[0, -1] == pytest.approx(0.5)
