@@ -3,6 +3,7 @@
 from cachepilot_sim.config.policy import known_policies
 from cachepilot_sim.policies import (  # noqa: F401  (registers the policies)
     classic,
+    lrb,
     lru,
     mru,
     oracle,
@@ -10,6 +11,8 @@ from cachepilot_sim.policies import (  # noqa: F401  (registers the policies)
     perc_variants,
     priority,
     reuse_forecast,
+    s3fifo,
+    sieve,
     utility,
 )
 from cachepilot_sim.policies.base import (

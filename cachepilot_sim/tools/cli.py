@@ -16,6 +16,7 @@ from collections.abc import Sequence
 # Tool name on the command line -> module under cachepilot_sim.tools (imported only when run).
 TOOLS: dict[str, str] = {
     "plot": "plot",
+    "report": "report",
     "collect": "collect",
     "scorecard": "scorecard",
     "profile-dataset": "profile_dataset",
