@@ -83,6 +83,12 @@ def cluster_metrics(
         "pcie_h2d_gb": sum(r.link.bytes_moved["h2d"] for r in replicas) / 1e9,
         "events": num_events,
     }
+    gates = [r.batcher.gate for r in replicas if r.batcher.gate is not None]
+    if gates:
+        out |= {
+            "admission_deferred": sum(g.num_deferred for g in gates),
+            "admission_rejected": sum(g.num_rejected for g in gates),
+        }
     out |= _replica_manager_metrics(replicas, kv)
     return out | _cluster_keys(cfg, frame, replicas, router, duration)
 

@@ -139,6 +139,12 @@ class ClusterSimulation:
         """The single-GPU run metrics summed (counts, bytes) or averaged (utilizations) over the
         replicas, plus the cluster's own keys (cluster/metrics.py)."""
         frame = self.requests() if frame is None else frame
-        return cluster_metrics(
+        out = cluster_metrics(
             self.cfg, frame, self.replicas, self.router, self.clients, self.recorder.num_rows
         )
+        if self.replay is not None:
+            out |= {
+                "trace_rows_skipped": self.replay.table.num_skipped,
+                "trace_rows_skipped_by_reason": dict(self.replay.table.skipped),
+            }
+        return out
