@@ -116,7 +116,8 @@ def _cluster_keys(
     """The keys only a cluster has: sizes, per-replica figures, load balance."""
     routed = np.array(router.num_routed, dtype=np.float64)
     ttft_p99, hit = [], []
-    for i, r in enumerate(replicas):
+    # Per routed replica (the prefill replicas of a P/D cluster): its requests and its cache.
+    for i, r in enumerate(replicas[: router.num_replicas]):
         mine = frame.filter(pl.col("replica") == i)
         ttft_p99.append(latency_metrics(mine)["ttft_p99_s"])
         hit.append(hit_ratio(r.kv.stats, mine))
