@@ -64,15 +64,18 @@ def run_case(args: list[str]) -> dict[str, float]:
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         cfg = to_config(compose("config", overrides=args))
     with tempfile.TemporaryDirectory() as out:
-        start = time.perf_counter()
+        start, cpu0 = time.perf_counter(), time.process_time()
         (cell,) = run_cells(cfg, Path(out))
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
     return {
         "replicas": cell["cluster_replicas"],
         "simulated_requests": cell["requests"],
         "completed": cell["completed"],
         "wall_s": wall,
+        # CPU seconds of this process: on a shared machine wall time also counts other users.
+        "cpu_s": cpu,
         "requests_per_wall_s": cell["requests"] / wall,
+        "requests_per_cpu_s": cell["requests"] / cpu,
         "simpy_events": num_events,
         "events_per_wall_s": num_events / wall,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
