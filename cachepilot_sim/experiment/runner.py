@@ -34,7 +34,7 @@ from cachepilot_sim.experiment.progress import ProgressRelay, progress_hook
 from cachepilot_sim.experiment.report import results_frame, run_meta, write_report
 from cachepilot_sim.experiment.serving import baseline_policy, policy_rows, serving_stats
 from cachepilot_sim.experiment.telemetry import RunMonitor
-from cachepilot_sim.sim import build
+from cachepilot_sim.sim import Simulation, make_simulation
 
 SERVING = "_serving"  # the key under which a worker returns its cell's serving statistics
 
@@ -64,14 +64,17 @@ def run_cell(
     `live_interval_us`, into this worker's multiprocess metric files (experiment/live.py)."""
     name = f"{sim_cfg.policy.name}_seed{sim_cfg.seed}"
     trace_dir = out_dir / "trace" / name if out_dir is not None and sim_cfg.trace.enabled else None
-    sim = build(sim_cfg, trace_dir)
+    sim = make_simulation(sim_cfg, trace_dir)
     hook, publisher = None, None
+    # Live per-tick metrics read one engine's state: a cluster reports progress only.
+    one_engine = isinstance(sim, Simulation)
     if monitor is not None:
-        hook, publisher = monitor.hook(sim, index), monitor.publisher(sim, index)
+        hook = monitor.hook(sim, index)
+        publisher = monitor.publisher(sim, index) if one_engine else None
         live_interval_us = monitor.live_interval_us
     elif progress_queue is not None:
         hook = progress_hook(sim, index, progress_queue.put)
-    if monitor is None and live_interval_us:
+    if monitor is None and live_interval_us and one_engine:
         publisher = LivePublisher(sim, process_metrics(), index)
     result = sim.run(hook, progress_every_events, publisher, live_interval_us)
     if hook is not None:
@@ -83,7 +86,8 @@ def run_cell(
     if offline_bound:
         _add_offline_bound(result.metrics, sim_cfg, result.requests)
     # Popped by run_cells: metrics.json keeps its cells as they were.
-    duration_s, gaps = result.metrics["duration_s"], sim.batcher.stats.itl_gaps
+    gaps = sim.batcher.stats.itl_gaps if isinstance(sim, Simulation) else sim.itl_gaps()
+    duration_s = result.metrics["duration_s"]
     result.metrics[SERVING] = serving_stats(result.requests, duration_s, gaps)
     return result.metrics
 
