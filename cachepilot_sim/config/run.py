@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from cachepilot_sim.config.admission import AdmissionConfig
 from cachepilot_sim.config.base import GB, Sealed, bounded, require
+from cachepilot_sim.config.cluster import ROUTERS, ClusterConfig, RouterConfig
 from cachepilot_sim.config.engine import BatcherConfig, KVConfig, SchedulerConfig
 from cachepilot_sim.config.engine_profile import EngineConfig
 from cachepilot_sim.config.hardware import HardwareConfig
@@ -39,8 +40,9 @@ class TelemetryConfig(Sealed):
     prometheus_file: bool = True
     # 0: no server; else serve /metrics on 127.0.0.1:<port> during the run.
     prometheus_port: int = bounded(0, ge=0, le=65535, integer=True)
-    # With a served port: wall seconds between snapshots of the run metrics published while each
-    # cell runs (every dashboard panel then fills during the run; 0: at every progress report).
+    # Simulated seconds between live metric ticks (experiment/live.py: the dashboard's gauges,
+    # counters and histograms, served and in metrics.prom); 0: no live metrics. The name is kept
+    # from when it counted wall seconds: a renamed field would change every run id (repr(cfg)).
     live_metrics_every_s: float = bounded(1.0, ge=0)
 
 
@@ -63,6 +65,10 @@ class SimConfig(Sealed):
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    # Out of repr: a run id is the digest of repr(config), and one replica's runs keep the ids
+    # they had before clusters existed (outdir.run_id adds both sections for a real cluster).
+    cluster: ClusterConfig = field(default_factory=ClusterConfig, repr=False)
+    router: RouterConfig = field(default_factory=RouterConfig, repr=False)
 
     @property
     def vram_bytes(self) -> int:
@@ -108,6 +114,27 @@ class SimConfig(Sealed):
                 "must not exceed any model's kv_dtype_bytes (0: as on the GPU)",
             )
         self._check_fits()
+        self._check_router()
+
+    def _check_router(self) -> None:
+        """The session KV manager (synthetic workloads) keys KV by session id, not content: a
+        session that moved replica would find a stale record of an earlier turn there, so on
+        several replicas its turns must stay on one."""
+        if self.cluster.single or self.replay.format != TraceFormat.NONE:
+            return
+
+        def keeps(name: str) -> bool:
+            return bool(getattr(ROUTERS.entry(name).factory, "keeps_sessions", False))
+
+        sticky = [n for n in ROUTERS.names() if keeps(n)]
+        require(
+            keeps(self.router.name),
+            "router.name",
+            self.router.name,
+            f"synthetic session workloads keep a session's KV by session id, so on several "
+            f"replicas its turns must stay on one replica: use router={' or '.join(sticky)}, "
+            f"or a trace replay (replay.format), whose KV is shared by prefix hash",
+        )
 
     def _check_fits(self) -> None:
         if self.engine.kv_pool_blocks:

@@ -25,6 +25,7 @@ TOOLS: dict[str, str] = {
     "train-forecast": "train_forecast",
     "validate": "validate",
     "fit-engine": "fit_engine",
+    "trace-export": "trace_export",
 }
 
 
