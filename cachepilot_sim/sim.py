@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,8 @@ from cachepilot_sim.components.signal import Signal
 from cachepilot_sim.components.step_cost import make_step_cost
 from cachepilot_sim.components.vram_pool import VramPool
 from cachepilot_sim.config import SimConfig, TraceFormat
-from cachepilot_sim.cost import compute_fit, transfer_fits
+from cachepilot_sim.cost import transfer_fits
+from cachepilot_sim.cost.gpu_scaling import hardware_note, run_hardware
 from cachepilot_sim.metrics import (
     latency_metrics,
     outcome_metrics,
@@ -75,8 +76,9 @@ class Simulation:
         streams = make_streams(cfg.seed)
         t = cfg.trace
         self.recorder = make_recorder(trace_dir, t.enabled, t.chunk_rows, t.session_every)
-        fit = compute_fit(cfg.hardware)
-        h2d, d2h = transfer_fits(cfg.hardware)
+        # The GPU type and TP degree's hardware (one H200: cfg.hardware itself, unchanged).
+        hw, fit = run_hardware(cfg)
+        h2d, d2h = transfer_fits(hw)
         self.pool = VramPool(cfg)
         self.link = PcieLink(env, h2d, d2h)
         p = cfg.policy
@@ -92,7 +94,7 @@ class Simulation:
         deps = KvDeps(
             env, self.pool, self.link, self.policy, self.estimator, fit, events, self.queue, wake
         )
-        self.kv = make_kv_manager(cfg, deps)
+        self.kv = make_kv_manager(cfg if hw is cfg.hardware else replace(cfg, hardware=hw), deps)
         self.scheduler = Scheduler(env, self.queue, self.kv, events)
         self.replay: ReplayWorkload | None = None
         self.clients: Clients | ReplayClients
@@ -223,6 +225,7 @@ class Simulation:
                 "admission_rejected": gate.num_rejected,
             }
         out |= self.kv.metrics()
+        out |= hardware_note(self.cfg)  # nothing for one H200: its metrics stay as they were
         if self.replay is not None:
             out |= {
                 "trace_rows_skipped": self.replay.table.num_skipped,
