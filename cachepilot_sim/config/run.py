@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from cachepilot_sim.config.admission import AdmissionConfig
 from cachepilot_sim.config.base import GB, Sealed, bounded, require
+from cachepilot_sim.config.cluster import ROUTERS, ClusterConfig, RouterConfig
 from cachepilot_sim.config.engine import BatcherConfig, KVConfig, SchedulerConfig
 from cachepilot_sim.config.engine_profile import EngineConfig, StepCost
 from cachepilot_sim.config.hardware import GpuSpecConfig, HardwareConfig
@@ -69,6 +70,10 @@ class SimConfig(Sealed):
     # KV heads are split over `tp` GPUs. Out of the repr (the run id) while at their defaults.
     gpu: GpuSpecConfig = field(default_factory=GpuSpecConfig, repr=False)
     tp: int = field(default=1, repr=False, metadata={"ge": 1, "le": 64, "integer": True})
+    # Out of repr: a run id is the digest of repr(config), and one replica's runs keep the ids
+    # they had before clusters existed (outdir.run_id adds both sections for a real cluster).
+    cluster: ClusterConfig = field(default_factory=ClusterConfig, repr=False)
+    router: RouterConfig = field(default_factory=RouterConfig, repr=False)
 
     @property
     def vram_bytes(self) -> int:
@@ -121,6 +126,27 @@ class SimConfig(Sealed):
             )
         self._check_gpu()
         self._check_fits()
+        self._check_router()
+
+    def _check_router(self) -> None:
+        """The session KV manager (synthetic workloads) keys KV by session id, not content: a
+        session that moved replica would find a stale record of an earlier turn there, so on
+        several replicas its turns must stay on one."""
+        if self.cluster.single or self.replay.format != TraceFormat.NONE:
+            return
+
+        def keeps(name: str) -> bool:
+            return bool(getattr(ROUTERS.entry(name).factory, "keeps_sessions", False))
+
+        sticky = [n for n in ROUTERS.names() if keeps(n)]
+        require(
+            keeps(self.router.name),
+            "router.name",
+            self.router.name,
+            f"synthetic session workloads keep a session's KV by session id, so on several "
+            f"replicas its turns must stay on one replica: use router={' or '.join(sticky)}, "
+            f"or a trace replay (replay.format), whose KV is shared by prefix hash",
+        )
 
     def _check_gpu(self) -> None:
         require(

@@ -34,7 +34,7 @@ from cachepilot_sim.experiment.progress import ProgressRelay, progress_hook
 from cachepilot_sim.experiment.report import results_frame, run_meta, write_report
 from cachepilot_sim.experiment.serving import baseline_policy, policy_rows, serving_stats
 from cachepilot_sim.experiment.telemetry import RunMonitor
-from cachepilot_sim.sim import build
+from cachepilot_sim.sim import make_simulation
 
 SERVING = "_serving"  # the key under which a worker returns its cell's serving statistics
 
@@ -63,7 +63,7 @@ def run_cell(
     on a worker, onto `progress_queue` (experiment/progress.py); neither: no reporting."""
     name = f"{sim_cfg.policy.name}_seed{sim_cfg.seed}"
     trace_dir = out_dir / "trace" / name if out_dir is not None and sim_cfg.trace.enabled else None
-    sim = build(sim_cfg, trace_dir)
+    sim = make_simulation(sim_cfg, trace_dir)
     if monitor is not None:
         hook = monitor.hook(sim, index)
     elif progress_queue is not None:
