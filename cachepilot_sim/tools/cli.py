@@ -23,6 +23,7 @@ TOOLS: dict[str, str] = {
     "train-admission": "train_admission",
     "validate": "validate",
     "fit-engine": "fit_engine",
+    "plan": "plan",
 }
 
 
