@@ -21,6 +21,7 @@ import simpy
 from cachepilot_sim.clock import ceil_us, ms_to_us
 from cachepilot_sim.components.admission_gate import AdmissionGate
 from cachepilot_sim.components.engine_stats import EngineStats
+from cachepilot_sim.components.growth import DecodeGrowth
 from cachepilot_sim.components.kv import Admit
 from cachepilot_sim.components.ports import EnginePorts
 from cachepilot_sim.components.request import Outcome, Request
@@ -32,7 +33,7 @@ CTX, PREFILL_LEFT, DECODE_LEFT, BLOCKS, BLOCK_BYTES, TOKEN_BYTES, MODEL, ORDER, 
 )
 
 
-class Batcher:
+class Batcher(DecodeGrowth):
     """The engine loop: admission at iteration boundaries, one timeout per iteration or run."""
 
     def __init__(self, cfg: SimConfig, ports: EnginePorts) -> None:
@@ -43,11 +44,15 @@ class Batcher:
         # step still take a slot in the next one (`ghost` until it is costed).
         self.async_scheduling = cfg.engine.async_scheduling
         self.prefill_margin = cfg.engine.prefill_margin_fraction
+        self.preemption = cfg.engine.preemption
+        self.block_new = False  # STARVED_BACK: no admission until a running request finishes
+        self.admit_past_blocked = cfg.engine.admit_past_blocked
         self.held_from = 1 << 62  # columns with order >= this sit out the current step
         self.step_start_us = -1  # when the last step started
         self.ghost = np.zeros((3, 0), dtype=np.int64)  # context, KV bytes per token, model
         self.trace_every = cfg.trace.iteration_every
         self.max_decode_run = cfg.batcher.max_decode_run
+        self.reserve_run_blocks = cfg.batcher.reserve_run_blocks
         self.adaptive_slack_us = ms_to_us(cfg.batcher.adaptive_slack_ms)
         models = cfg.models
         self.token_bytes = [m.kv_bytes_per_token for m in models]
@@ -102,12 +107,18 @@ class Batcher:
         """Take queued requests while sequences and token budget remain and their KV fits."""
         if not len(self.queue):
             return
+        if self.n == 0:
+            self.block_new = False  # nothing left to finish: the engine admits again
         n = self.n
         wanted = int(self.prefill_left[:n].sum()) + n
-        while self.n < max_seqs and wanted < budget:
+        order = self.queue.in_order() if self.admit_past_blocked else None
+        while self.n < max_seqs and wanted < budget and not self.block_new:
             if self.n and self._outside_margin():
                 return  # the engine admits no new prefill next to running requests
-            req = self.queue.peek()
+            if order is None:
+                req = self.queue.peek()
+            else:  # look past requests that do not fit while a block is free
+                req = order.pop(0) if order and self._any_free_block() else None
             if req is None:
                 return
             if self.queue.expired(req):  # the client gave up waiting
@@ -119,13 +130,20 @@ class Batcher:
                 continue  # deferred or rejected by admission control
             result = self.kv.admit(req)
             if result == Admit.BLOCKED:
-                return
+                if order is None:
+                    return
+                continue
             self.queue.pop(req)
             if result == Admit.REJECT:
                 self.reject(req, "exceeds_kv_capacity")
             elif result == Admit.READY:
                 self._place(req)
                 wanted += req.prefill_tokens + 1
+
+    def _any_free_block(self) -> bool:
+        """A KV block is free, idle cached blocks included (the engine stops looking when none)."""
+        free = self.pool.free_bytes + self.kv.evictable_bytes()
+        return free >= int(self.kv.block_bytes[0])
 
     def _outside_margin(self) -> bool:
         """Free KV (idle cached blocks count as free) under the engine's prefill margin."""
@@ -260,58 +278,6 @@ class Batcher:
         if run_id == self._run_id:
             self.wake.notify()
 
-    def _reserve_decode_blocks(self, k: int) -> int:
-        """Reserve blocks for k decode steps, shortening the run when memory is short; the
-        single-step fallback evicts and, failing that, preempts. Returns the steps to run."""
-        n = self.n
-        ctx, blocks = self.ctx[:n], self.blocks[:n]
-        need = np.maximum(0, -(-(ctx + k) // self.block_tokens) - blocks)
-        if not need.any():
-            return k
-        num_bytes = int(np.dot(need, self.block_bytes[:n]))
-        if num_bytes <= self.pool.free_bytes:
-            idx = np.flatnonzero(need)
-            grown = self._grow(idx, need[idx])
-            assert grown
-            return k
-        room = int((blocks * self.block_tokens - ctx).min())
-        if room >= 1:
-            return min(k, room)
-        return 1 if self._grow_decode() else 0
-
-    def _grow_decode(self) -> bool:
-        """Give each decoding sequence at a block boundary one more block, preempting running
-        sequences while memory is short; False when nothing is left running."""
-        while self.n:
-            n = self.n
-            need = (self.prefill_left[:n] == 0) & (
-                self.ctx[:n] >= self.blocks[:n] * self.block_tokens
-            )
-            idx = np.flatnonzero(need)
-            if idx.size == 0 or self._grow(idx, np.ones(idx.size, dtype=np.int64)):
-                return True
-            self._preempt_one()
-        return False
-
-    def _grow(self, idx: np.ndarray, num_blocks: np.ndarray) -> bool:
-        """Ask the KV manager for `num_blocks[j]` more blocks for column `idx[j]`; all or
-        nothing.
-        """
-        sessions = [self.slot_req[i].session_id for i in idx.tolist()]  # type: ignore[union-attr]
-        if not self.kv.grow(sessions, num_blocks.tolist()):
-            return False
-        self.blocks[idx] += num_blocks
-        return True
-
-    def _preempt_one(self) -> None:
-        """Recompute-preempt the lowest-priority, most recently admitted running sequence."""
-        n = self.n
-        victim = int(np.lexsort((-self.order[:n], self.prio[:n]))[0])
-        tokens = int(self.ctx[victim])
-        req = self._remove(victim)
-        self.kv.preempt(req, tokens)
-        self.queue.requeue_front(req)
-
     def _plan_prefill(self, tokens_left: int) -> tuple[np.ndarray, np.ndarray]:
         """Chunked prefill: sequences in admission order share what is left of the token budget."""
         n = self.n
@@ -389,6 +355,8 @@ class Batcher:
         done = np.flatnonzero((self.prefill_left[:n] == 0) & (self.decode_left[:n] <= 0))
         if self.async_scheduling:  # they were scheduled into the next step before finishing
             self.ghost = self.state[[CTX, TOKEN_BYTES, MODEL]][:, done]
+        if done.size:
+            self.block_new = False
         for i in done[::-1].tolist():
             tokens, blocks = int(self.ctx[i]), int(self.blocks[i])
             req = self._remove(i)

@@ -39,22 +39,33 @@ class RequestQueue:
         self.env = env
         self.wake = wake
         self.promote_slack_us = ms_to_us(cfg.promote_slack_ms)
+        self.promote = cfg.deadline_promotion
         self.queue_timeout_us = s_to_us(cfg.queue_timeout_s)
         self._front: deque[Request] = deque()
         self._by_priority: list[tuple[int, int, int]] = []
         self._by_deadline: list[tuple[int, int]] = []
         self._queued: dict[int, Request] = {}
+        self._place: dict[int, int] = {}  # a queued request's place among its priority
         self.num_promoted = 0
 
-    def push(self, req: Request) -> None:
-        """Queue `req` in scheduling order (no wake-up: see `requeue`)."""
+    def push(self, req: Request, order_us: int | None = None) -> None:
+        """Queue `req` in scheduling order (no wake-up: see `requeue`); `order_us` replaces its
+        arrival time as its place among requests of its priority."""
         self._queued[req.req_id] = req
-        heapq.heappush(self._by_priority, (-req.priority, req.arrival_us, req.req_id))
+        place = req.arrival_us if order_us is None else order_us
+        self._place[req.req_id] = place
+        heapq.heappush(self._by_priority, (-req.priority, place, req.req_id))
         heapq.heappush(self._by_deadline, (req.deadline_us, req.req_id))
 
     def requeue(self, req: Request) -> None:
         """Queue `req` again in its normal place (a deferred admission) and wake the engine."""
         self.push(req)
+        self.wake.notify()
+
+    def requeue_back(self, req: Request) -> None:
+        """A preempted request that waits its turn again: behind every request queued now (an
+        engine that appends it to its waiting list), ahead of later arrivals."""
+        self.push(req, order_us=int(self.env.now))
         self.wake.notify()
 
     def requeue_front(self, req: Request) -> None:
@@ -89,17 +100,40 @@ class RequestQueue:
         if self._front:
             return self._front[0]
         self._clean(self._by_deadline, 1)
-        if self._by_deadline and self._by_deadline[0][0] - self.env.now <= self.promote_slack_us:
+        if (
+            self.promote
+            and self._by_deadline
+            and self._by_deadline[0][0] - self.env.now <= self.promote_slack_us
+        ):
             return self._queued[self._by_deadline[0][1]]
         self._clean(self._by_priority, 2)
         if self._by_priority:
             return self._queued[self._by_priority[0][2]]
         return None
 
+    def in_order(self) -> list[Request]:
+        """Every queued request in the order `peek` would return them (O(q log q): for an engine
+        that looks past a request it cannot admit, `engine.admit_past_blocked`)."""
+        now, slack = self.env.now, self.promote_slack_us
+        queued = self._queued.values()
+        promoted = sorted(
+            (r for r in queued if self.promote and r.deadline_us - now <= slack),
+            key=lambda r: (r.deadline_us, r.req_id),
+        )
+        seen = {r.req_id for r in promoted}
+        rest = sorted(
+            (r for r in queued if r.req_id not in seen),
+            key=lambda r: (-r.priority, self._place[r.req_id], r.req_id),
+        )
+        return [*self._front, *promoted, *rest]
+
     def pop(self, req: Request) -> None:
-        """Remove `req` (the one `peek` returned)."""
+        """Remove `req` (the one `peek` returned, or one of `in_order`)."""
         if self._front and self._front[0] is req:
             self._front.popleft()
+            return
+        if req in self._front:
+            self._front.remove(req)
             return
         if (
             self._by_deadline
@@ -108,6 +142,7 @@ class RequestQueue:
         ):
             self.num_promoted += 1
         del self._queued[req.req_id]
+        del self._place[req.req_id]
 
 
 class Scheduler:

@@ -31,6 +31,10 @@ class BatcherConfig(Sealed):
     # Pure-decode iterations simulated per SimPy event at most (a simulation-speed knob: the result
     # equals step-by-step simulation except that blocks for the run are reserved at its start).
     max_decode_run: int = bounded(256, gt=0)
+    # True: a decode run reserves the blocks all its steps will need at its start, so those blocks
+    # are taken before the steps that fill them (fewer events); False: a block is taken at the step
+    # that crosses into it, as a paged engine does, and runs stop at the next block boundary.
+    reserve_run_blocks: bool = True
 
 
 @dataclass
@@ -39,6 +43,10 @@ class SchedulerConfig(Sealed):
 
     section: ClassVar[str | None] = "scheduler"
     promote_slack_ms: float = bounded(250.0, ge=0)
+    # False: no deadline promotion at all (an engine without SLA scheduling: FIFO by arrival, as
+    # vLLM's FCFS and transformers' FIFO schedulers); a request past its deadline would otherwise
+    # jump ahead of every newer one, a preempted request included.
+    deadline_promotion: bool = True
     queue_timeout_s: float = bounded(0.0, ge=0)  # 0: requests never give up while queued
 
     def validate(self, prefix: str) -> None:

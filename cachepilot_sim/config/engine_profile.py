@@ -19,6 +19,19 @@ class StepCost(StrEnum):
     FITTED = "fitted"  # cost/engine_step.py: a real engine's step time, fitted from its micro-runs
 
 
+class Preemption(StrEnum):
+    """What the engine does when a decoding sequence needs a KV block and none is free."""
+
+    # vLLM v1 (and the default engine): the lowest-priority, most recently admitted running
+    # sequence is recompute-preempted and re-queued at the front, until the growth fits.
+    NEWEST_FRONT = "newest_front"
+    # transformers CB (OffloadingManager.offload_requests): only sequences that could not get
+    # their block this step are victims, newest first, never the last running one; a victim
+    # re-queues at the back of the waiting queue, and no queued request is admitted until a
+    # running one finishes (scheduler.block_new_requests).
+    STARVED_BACK = "starved_back"
+
+
 @dataclass
 class EngineConfig(Sealed):
     """A real engine's rules that the batcher, KV and scheduler sections do not hold."""
@@ -46,3 +59,7 @@ class EngineConfig(Sealed):
     # request is admitted next to running ones (transformers' safety_margin; the engine also holds
     # back split prefills then, which with whole-prompt allocation here starved admission); 0: off.
     prefill_margin_fraction: float = bounded(0.0, ge=0, lt=1)
+    preemption: Preemption = Preemption.NEWEST_FRONT
+    # A queued request whose KV does not fit is passed over for later ones while a block is free
+    # (transformers CB: `continue` in Scheduler._process_candidates); False: head-of-line order.
+    admit_past_blocked: bool = False

@@ -11,7 +11,7 @@ from pathlib import Path
 from cachepilot_sim.tools.validate import TABLE, validate_runs
 
 ROOT = Path(__file__).resolve().parents[2] / "experiments/validation/hf_cb/2026-12-01"
-SUBSET = ["closed_b16", "poisson_r3", "multiturn", "pressure_soft_reset"]
+SUBSET = ["closed_b16", "poisson_r3", "multiturn", "pressure_soft_reset", "pressure_preempt"]
 TOLERANCE = 0.01
 
 

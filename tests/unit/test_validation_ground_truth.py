@@ -24,6 +24,7 @@ CAPTURED = ROOT / "experiments" / "validation" / "hf_cb" / "2026-12-01"
 WORKLOADS = (
     "closed_b16", "closed_b64", "poisson_r3", "poisson_r6", "poisson_r9", "multiturn", "burst_4x",
     "azure_conv_sample", "pressure_queue", "pressure_soft_reset", "pressure_cpu_swap",
+    "pressure_preempt",
 )  # fmt: skip
 
 

@@ -359,15 +359,20 @@ class PrefixKvManager:
         r = self.running.pop(req.session_id)
         self.pool.release(r.private_pages * self.block_bytes[0])
         kept = 0
+        now = int(self.env.now)
         for depth in range(len(r.chain) - 1, -1, -1):  # deepest first: a chain loses its tail
             b = r.chain[depth]
             b.computed = b.computed or (depth + 1) * self.hash_tokens <= num_tokens
+            if b.computed:  # used until now, like the blocks of a finished request
+                b.entry.last_used_us = now
             self.tree.unpin(b)
             if not b.computed and b.refcount == 0 and b.num_children == 0:
                 self.tree.remove_gpu(b)
                 self.pool.release(self.hash_bytes)
             elif b.computed:
                 kept = max(kept, (depth + 1) * self.hash_tokens)
+                if b.refcount == 0:  # idle now: a reuse gap starts
+                    self.policy.on_release(b.entry, now)
         cost = recompute_us(self.fit, num_tokens) - recompute_us(self.fit, min(kept, num_tokens))
         self.stats.preemptions += 1
         self.stats.preempt_recompute_us += cost
