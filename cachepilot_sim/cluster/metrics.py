@@ -83,6 +83,12 @@ def cluster_metrics(
         "pcie_h2d_gb": sum(r.link.bytes_moved["h2d"] for r in replicas) / 1e9,
         "events": num_events,
     }
+    gates = [r.batcher.gate for r in replicas if r.batcher.gate is not None]
+    if gates:
+        out |= {
+            "admission_deferred": sum(g.num_deferred for g in gates),
+            "admission_rejected": sum(g.num_rejected for g in gates),
+        }
     out |= _replica_manager_metrics(replicas, kv)
     return out | _cluster_keys(cfg, frame, replicas, router, duration)
 
@@ -110,7 +116,8 @@ def _cluster_keys(
     """The keys only a cluster has: sizes, per-replica figures, load balance."""
     routed = np.array(router.num_routed, dtype=np.float64)
     ttft_p99, hit = [], []
-    for i, r in enumerate(replicas):
+    # Per routed replica (the prefill replicas of a P/D cluster): its requests and its cache.
+    for i, r in enumerate(replicas[: router.num_replicas]):
         mine = frame.filter(pl.col("replica") == i)
         ttft_p99.append(latency_metrics(mine)["ttft_p99_s"])
         hit.append(hit_ratio(r.kv.stats, mine))

@@ -15,6 +15,7 @@ from cachepilot_sim.components.batcher import Batcher
 from cachepilot_sim.components.kv import KvDeps, make_kv_manager
 from cachepilot_sim.components.pcie_link import PcieLink
 from cachepilot_sim.components.ports import EnginePorts
+from cachepilot_sim.components.request import Request
 from cachepilot_sim.components.scheduler import RequestQueue, Scheduler
 from cachepilot_sim.components.signal import Signal
 from cachepilot_sim.components.step_cost import make_step_cost
@@ -60,6 +61,11 @@ class Replica:
     def inbox(self) -> simpy.Store:
         """Where requests for this engine are put."""
         return self.scheduler.inbox
+
+    def submit(self, req: Request) -> simpy.Event:
+        """Put `req` in this engine's inbox; the returned event fires when it is done."""
+        self.scheduler.inbox.put(req)  # unbounded Store: succeeds at once
+        return req.done
 
     def processes(self) -> list[Generator[simpy.Event, Any, None]]:
         """The engine's processes (scheduler, batcher), to be started in this order."""

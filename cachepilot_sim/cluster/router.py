@@ -15,11 +15,10 @@ from cachepilot_sim.components.request import Request
 
 
 class ReplicaPort(Protocol):
-    """What the router sees of a replica: where to put a request, and its KV load."""
+    """What the router sees of a replica: how to hand it a request, and its KV load."""
 
-    @property
-    def inbox(self) -> simpy.Store:
-        """The replica's scheduler inbox."""
+    def submit(self, req: Request) -> simpy.Event:
+        """Start serving `req`; the event fires when this replica's part of it is done."""
 
     def kv_load(self) -> float:
         """(Used + in-flight KV bytes) / pool bytes."""
@@ -28,9 +27,9 @@ class ReplicaPort(Protocol):
 class RequestRouter:
     """Process: one inbox get per request, then one put into the chosen replica's inbox.
 
-    It counts each replica's outstanding requests (routed, not yet done: `req.done` fires on
-    completion and on rejection alike) and records where every request went (`placement`), which
-    is also the `ClusterView` its strategy reads.
+    It counts each replica's outstanding requests (routed, its part not yet done: the event
+    `submit` returns fires on completion and on rejection alike) and records where every
+    request went (`placement`); it is also the `ClusterView` its strategy reads.
     """
 
     def __init__(
@@ -70,8 +69,7 @@ class RequestRouter:
         self.placement[req.req_id] = r
         self.num_routed[r] += 1
         self._outstanding[r] += 1
-        req.done.callbacks.append(partial(self._finished, r))
-        self.replicas[r].inbox.put(req)  # unbounded Store: succeeds at once
+        self.replicas[r].submit(req).callbacks.append(partial(self._finished, r))
         return r
 
     def _finished(self, replica: int, _event: simpy.Event) -> None:

@@ -11,9 +11,11 @@ import polars as pl
 import simpy
 
 from cachepilot_sim.clock import SimEnvironment, ms_to_us
+from cachepilot_sim.cluster.disagg import Disaggregation
 from cachepilot_sim.cluster.metrics import cluster_metrics
+from cachepilot_sim.cluster.network import Network
 from cachepilot_sim.cluster.replica import Replica
-from cachepilot_sim.cluster.router import RequestRouter
+from cachepilot_sim.cluster.router import ReplicaPort, RequestRouter
 from cachepilot_sim.cluster.routers import make_router
 from cachepilot_sim.components.clients import Clients
 from cachepilot_sim.components.replay_clients import ReplayClients
@@ -46,9 +48,16 @@ class ClusterSimulation:
         t = cfg.trace
         self.recorder = make_recorder(trace_dir, t.enabled, t.chunk_rows, t.session_every)
         self.events = TraceEvents(self.recorder)
-        self.replicas = [Replica(env, cfg, self.events) for _ in range(cfg.cluster.replicas)]
-        strategy = make_router(cfg.router, len(self.replicas))
-        self.router = RequestRouter(env, strategy, self.replicas)
+        self.replicas = [Replica(env, cfg, self.events) for _ in range(cfg.cluster.num_gpus)]
+        # Co-located: the router places on every replica. P/D: on the prefill replicas, whose
+        # ports start each request's journey through the network to a decode replica.
+        self.pd: Disaggregation | None = None
+        ports: list[ReplicaPort] = list(self.replicas)
+        if cfg.cluster.disaggregated:
+            network = Network(env, cfg.cluster, len(self.replicas))
+            self.pd = Disaggregation(env, cfg, self.replicas, network)
+            ports = list(self.pd.ports)
+        self.router = RequestRouter(env, make_router(cfg.router, len(ports)), ports)
         self.replay: ReplayWorkload | None = None
         self.clients: Clients | ReplayClients
         if cfg.replay.format == TraceFormat.NONE:
@@ -139,6 +148,14 @@ class ClusterSimulation:
         """The single-GPU run metrics summed (counts, bytes) or averaged (utilizations) over the
         replicas, plus the cluster's own keys (cluster/metrics.py)."""
         frame = self.requests() if frame is None else frame
-        return cluster_metrics(
+        out = cluster_metrics(
             self.cfg, frame, self.replicas, self.router, self.clients, self.recorder.num_rows
         )
+        if self.pd is not None:
+            out |= self.pd.metrics()
+        if self.replay is not None:
+            out |= {
+                "trace_rows_skipped": self.replay.table.num_skipped,
+                "trace_rows_skipped_by_reason": dict(self.replay.table.skipped),
+            }
+        return out

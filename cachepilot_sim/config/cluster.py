@@ -44,6 +44,20 @@ class ClusterConfig(Sealed):
     # NVLink, across nodes `cross_node_link`.
     gpus_per_node: int = bounded(8, ge=1, integer=True)
     cross_node_link: LinkKind = LinkKind.RDMA
+    # Per GPU and direction. NVLink 4 on H100/H200 SXM: 900 GB/s total per GPU, 450 each way
+    # (NVIDIA H200 datasheet); RDMA: one 400 Gb/s ConnectX-7 / NDR port per GPU = 50 GB/s (NVIDIA
+    # DGX H100/H200: eight per node); TCP: one 100 GbE port = 12.5 GB/s. Latencies are our
+    # assumptions of the order each fabric reports (µs for NVLink and RDMA, tens of µs for TCP).
+    nvlink_gb_per_s: float = bounded(450.0, gt=0)
+    nvlink_latency_us: float = bounded(3.0, ge=0)
+    rdma_gb_per_s: float = bounded(50.0, gt=0)
+    rdma_latency_us: float = bounded(10.0, ge=0)
+    tcp_gb_per_s: float = bounded(12.5, gt=0)
+    tcp_latency_us: float = bounded(50.0, ge=0)
+    # Decode-side admission: a handover waits (its KV held on the prefill GPU) while every decode
+    # replica's KV pool is at least this full, re-checking every handover_retry_ms.
+    decode_max_kv_fraction: float = bounded(0.9, gt=0, le=1)
+    handover_retry_ms: float = bounded(5.0, gt=0)
 
     @property
     def disaggregated(self) -> bool:
@@ -79,12 +93,6 @@ class ClusterConfig(Sealed):
             f"{prefix}.replicas",
             self.replicas,
             "a P/D cluster is sized by prefill_replicas and decode_replicas; leave replicas at 1",
-        )
-        require(
-            False,
-            f"{prefix}.prefill_replicas",
-            self.prefill_replicas,
-            "prefill/decode disaggregation is not implemented yet (the keys are final)",
         )
 
 
