@@ -65,11 +65,18 @@ class Simulation:
             env.process(process)
 
     def run(
-        self, on_progress: Callable[[int], None] | None = None, every_events: int = 50_000
+        self,
+        on_progress: Callable[[int], None] | None = None,
+        every_events: int = 50_000,
+        on_tick: Callable[[int], None] | None = None,
+        tick_us: int = 1_000_000,
     ) -> SimResult:
-        """Run to the end; `on_progress(num_events)` is called every `every_events` events (the
-        plain `env.run()` loop when None: reporting costs nothing unless asked for)."""
-        if on_progress is None:
+        """Run to the end; `on_progress(num_events)` is called every `every_events` events and
+        `on_tick(t_us)` once per simulated `tick_us` (the plain `env.run()` loop when both are
+        None: reporting costs nothing unless asked for). Both only read the model's state."""
+        if on_tick is not None:
+            self._run_ticking(on_progress, every_events, on_tick, tick_us)
+        elif on_progress is None:
             self.env.run()
         else:
             self._run_reporting(on_progress, every_events)
@@ -98,6 +105,33 @@ class Simulation:
                 on_progress(num_events)
         except simpy.core.EmptySchedule:
             return
+
+    def _run_ticking(
+        self,
+        on_progress: Callable[[int], None] | None,
+        every_events: int,
+        on_tick: Callable[[int], None],
+        tick_us: int,
+    ) -> None:
+        """`env.run()`'s loop, calling `on_tick(t)` before the first event at or after each
+        multiple t of `tick_us` (the state then is every event before t done; an idle stretch
+        gives one call) and `on_progress` every `every_events` events."""
+        step, peek = self.env.step, self.env.peek
+        num_events, report_at = 0, every_events if on_progress is not None else -1
+        tick_at = tick_us
+        while True:
+            t = peek()
+            if t >= tick_at:
+                if t == simpy.core.Infinity:
+                    return
+                on_tick(tick_at)
+                tick_at = (int(t) // tick_us + 1) * tick_us
+                continue
+            step()
+            num_events += 1
+            if num_events == report_at:
+                on_progress(num_events)  # type: ignore[misc]
+                report_at += every_events
 
     def trace_meta(self) -> dict[str, Any]:
         """What a trace reader needs besides the rows (trace/derive.py): classes, SLOs, sizes."""

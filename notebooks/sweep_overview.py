@@ -25,7 +25,7 @@ from pathlib import Path
 import polars as pl
 
 from cachepilot_sim.tools.collect import collect, default_param
-from cachepilot_sim.tools.figures import fig_metric_vs_param
+from cachepilot_sim.tools.sweep_figures import fig_metric_vs_param
 
 sweep_dir = os.environ.get("CACHEPILOT_SWEEP_DIR")
 if sweep_dir is None:

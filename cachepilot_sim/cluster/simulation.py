@@ -73,10 +73,17 @@ class ClusterSimulation:
                 env.process(process)
 
     def run(
-        self, on_progress: Callable[[int], None] | None = None, every_events: int = 50_000
+        self,
+        on_progress: Callable[[int], None] | None = None,
+        every_events: int = 50_000,
+        on_tick: Callable[[int], None] | None = None,
+        tick_us: int = 1_000_000,
     ) -> SimResult:
         """Run to the end (as `Simulation.run`); every request completed or rejected, every
-        replica's pool conserved, or SimulationError."""
+        replica's pool conserved, or SimulationError. `on_tick` (live per-tick metrics, which
+        read one engine's state) is refused: a cluster reports progress only."""
+        if on_tick is not None:
+            raise ValueError(f"live per-tick metrics ({tick_us} us) read one engine's state")
         if on_progress is None:
             self.env.run()
         else:
@@ -102,6 +109,14 @@ class ClusterSimulation:
         self.recorder.close(self.trace_meta())
         requests = self.requests()
         return SimResult(self.metrics(requests), requests, self.recorder.frame)
+
+    def itl_gaps(self) -> dict[int, int]:
+        """Inter-token gaps (us -> tokens) of every replica's engine, merged."""
+        out: dict[int, int] = {}
+        for r in self.replicas:
+            for gap, n in r.batcher.stats.itl_gaps.items():
+                out[gap] = out.get(gap, 0) + n
+        return dict(sorted(out.items()))
 
     def trace_meta(self) -> dict[str, Any]:
         """As `Simulation.trace_meta`, with the cluster's pool (the sum) and size."""

@@ -271,7 +271,7 @@ class Batcher(DecodeGrowth):
                 yield self.env.timeout(int(ends[steps - 1]) - elapsed)
         self._account(int(ends[steps - 1]), steps)
         self.step_start_us = start + (int(ends[steps - 2]) if steps > 1 else 0)
-        self._advance_decode(n, steps, finished=steps == k)
+        self._advance_decode(n, ends[:steps], finished=steps == k)
 
     def _end_run(self, run_id: int) -> None:
         """Timer callback of a decode run: wake the engine unless that run was already cut short."""
@@ -319,6 +319,7 @@ class Batcher(DecodeGrowth):
 
     def _advance(self, decode: np.ndarray, chunk_idx: np.ndarray, chunks: np.ndarray) -> None:
         now = self.env.now
+        self.stats.add_gaps(now - self.step_start_us, decode.size)
         self.ctx[decode] += 1
         self.decode_left[decode] -= 1
         self.generated[decode] += 1
@@ -329,6 +330,7 @@ class Batcher(DecodeGrowth):
         st.tokens_prefilled += int(chunks.sum())
         # The iteration that finishes a prefill also produces the first output token.
         first = chunk_idx[self.prefill_left[chunk_idx] == 0]
+        self.stats.resumed(first, self.generated, self.slot_req, now)
         self.decode_left[first] -= 1
         self.generated[first] += 1
         st.tokens_decoded += first.size
@@ -340,9 +342,10 @@ class Batcher(DecodeGrowth):
                 self.events.first_token(now, req)
         self._finish_done()
 
-    def _advance_decode(self, n: int, steps: int, finished: bool) -> None:
-        """`steps` decode iterations of all n sequences; only a full run (k = the fewest tokens
-        left, or the run cap) can finish a sequence."""
+    def _advance_decode(self, n: int, ends: np.ndarray, finished: bool) -> None:
+        """Decode steps of all n sequences, step j ending `ends[j]` us into the run; only a full
+        run (k = the fewest tokens left, or the run cap) can finish a sequence."""
+        steps = self.stats.add_run(ends, n)
         self.ctx[:n] += steps
         self.decode_left[:n] -= steps
         self.generated[:n] += steps

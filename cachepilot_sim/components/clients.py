@@ -56,6 +56,11 @@ class Clients:
         """Requests sent so far (the workload's request budget counts these)."""
         return len(self.requests)
 
+    @property
+    def issued(self) -> list[Request]:
+        """Requests sent so far, in the order sent (live telemetry reads it mid-run)."""
+        return self.requests
+
     def _rate_per_us(self) -> float:
         rate = self.wl.session_rate_per_s
         if self.wl.spike_multiplier != 1.0 and self.num_issued >= self.wl.spike_at_request:

@@ -14,6 +14,8 @@ import numpy as np
 from cachepilot_sim.config import Preemption
 
 if TYPE_CHECKING:
+    from cachepilot_sim.clock import SimEnvironment
+    from cachepilot_sim.components.engine_stats import EngineStats
     from cachepilot_sim.components.kv import KvManager
     from cachepilot_sim.components.request import Request
     from cachepilot_sim.components.scheduler import RequestQueue
@@ -38,6 +40,8 @@ class DecodeGrowth:
     pool: PoolView
     queue: RequestQueue
     preemption: Preemption
+    env: SimEnvironment
+    stats: EngineStats
     block_new: bool
     reserve_run_blocks: bool
 
@@ -118,6 +122,7 @@ class DecodeGrowth:
 
     def _preempt_column(self, victim: int, front: bool) -> None:
         tokens = int(self.ctx[victim])
+        self.stats.preempted(self.slot_req[victim], self.env.now, self.prefill_left[victim] == 0)
         req = self._remove(victim)
         self.kv.preempt(req, tokens)
         if front:

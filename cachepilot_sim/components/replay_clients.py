@@ -36,6 +36,9 @@ class ReplayClients:
         self.tpot_slo_us = ms_to_us(rc.tpot_slo_ms)
         self.priority = rc.priority
         self.requests: list[Request] = []
+        # Requests sent so far, in the order sent (`requests` is filled in id order at the end);
+        # live telemetry reads it mid-run.
+        self.issued: list[Request] = []
         self.num_sessions = workload.sessions.num_sessions
 
     def arrivals(self) -> Generator[simpy.Event, object, None]:
@@ -91,6 +94,7 @@ class ReplayClients:
         parent = int(wl.sessions.parent[i])
         req.parent = self._slots[parent] if parent >= 0 else None
         self._slots[i] = req
+        self.issued.append(req)
         self.inbox.put(req)  # unbounded Store: succeeds at once
         for child in self._children.get(i, ()):
             self.env.process(self._after_parent(child, req))

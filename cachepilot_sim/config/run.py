@@ -41,8 +41,9 @@ class TelemetryConfig(Sealed):
     prometheus_file: bool = True
     # 0: no server; else serve /metrics on 127.0.0.1:<port> during the run.
     prometheus_port: int = bounded(0, ge=0, le=65535, integer=True)
-    # With a served port: wall seconds between snapshots of the run metrics published while each
-    # cell runs (every dashboard panel then fills during the run; 0: at every progress report).
+    # Simulated seconds between live metric ticks (experiment/live.py: the dashboard's gauges,
+    # counters and histograms, served and in metrics.prom); 0: no live metrics. The name is kept
+    # from when it counted wall seconds: a renamed field would change every run id (repr(cfg)).
     live_metrics_every_s: float = bounded(1.0, ge=0)
 
 

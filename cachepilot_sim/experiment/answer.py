@@ -32,7 +32,8 @@ NOTE = (
     "Means over seeds. Restore: seconds of KV reload + recompute that returning sessions waited "
     "for (± sample σ). vs {base}: restore time / {base}'s on the same seed, with its 95 % "
     "t interval over seeds. Goodput: requests meeting their TTFT and TPOT targets per second. "
-    "Latency in ms over completed requests (ITL: each request's gaps at its mean)."
+    "Latency in ms over completed requests (ITL: every output token's gap since its request's "
+    "previous token)."
 )
 
 

@@ -3,18 +3,14 @@
 this process) or a queue that a thread of this process drains into it (cells on worker processes).
 
 Reporting pauses SimPy's own stepping loop every `telemetry.progress_every_events` events
-(`Simulation.run`); it never changes a result (tests/unit/test_telemetry.py). With a served
-Prometheus port, reports also carry the run metrics so far, so every dashboard panel fills while
-the run goes on; workers send them through the same queue, so one registry in the main process
-serves them all (no prometheus_client multiprocess directory is needed).
+(`Simulation.run`); it never changes a result (tests/unit/test_telemetry.py). The dashboard's
+metrics come from the live publisher in simulated time (experiment/live.py), not from here.
 """
 
 from __future__ import annotations
 
-import math
 import queue as queue_module
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,46 +29,22 @@ class CellProgress:
     done: int
     total: int
     events: int
-    # The run metrics so far (Simulation.metrics on the requests issued until now), numeric only;
-    # None when none were asked for or the last snapshot is recent.
-    metrics: dict[str, float] | None = None
 
 
-def numeric_metrics(sim: Any) -> dict[str, float]:
-    """`sim.metrics()` mid-run (pure reads of the components), numeric values only."""
-    return {
-        k: float(v)
-        for k, v in sim.metrics().items()
-        if isinstance(v, int | float) and not isinstance(v, bool)
-    }
-
-
-def progress_hook(
-    sim: Any,
-    index: int,
-    send: Callable[[CellProgress], None],
-    metrics_every_s: float | None = None,
-) -> Any:
+def progress_hook(sim: Any, index: int, send: Callable[[CellProgress], None]) -> Any:
     """The `on_progress(num_events)` callback for one Simulation; its `.finish()` reports the
-    cell complete. Requests done are counted incrementally (the done prefix is skipped). With
-    `metrics_every_s`, a report carries the run metrics so far at most once per that many wall
-    seconds (they cost a pass over the issued requests), for the live dashboard."""
-    cfg, requests = sim.cfg, sim.clients.requests
+    cell complete. Requests done are counted incrementally (the done prefix is skipped)."""
+    cfg, requests = sim.cfg, sim.clients.issued
     policy, seed, total = cfg.policy.name, cfg.seed, cfg.workload.num_requests
     prefix, events = 0, 0
-    last_metrics = -math.inf
 
     def on_progress(num_events: int) -> None:
-        nonlocal prefix, events, last_metrics
+        nonlocal prefix, events
         while prefix < len(requests) and requests[prefix].outcome != Outcome.PENDING:
             prefix += 1
         done = prefix + sum(1 for r in requests[prefix:] if r.outcome != Outcome.PENDING)
         events = num_events
-        metrics = None
-        now = time.perf_counter()
-        if metrics_every_s is not None and now - last_metrics >= metrics_every_s:
-            metrics, last_metrics = numeric_metrics(sim), now
-        send(CellProgress(index, policy, seed, sim.env.now, done, total, num_events, metrics))
+        send(CellProgress(index, policy, seed, sim.env.now, done, total, num_events))
 
     def finish() -> None:
         send(CellProgress(index, policy, seed, sim.env.now, total, total, events))

@@ -29,12 +29,13 @@ from cachepilot_sim.config import RunConfig, SimConfig, TraceFormat
 from cachepilot_sim.cost.gpu_scaling import hardware_derivation, hardware_note
 from cachepilot_sim.experiment import outdir
 from cachepilot_sim.experiment.answer import answer_tables, bench_block, markdown_answer
-from cachepilot_sim.experiment.lifecycle import exit_with_parent, stop_workers
+from cachepilot_sim.experiment.lifecycle import stop_workers
+from cachepilot_sim.experiment.live import LivePublisher, init_worker, process_metrics
 from cachepilot_sim.experiment.progress import ProgressRelay, progress_hook
 from cachepilot_sim.experiment.report import results_frame, run_meta, write_report
 from cachepilot_sim.experiment.serving import baseline_policy, policy_rows, serving_stats
 from cachepilot_sim.experiment.telemetry import RunMonitor
-from cachepilot_sim.sim import make_simulation
+from cachepilot_sim.sim import Simulation, make_simulation
 
 SERVING = "_serving"  # the key under which a worker returns its cell's serving statistics
 
@@ -55,30 +56,40 @@ def run_cell(
     progress_every_events: int = 0,
     progress_queue: Any = None,
     index: int = 0,
-    live_metrics_every_s: float | None = None,
+    live_interval_us: int = 0,
 ) -> dict[str, Any]:
     """One simulation (cell `index` of the run); its trace and per-request results go under
     out_dir when given; with offline_bound, the offline LP lower bound over its access sequence
-    joins its metrics. Its progress goes to `monitor` (telemetry.RunMonitor, in this process) or,
-    on a worker, onto `progress_queue` (experiment/progress.py); neither: no reporting."""
+    joins its metrics. Its progress and live metrics go to `monitor` (telemetry.RunMonitor, in
+    this process) or, on a worker, onto `progress_queue` (experiment/progress.py) and, with
+    `live_interval_us`, into this worker's multiprocess metric files (experiment/live.py)."""
     name = f"{sim_cfg.policy.name}_seed{sim_cfg.seed}"
     trace_dir = out_dir / "trace" / name if out_dir is not None and sim_cfg.trace.enabled else None
     sim = make_simulation(sim_cfg, trace_dir)
+    hook, publisher = None, None
+    # Live per-tick metrics read one engine's state: a cluster reports progress only.
+    one_engine = isinstance(sim, Simulation)
     if monitor is not None:
         hook = monitor.hook(sim, index)
+        publisher = monitor.publisher(sim, index) if one_engine else None
+        live_interval_us = monitor.live_interval_us
     elif progress_queue is not None:
-        hook = progress_hook(sim, index, progress_queue.put, live_metrics_every_s)
-    else:
-        hook = None
-    result = sim.run() if hook is None else sim.run(hook, progress_every_events)
+        hook = progress_hook(sim, index, progress_queue.put)
+    if monitor is None and live_interval_us and one_engine:
+        publisher = LivePublisher(sim, process_metrics(), index)
+    result = sim.run(hook, progress_every_events, publisher, live_interval_us)
     if hook is not None:
         hook.finish()
+    if publisher is not None:
+        publisher.finish()
     if out_dir is not None and write_requests:
         _write_atomic(out_dir / "requests" / f"{name}.parquet", result.requests.write_parquet)
     if offline_bound:
         _add_offline_bound(result.metrics, sim_cfg, result.requests)
     # Popped by run_cells: metrics.json keeps its cells as they were.
-    result.metrics[SERVING] = serving_stats(result.requests, result.metrics["duration_s"])
+    gaps = sim.batcher.stats.itl_gaps if isinstance(sim, Simulation) else sim.itl_gaps()
+    duration_s = result.metrics["duration_s"]
+    result.metrics[SERVING] = serving_stats(result.requests, duration_s, gaps)
     return result.metrics
 
 
@@ -114,12 +125,13 @@ def run_cells(
         context = multiprocessing.get_context("spawn")
         relay = ProgressRelay(context, monitor.report) if monitor and monitor.live else None
         queue = None if relay is None else relay.queue
-        live_every = None if monitor is None else monitor.live_metrics_every_s
+        live_dir = None if monitor is None else monitor.worker_metrics_dir()
+        live_us = 0 if monitor is None or live_dir is None else monitor.live_interval_us
         try:
-            with ProcessPoolExecutor(jobs, context, initializer=exit_with_parent) as pool:
+            with ProcessPoolExecutor(jobs, context, init_worker, (live_dir,)) as pool:
                 futures = [
                     pool.submit(run_cell, s, out_dir, cfg.write_requests, cfg.offline_bound,
-                                None, every, queue, i, live_every)
+                                None, every, queue, i, live_us)
                     for i, s in enumerate(sims)
                 ]  # fmt: skip
                 try:

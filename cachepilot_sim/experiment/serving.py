@@ -4,9 +4,15 @@ paired ratio of realized restore time to a baseline policy with a 95 % t interva
 
 These numbers come from the per-request table (`metrics.REQUEST_SCHEMA`) and are kept apart from
 `metrics.json` (whose cells stay as they were); they go to the terminal table, `results.csv` and
-the run report. ITL: the simulator does not keep each token's time, so each request contributes
-its (tokens - 1) gaps at its own mean gap (TPOT); mean ITL is then exact (total decode time over
-decode gaps), its percentiles are token-weighted percentiles of per-request TPOT.
+the run report. ITL is exact for a simulated cell: the engine counts every output token after a
+request's first by its gap since that request's previous token (`EngineStats.itl_gaps`: a decoding
+token waits one step, a token after a preemption waits until the request runs again), and mean,
+p50 and p99 are over those gaps (`numpy.percentile`'s linear rule on the expanded list). They
+include the tokens of requests rejected after a preemption (their KV outgrew the pool), which
+the other latencies, over completed requests, leave out. A
+request table alone (no gaps given) falls back to each request's (tokens - 1) gaps at its own
+mean gap (TPOT): the same mean, but percentiles that miss the long steps (a prefill chunk beside
+the decodes, a preemption) that ITL's tail is about.
 """
 
 from __future__ import annotations
@@ -45,8 +51,11 @@ def _nan3() -> list[float]:
     return [math.nan] * 3
 
 
-def serving_stats(requests: pl.DataFrame, duration_s: float) -> dict[str, float]:
-    """Per-cell serving statistics (see the module docstring) over completed requests."""
+def serving_stats(
+    requests: pl.DataFrame, duration_s: float, itl_gaps: dict[int, int] | None = None
+) -> dict[str, float]:
+    """Per-cell serving statistics (see the module docstring) over completed requests; ITL from
+    `itl_gaps` (gap us -> tokens) when given."""
     done = requests.filter(pl.col("outcome") == "completed")
     decoding = done.filter(pl.col("generated") > 1)
     seconds = max(duration_s, 1e-9)
@@ -60,7 +69,9 @@ def serving_stats(requests: pl.DataFrame, duration_s: float) -> dict[str, float]
     }
     for name, column, scale in LATENCIES:
         frame = decoding if column == "tpot_us" else done
-        if frame.height == 0:
+        if name == "itl" and itl_gaps:
+            values = gap_stats(itl_gaps)
+        elif frame.height == 0:
             values = _nan3()
         elif name == "itl":
             gaps = (frame["generated"] - 1).to_numpy()
@@ -76,6 +87,22 @@ def serving_stats(requests: pl.DataFrame, duration_s: float) -> dict[str, float]
             values = [float(v) for v in row]
         for stat, value in zip(STATS, values, strict=True):
             out[f"{name}_{stat}_ms"] = value * scale
+    return out
+
+
+def gap_stats(gaps: dict[int, int]) -> list[float]:
+    """Mean, p50 and p99 of gaps given as value -> count, equal to numpy's mean and linear
+    percentile of the expanded list (without building it)."""
+    values = np.array(sorted(gaps), dtype=np.float64)
+    counts = np.array([gaps[int(v)] for v in values], dtype=np.int64)
+    last = np.cumsum(counts) - 1  # index of each value's last copy in the sorted list
+    out = [float(np.dot(values, counts) / counts.sum())]
+    for q in (50, 99):
+        pos = q / 100 * last[-1]
+        lo = int(np.floor(pos))
+        v_lo = values[np.searchsorted(last, lo)]
+        v_hi = values[np.searchsorted(last, min(lo + 1, int(last[-1])))]
+        out.append(float(v_lo + (pos - lo) * (v_hi - v_lo)))
     return out
 
 

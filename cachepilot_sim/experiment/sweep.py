@@ -188,6 +188,19 @@ def _add_lost_jobs(sweep_dir: Path, out: dict[str, list[dict[str, Any]]]) -> Non
         )
 
 
+def _write_report(sweep_dir: Path) -> None:
+    """The sweep's report.md/report.html (experiment/sweep_report.py); a failure to write it is
+    one line on stderr and never hides the jobs' status."""
+    from cachepilot_sim.experiment.sweep_report import write_sweep_report
+
+    try:
+        paths = write_sweep_report(sweep_dir)
+    except Exception as err:  # noqa: BLE001 - the jobs' results and status matter more
+        print(f"cachepilot_sim: sweep report not written: {err}", file=sys.stderr)
+        return
+    print(f"cachepilot_sim: sweep report {paths[0]}")
+
+
 try:
     from hydra.experimental.callback import Callback
 except ImportError:  # pragma: no cover - hydra-core always ships it (>= 1.1)
@@ -196,7 +209,8 @@ except ImportError:  # pragma: no cover - hydra-core always ships it (>= 1.1)
 
 class SweepReport(Callback):  # type: ignore[misc]
     """Hydra callback: at the end of a multirun, write sweep_status.json, list the failed jobs with
-    their reasons, and exit with status 1 when any failed (the others' results stay)."""
+    their reasons, write the sweep report over the complete jobs, and exit with status 1 when any
+    failed (the others' results stay)."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
@@ -211,5 +225,7 @@ class SweepReport(Callback):  # type: ignore[misc]
         )
         for job in bad:
             print(f"  FAILED {job['dir']}: {job['error']}", file=sys.stderr)
+        if status["complete"]:
+            _write_report(sweep_dir)
         if bad:
             raise SystemExit(1)

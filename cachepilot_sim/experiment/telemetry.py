@@ -4,9 +4,10 @@ Every numeric run metric of every (policy, seed) cell becomes a gauge `cachepilo
 labels `policy` and `seed`, written to `metrics.prom` in the run folder (Prometheus text format,
 for node_exporter's textfile collector or a Pushgateway). While a run progresses, the
 `cachepilot_progress_*` gauges (simulated seconds, requests done, events, events per wall second)
-are updated and, when `telemetry.prometheus_port` is set, served on 127.0.0.1 only.
-`grafana_dashboard()` builds a dashboard whose panels query exactly these names. Wall-clock time is
-read here, for rates shown to people, never inside the simulated model.
+and the live simulated-time metrics `cachepilot_sim_*` (experiment/live.py; from worker processes
+through prometheus_client's multiprocess folder) are updated and, when `telemetry.prometheus_port`
+is set, served on 127.0.0.1 only. The Grafana dashboard (experiment/grafana.py) queries these.
+Wall-clock time is read here, for rates shown to people, never inside the simulated model.
 
     python -m cachepilot_sim.experiment.telemetry grafana [--out dashboard.json]
 """
@@ -18,14 +19,19 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+from prometheus_client.multiprocess import MultiProcessCollector
 
+from cachepilot_sim.experiment.grafana import grafana_dashboard
+from cachepilot_sim.experiment.live import LiveMetrics, LivePublisher, tick_us
 from cachepilot_sim.experiment.progress import CellProgress, progress_hook
 
 PREFIX = "cachepilot_"
@@ -38,23 +44,6 @@ PROGRESS = (
     ("progress_requests_total", "requests the run will issue"),
     ("progress_events", "SimPy events processed so far"),
     ("progress_events_per_wall_second", "SimPy events per wall-clock second"),
-)
-# Run metrics with a panel on the dashboard: (title, unit, metric keys).
-PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    (
-        "Realized restore (reload + recompute)",
-        "s",
-        ("realized_restore_s", "realized_reload_s", "realized_recompute_s"),
-    ),
-    ("Expected eviction cost (seed metric)", "s", ("expected_evict_cost_s",)),
-    ("Evictions", "short", ("evictions_offload", "evictions_drop")),
-    ("TTFT percentiles", "s", ("ttft_p50_s", "ttft_p95_s", "ttft_p99_s")),
-    ("TPOT percentiles", "ms", ("tpot_p50_ms", "tpot_p95_ms")),
-    ("Goodput", "reqps", ("goodput_req_s",)),
-    ("SLA attainment", "percentunit", ("sla_attainment",)),
-    ("KV pool utilisation", "percentunit", ("vram_kv_util_mean", "vram_kv_util_peak")),
-    ("PCIe traffic", "decgbytes", ("pcie_d2h_gb", "pcie_h2d_gb")),
-    ("Cache outcomes", "short", ("hits", "reloads", "recomputes", "preemptions")),
 )
 
 
@@ -167,6 +156,8 @@ class RunMonitor:
         self._tasks: dict[int, Any] = {}
         self._started: dict[int, float] = {}
         self._done: dict[int, int] = {}
+        self._live: LiveMetrics | None = None
+        self._multiprocess_dir: str | None = None
 
     @property
     def live(self) -> bool:
@@ -186,8 +177,6 @@ class RunMonitor:
     def report(self, p: CellProgress) -> None:
         """One cell's progress (from this process or a worker): gauges, its bar, the overall bar."""
         start = self._started.setdefault(p.index, time.perf_counter())
-        if p.metrics is not None:
-            self.telemetry.record_cells([{"policy": p.policy, "seed": p.seed, **p.metrics}])
         eps = self.telemetry.progress(
             p.policy, p.seed, p.sim_us, p.done, p.total, p.events, started=start
         )
@@ -205,13 +194,38 @@ class RunMonitor:
             self.bar.update(self._overall, completed=sum(self._done.values()))
 
     @property
-    def live_metrics_every_s(self) -> float | None:
-        """Wall seconds between run-metric snapshots while cells run (None: no server, none)."""
-        return None if self.telemetry.server is None else self.cfg.live_metrics_every_s
+    def publishes(self) -> bool:
+        """Whether cells publish live metrics (experiment/live.py): with a tick interval, when
+        they are served or go to metrics.prom."""
+        wanted = self.telemetry.server is not None or self.cfg.prometheus_file
+        return self.live_interval_us > 0 and wanted
+
+    @property
+    def live_interval_us(self) -> int:
+        """Simulated microseconds between live metric ticks (0: none)."""
+        return tick_us(self.cfg.live_metrics_every_s)
 
     def hook(self, sim: Any, index: int = 0) -> Any:
         """The `on_progress` callback for a Simulation run in this process (cell `index`)."""
-        return progress_hook(sim, index, self.report, self.live_metrics_every_s)
+        return progress_hook(sim, index, self.report)
+
+    def publisher(self, sim: Any, index: int = 0) -> LivePublisher | None:
+        """The live publisher (`on_tick`) of a Simulation run in this process, or None."""
+        if not self.publishes:
+            return None
+        if self._live is None:
+            self._live = LiveMetrics(self.telemetry.registry)
+        return LivePublisher(sim, self._live, index)
+
+    def worker_metrics_dir(self) -> str | None:
+        """The multiprocess folder that worker processes write live metrics to (made on first
+        call, collected by this registry, removed by `close`); None when nothing publishes."""
+        if not self.publishes:
+            return None
+        if self._multiprocess_dir is None:
+            self._multiprocess_dir = tempfile.mkdtemp(prefix="cachepilot-prom-")
+            MultiProcessCollector(self.telemetry.registry, path=self._multiprocess_dir)
+        return self._multiprocess_dir
 
     def close(self, cells: Sequence[dict[str, Any]], out_dir: Path | None) -> Path | None:
         """Stop the bar and the server; write metrics.prom when asked for."""
@@ -222,75 +236,10 @@ class RunMonitor:
         if out_dir is not None and self.cfg.prometheus_file:
             path = self.telemetry.write(out_dir)
         self.telemetry.close()
+        if self._multiprocess_dir is not None:
+            shutil.rmtree(self._multiprocess_dir, ignore_errors=True)
+            self._multiprocess_dir = None
         return path
-
-
-def _panel(pid: int, title: str, unit: str, names: Sequence[str], y: int, x: int) -> dict:
-    targets = [
-        {
-            "refId": chr(65 + i),
-            "expr": f'{n}{{policy=~"$policy"}}',
-            "legendFormat": f"{n.removeprefix(PREFIX)} {{{{policy}}}} s{{{{seed}}}}",
-        }
-        for i, n in enumerate(names)
-    ]
-    return {
-        "id": pid,
-        "type": "timeseries",
-        "title": title,
-        "datasource": "${datasource}",
-        "gridPos": {"h": 8, "w": 12, "x": x, "y": y},
-        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
-        "targets": targets,
-    }
-
-
-def grafana_dashboard() -> dict[str, Any]:
-    """A Grafana dashboard (JSON model) over the progress gauges and the run-metric gauges."""
-    rows: list[tuple[str, str, list[str]]] = [
-        ("Simulated time", "s", [PREFIX + "progress_sim_seconds"]),
-        (
-            "Requests done / total",
-            "short",
-            [PREFIX + "progress_requests_done", PREFIX + "progress_requests_total"],
-        ),
-        ("Events per wall second", "short", [PREFIX + "progress_events_per_wall_second"]),
-    ]
-    rows += [(title, unit, [metric_name(k) for k in keys]) for title, unit, keys in PANELS]
-    panels = [
-        _panel(i + 1, t, u, n, 8 * (i // 2), 12 * (i % 2)) for i, (t, u, n) in enumerate(rows)
-    ]
-    templating = [
-        {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Prometheus"},
-        {
-            "name": "policy",
-            "type": "query",
-            "datasource": "${datasource}",
-            "includeAll": True,
-            "multi": True,
-            "query": f"label_values({PREFIX}progress_events, policy)",
-            "current": {"text": "All", "value": "$__all"},
-        },
-    ]
-    return {
-        "title": "CachePilot-Sim",
-        "uid": "cachepilot-sim",
-        "schemaVersion": 39,
-        "tags": ["cachepilot"],
-        "time": {"from": "now-6h", "to": "now"},
-        "refresh": "10s",
-        "templating": {"list": templating},
-        "panels": panels,
-    }
-
-
-def panel_metric_names(dashboard: dict[str, Any]) -> set[str]:
-    """Every metric name that a panel's PromQL expression refers to."""
-    names: set[str] = set()
-    for panel in dashboard["panels"]:
-        for target in panel["targets"]:
-            names |= set(re.findall(rf"\b{PREFIX}[a-zA-Z0-9_]+", target["expr"]))
-    return names
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 # Tool name on the command line -> module under cachepilot_sim.tools (imported only when run).
 TOOLS: dict[str, str] = {
     "plot": "plot",
+    "report": "report",
     "collect": "collect",
     "scorecard": "scorecard",
     "profile-dataset": "profile_dataset",
@@ -23,6 +24,7 @@ TOOLS: dict[str, str] = {
     "train-admission": "train_admission",
     "validate": "validate",
     "fit-engine": "fit_engine",
+    "trace-export": "trace_export",
     "plan": "plan",
 }
 

@@ -3,7 +3,8 @@
 One row per (job, policy, seed) cell of every complete job, with the job's overrides as columns
 (typed by Hydra's override parser; a cell's own `policy` and `seed` win over an override of the same
 name), written to `collected.parquet` and `collected.csv`, plus `jobs.csv` (every job and its
-status) and a plot of a chosen metric against a chosen parameter with the spread over seeds. Failed
+status) and a plot of a chosen metric against a chosen parameter with the 95 % t interval over
+seeds, one panel per value of every other swept key (configurations are never pooled). Failed
 and incomplete jobs are listed with their reasons; a job whose metrics.json cannot be read is
 reported as such, naming the file, and the others are still collected. Outputs are written to
 temporary names and renamed, so an interrupted collect never damages an earlier table.
@@ -23,8 +24,9 @@ from typing import Any
 import polars as pl
 import yaml
 
+from cachepilot_sim.experiment.runset import RunSetError
 from cachepilot_sim.experiment.sweep import job_dirs, read_job
-from cachepilot_sim.tools.figures import metric_vs_param
+from cachepilot_sim.tools.sweep_figures import metric_vs_param
 
 TABLE = "collected"
 
@@ -147,6 +149,17 @@ def default_param(frame: pl.DataFrame, overrides: list[str]) -> str | None:
     return None
 
 
+def swept_keys(
+    frame: pl.DataFrame, overrides: list[str], exclude: tuple[str, ...] = ()
+) -> list[str]:
+    """Overrides that take more than one value in the table (configurations, not seeds): the
+    plot gives each its own panel instead of pooling them as seeds."""
+    skip = {"seed", "seeds", "policy", "job", *exclude}
+    return [
+        k for k in overrides if k not in skip and k in frame.columns and frame[k].n_unique() > 1
+    ]
+
+
 def collect(
     sweep_dir: Path,
     out_dir: Path | None = None,
@@ -180,7 +193,11 @@ def collect(
     if param is not None:
         if param not in frame.columns:
             raise CollectError(f"parameter '{param}' not in the table; overrides: {swept}")
-        result["plot"] = metric_vs_param(frame, metric, param, out_dir, fmt)
+        facets = swept_keys(frame, swept, exclude=(param,))
+        try:
+            result["plot"] = metric_vs_param(frame, metric, param, out_dir, fmt, facets=facets)
+        except RunSetError as err:
+            raise CollectError(str(err)) from err
     return result
 
 

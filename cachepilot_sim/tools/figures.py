@@ -1,24 +1,52 @@
-"""Figures of a run or a sweep with seaborn, from the event traces (one function per figure).
+"""Figures of a run or a sweep from the event traces, grouped by configuration (one function per
+figure, each returning the figure and the exact numbers it draws).
 
-From every trace folder under a directory (`.../trace/<policy>_seed<k>/` with its meta.json):
-VRAM by tier over time with evictions marked, TTFT and TPOT CDFs per policy, restore cost by
-workload class, and the reuse estimator's predicted gaps (1/lambda) against the true gaps; for a
-sweep, a metric against a swept parameter. `python -m cachepilot_sim.tools.plot` and
-`cachepilot_sim.tools.collect` save them; the notebooks in notebooks/ draw them inline.
+Traces are labelled by the config keys that differ between the runs (experiment/runset.py):
+each configuration is a column of panels, policies are hues with their own line style and marker,
+seeds of one configuration are pooled (n shown), configurations never are. VRAM by tier draws the
+GPU and the CPU tier on their own axes, one row per trace, paginated (`vram_pages`) rather than
+cut. `tools/plot.py` saves each figure with its data beside it (`<name>.csv`); the notebooks in
+notebooks/ draw them inline.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import matplotlib.pyplot as plt
+import numpy as np
 import polars as pl
 import seaborn as sns
 
+from cachepilot_sim.experiment.runset import (
+    CONFIG,
+    RunSetError,
+    check_no_pooling,
+    differing_keys,
+    find_runs,
+    group_stats,
+    run_labels,
+    wrapped,
+)
 from cachepilot_sim.trace.derive import TraceError, load_trace, request_results
 from cachepilot_sim.trace.recorder import META_FILE
 
 K = pl.col("kind")
+STYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+TRACES_PER_PAGE = 6  # rows of the VRAM figure per file; more traces make more pages
+
+
+class TraceRun(NamedTuple):
+    """One trace folder with its configuration's label, policy and seed."""
+
+    label: str
+    lf: pl.LazyFrame
+    config: str
+    policy: str
+    seed: int
 
 
 def find_traces(root: Path) -> list[Path]:
@@ -29,16 +57,9 @@ def find_traces(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.rglob(META_FILE) if p.parent.parent.name == "trace")
 
 
-MAX_TIMELINES = 12  # VRAM panels drawn at most (the first traces in path order)
-
-
-def _label(meta: dict, trace_dir: Path, root: Path) -> str:
-    """`policy s<seed>`, prefixed with the job folder when the trace is inside a sweep job."""
-    run = f"{meta.get('policy', trace_dir.name)} s{meta.get('seed', '?')}"
-    job = trace_dir.parent.parent
-    if job == root or root not in job.parents:  # a run folder, or one trace folder given
-        return run
-    return f"{job.relative_to(root)}: {run}"
+def style(i: int) -> dict[str, object]:
+    """Line style, marker and colour of the i-th policy: distinct even in greyscale."""
+    return {"color": f"C{i}", "linestyle": STYLES[i % 4], "marker": MARKERS[i % len(MARKERS)]}
 
 
 def tier_timeline(trace: pl.LazyFrame) -> pl.DataFrame:
@@ -82,163 +103,286 @@ def tier_timeline(trace: pl.LazyFrame) -> pl.DataFrame:
     )
 
 
-def _save(fig: plt.Figure, out_dir: Path, name: str, fmt: str) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{name}.{fmt}"
-    tmp = path.with_name(f"{name}.tmp.{fmt}")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+def _gpu_evictions(lf: pl.LazyFrame) -> pl.DataFrame:
+    # GPU evictions only (a cpu-tier evict_drop is the CPU store making room), as in the metrics.
+    gpu = (K == "evict_offload") | ((K == "evict_drop") & (pl.col("tier") != "cpu"))
+    return lf.filter(gpu).select((pl.col("t_us") / 1e6).alias("time_s")).collect()
 
 
-def plot_vram(traces: list[tuple[str, pl.LazyFrame]]) -> plt.Figure:
-    """One panel per trace: GB by tier over time; GPU evictions as ticks along the bottom."""
-    traces = traces[:MAX_TIMELINES]
+def vram_figure(traces: Sequence[TraceRun]) -> tuple[plt.Figure, pl.DataFrame]:
+    """One row per trace: GB on the GPU (left, evictions as red ticks) and in the CPU store and in
+    flight (right), each on its own y scale. Data: trace, tier (gpu, cpu, flight, eviction),
+    time_s, GB (0 for an eviction)."""
     fig, axes = plt.subplots(
-        len(traces), 1, figsize=(9, 2.6 * len(traces)), squeeze=False, sharex=True
+        len(traces),
+        2,
+        figsize=(12, 2.5 * len(traces)),
+        squeeze=False,
+        sharex=True,
+        gridspec_kw={"width_ratios": [3, 2]},
     )
-    for ax, (label, lf) in zip(axes[:, 0], traces, strict=True):
-        line = tier_timeline(lf)
-        # estimator=None: raw steps; seaborn's default would bootstrap a CI at every time point.
-        sns.lineplot(
-            data=line.to_pandas(),
-            x="time_s",
-            y="GB",
-            hue="tier",
-            ax=ax,
-            drawstyle="steps-post",
-            hue_order=["gpu", "cpu", "flight"],
-            estimator=None,
-            errorbar=None,
-            sort=False,
+    parts = []
+    for (gpu_ax, cpu_ax), run in zip(axes, traces, strict=True):
+        line = tier_timeline(run.lf).select("tier", "time_s", "GB")
+        ev = _gpu_evictions(run.lf)
+        line = pl.concat(
+            [
+                line,
+                ev.with_columns(pl.lit("eviction").alias("tier"), pl.lit(0.0).alias("GB")).select(
+                    line.columns
+                ),
+            ]
         )
-        # GPU evictions only (a cpu-tier evict_drop is the CPU store making room), as in the metrics
-        gpu = (K == "evict_offload") | ((K == "evict_drop") & (pl.col("tier") != "cpu"))
-        ev = lf.filter(gpu).select("t_us", "kind").collect()
-        ax.plot(
-            ev["t_us"].to_numpy() / 1e6,
-            [0.0] * ev.height,
+        parts.append(
+            line.with_columns(
+                pl.lit(run.label).alias("trace"),
+                pl.lit(run.config).alias(CONFIG),
+                pl.lit(run.policy).alias("policy"),
+                pl.lit(run.seed).alias("seed"),
+            )
+        )
+        for ax, tiers in ((gpu_ax, ("gpu",)), (cpu_ax, ("cpu", "flight"))):
+            for tier, ls in zip(tiers, ("-", "--"), strict=False):
+                t = line.filter(pl.col("tier") == tier)
+                ax.step(t["time_s"], t["GB"], where="post", linestyle=ls, label=tier, lw=1.1)
+            ax.set_ylabel("GB")
+            ax.set_ylim(bottom=0)
+        gpu_ax.plot(
+            ev["time_s"],
+            np.zeros(ev.height),
             "|",
             color="crimson",
             ms=10,
             label=f"evictions ({ev.height})",
         )
-        ax.set_title(label, fontsize=9)
-        ax.legend(loc="upper left", fontsize=7)
-    return fig
+        gpu_ax.set_title(f"{wrapped(run.label, 90)}: GPU KV pool (used + in flight)", fontsize=8)
+        cpu_ax.set_title("CPU store and copies in flight", fontsize=8)
+        gpu_ax.legend(loc="upper left", fontsize=7)
+        cpu_ax.legend(loc="upper left", fontsize=7)
+    for ax in axes[-1]:
+        ax.set_xlabel("time, s")
+    fig.tight_layout()
+    return fig, pl.concat(parts)
+
+
+def vram_pages(
+    traces: Sequence[TraceRun], per_page: int = TRACES_PER_PAGE
+) -> list[tuple[plt.Figure, pl.DataFrame]]:
+    """vram_figure over consecutive pages of `per_page` traces: every trace is drawn."""
+    return [vram_figure(traces[i : i + per_page]) for i in range(0, len(traces), per_page)]
+
+
+def plot_vram(traces: Sequence[TraceRun]) -> plt.Figure:
+    """vram_figure of every trace given, on one figure."""
+    return vram_figure(traces)[0]
+
+
+def _configs(frame: pl.DataFrame) -> list[str]:
+    return list(dict.fromkeys(frame[CONFIG].to_list()))
+
+
+def latency_cdf_data(requests: pl.DataFrame) -> pl.DataFrame:
+    """ECDF points per (configuration, policy) over completed requests of all its seeds: metric
+    (`TTFT s`, `TPOT ms`), value, ecdf, n_seeds, n_requests. Values <= 0 cannot sit on a log axis
+    and are left out (counted in `n_requests`, so the curve then ends below 1)."""
+    done = requests.filter(pl.col("outcome") == "completed")
+    parts = []
+    for metric, expr, rows in (
+        ("TTFT s", pl.col("ttft_us") / 1e6, done),
+        ("TPOT ms", pl.col("tpot_us") / 1e3, done.filter(pl.col("generated") > 1)),
+    ):
+        for (config, policy), part in rows.group_by(CONFIG, "policy", maintain_order=True):
+            values = np.sort(part.select(expr).to_series().drop_nulls().to_numpy())
+            n = values.size
+            keep = values > 0
+            parts.append(
+                pl.DataFrame(
+                    {
+                        CONFIG: config,
+                        "policy": policy,
+                        "metric": metric,
+                        "value": values[keep],
+                        "ecdf": (np.arange(1, n + 1) / max(n, 1))[keep],
+                        "n_seeds": part["seed"].n_unique(),
+                        "n_requests": n,
+                    }
+                )
+            )
+    return pl.concat(parts) if parts else pl.DataFrame()
+
+
+def latency_cdfs(requests: pl.DataFrame) -> tuple[plt.Figure, pl.DataFrame]:
+    """TTFT (top) and TPOT (bottom) CDFs, one column per configuration, log x; each policy has its
+    own colour, line style and marker; the legend gives seeds pooled and requests."""
+    data = latency_cdf_data(requests)
+    configs = _configs(requests)
+    policies = list(dict.fromkeys(requests["policy"].to_list()))
+    fig, axes = plt.subplots(2, len(configs), figsize=(1 + 5 * len(configs), 7.5), squeeze=False)
+    for col, config in enumerate(configs):
+        for row, metric in enumerate(("TTFT s", "TPOT ms")):
+            ax = axes[row][col]
+            for i, policy in enumerate(policies):
+                d = data.filter(
+                    (pl.col(CONFIG) == config)
+                    & (pl.col("policy") == policy)
+                    & (pl.col("metric") == metric)
+                )
+                if d.height == 0:
+                    continue
+                label = f"{policy} (n={d['n_seeds'][0]} seeds, {d['n_requests'][0]} req)"
+                ax.step(
+                    d["value"],
+                    d["ecdf"],
+                    where="post",
+                    label=label,
+                    lw=1.3,
+                    markevery=max(d.height // 8, 1),
+                    ms=5,
+                    **style(i),
+                )  # type: ignore[arg-type]
+            ax.set_xscale("log")
+            ax.set_xlabel(f"{metric} (log)")
+            ax.set_ylabel("fraction of completed requests")
+            ax.set_title(f"{wrapped(config)}: {metric.split()[0]} CDF", fontsize=9)
+            ax.grid(alpha=0.3, which="both")
+            ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig, data
 
 
 def plot_latency_cdfs(requests: pl.DataFrame) -> plt.Figure:
-    done = requests.filter(pl.col("outcome") == "completed").with_columns(
-        (pl.col("ttft_us") / 1e6).alias("TTFT s"), (pl.col("tpot_us") / 1e3).alias("TPOT ms")
+    """latency_cdfs without its data."""
+    return latency_cdfs(requests)[0]
+
+
+def restore_by_class(requests: pl.DataFrame) -> tuple[plt.Figure, pl.DataFrame]:
+    """Realized restore seconds (reload + recompute) per workload class and policy, one panel per
+    configuration: bar = mean over seeds, whisker = 95 % t interval; data has n (seeds)."""
+    per_seed = requests.group_by(
+        CONFIG, "policy", "seed", "workload_class", maintain_order=True
+    ).agg(((pl.col("reload_us") + pl.col("recompute_us")).sum() / 1e6).alias("restore_s"))
+    data = group_stats(per_seed, [CONFIG, "policy", "workload_class"], ["restore_s"])
+    configs = _configs(requests)
+    policies = list(dict.fromkeys(requests["policy"].to_list()))
+    classes = sorted(set(data["workload_class"].to_list()))
+    fig, axes = plt.subplots(
+        1, len(configs), figsize=(1 + 6 * len(configs), 4), squeeze=False, sharey=True
     )
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    sns.ecdfplot(data=done.to_pandas(), x="TTFT s", hue="policy", ax=a, log_scale=True)
-    sns.ecdfplot(
-        data=done.filter(pl.col("generated") > 1).to_pandas(), x="TPOT ms", hue="policy", ax=b
-    )
-    a.set_title("TTFT CDF")
-    b.set_title("TPOT CDF")
-    return fig
+    width = 0.8 / max(len(policies), 1)
+    for ax, config in zip(axes[0], configs, strict=True):
+        n = set()
+        for i, policy in enumerate(policies):
+            d = data.filter((pl.col(CONFIG) == config) & (pl.col("policy") == policy))
+            x = [
+                classes.index(c) + (i - (len(policies) - 1) / 2) * width
+                for c in d["workload_class"]
+            ]
+            ax.bar(
+                x,
+                d["restore_s_mean"],
+                width,
+                yerr=d["restore_s_ci"],
+                capsize=3,
+                label=policy,
+                color=f"C{i}",
+                hatch=("", "//", "..", "xx")[i % 4],
+            )
+            n |= set(d["n"].to_list())
+        ax.set_xticks(range(len(classes)), classes)
+        ax.set_title(
+            f"{wrapped(config)}\n(mean over n={'/'.join(map(str, sorted(n)))} seeds, "
+            "whisker: 95 % t interval)",
+            fontsize=8,
+        )
+        ax.set_ylabel("realized restore, s")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig, data
 
 
 def plot_restore_by_class(requests: pl.DataFrame) -> plt.Figure:
-    """Realized restore seconds (reload + recompute) per workload class, mean over seeds."""
-    per = requests.group_by("policy", "seed", "workload_class").agg(
-        ((pl.col("reload_us") + pl.col("recompute_us")).sum() / 1e6).alias("restore s")
-    )
-    fig, ax = plt.subplots(figsize=(8, 4))
-    sns.barplot(
-        data=per.sort("workload_class", "policy").to_pandas(),
-        x="workload_class",
-        y="restore s",
-        hue="policy",
-        errorbar="sd",
-        ax=ax,
-    )
-    ax.set_title("realized restore cost by workload class (bars: mean over seeds, whiskers: sd)")
-    return fig
+    """restore_by_class without its data."""
+    return restore_by_class(requests)[0]
+
+
+def gap_estimates(gaps: pl.DataFrame) -> tuple[plt.Figure, pl.DataFrame]:
+    """Predicted gap (1/lambda of the reuse estimator) against the true gap, log-log, one panel
+    per configuration; the data are the points drawn."""
+    configs = _configs(gaps) if gaps.height else ["no returning session"]
+    fig, axes = plt.subplots(1, len(configs), figsize=(0.5 + 5 * len(configs), 5), squeeze=False)
+    for ax, config in zip(axes[0], configs, strict=True):
+        d = gaps.filter(pl.col(CONFIG) == config) if gaps.height else gaps
+        if d.height:
+            sns.scatterplot(
+                data=d.to_pandas(),
+                x="true gap s",
+                y="predicted gap s",
+                hue="policy",
+                style="policy",
+                s=14,
+                alpha=0.6,
+                ax=ax,
+            )
+            both = d.select(pl.concat_list("true gap s", "predicted gap s").explode())
+            lo, hi = max(float(both.min().item()), 1e-3), float(both.max().item())
+            ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+        ax.set_title(f"{wrapped(config)}: predicted vs true idle gap", fontsize=9)
+    fig.tight_layout()
+    return fig, gaps
 
 
 def plot_gap_estimates(gaps: pl.DataFrame) -> plt.Figure:
-    """Predicted gap (1/lambda of the reuse estimator) against the true gap, log-log."""
-    fig, ax = plt.subplots(figsize=(5.5, 5))
-    if gaps.height:
-        sns.scatterplot(
-            data=gaps.to_pandas(),
-            x="true gap s",
-            y="predicted gap s",
-            hue="policy",
-            s=12,
-            alpha=0.6,
-            ax=ax,
-        )
-        both = gaps.select(pl.concat_list("true gap s", "predicted gap s").explode())
-        lo = max(float(both.min().item()), 1e-3)
-        hi = float(both.max().item())
-        ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-    ax.set_title("reuse estimator: predicted vs true idle gap")
-    return fig
+    """gap_estimates without its data."""
+    return gap_estimates(gaps)[0]
 
 
-def load_runs(root: Path) -> tuple[list[tuple[str, pl.LazyFrame]], pl.DataFrame, pl.DataFrame]:
-    """(labelled traces, per-request results of all, reuse gaps of all) under `root`."""
+def load_runs(
+    root: Path, keys: Sequence[str] | None = None
+) -> tuple[list[TraceRun], pl.DataFrame, pl.DataFrame]:
+    """(traces, per-request results of all, reuse gaps of all) under `root`, each labelled with
+    its configuration (`config` column: the differing keys, or `keys` when given)."""
+    root = Path(root)
+    try:
+        runs = find_runs(root)
+        keys = differing_keys(runs) if keys is None else keys
+    except RunSetError as err:
+        raise TraceError(str(err)) from err
+    labels = {r.dir: run_labels(runs, keys)[r.name] for r in runs}
+    only = [root] if (root / META_FILE).exists() else None
     traces, requests, gaps = [], [], []
-    for trace_dir in find_traces(root):
-        lf, meta = load_trace(trace_dir)
-        tag = [pl.lit(meta.get("policy")).alias("policy"), pl.lit(meta.get("seed")).alias("seed")]
-        traces.append((_label(meta, trace_dir, Path(root)), lf))
-        requests.append(request_results(lf, meta).with_columns(tag))
-        gaps.append(
-            lf.filter(K == "reuse_gap")
-            .select(
-                (pl.col("value") / 1e6).alias("true gap s"),
-                (pl.col("score") / 1e6).alias("predicted gap s"),
-                *tag,
+    for run_dir, config in labels.items():
+        for trace_dir in only or sorted(p.parent for p in run_dir.glob(f"trace/*/{META_FILE}")):
+            lf, meta = load_trace(trace_dir)
+            policy, seed = str(meta.get("policy", trace_dir.name)), int(meta.get("seed", -1))
+            tag = [
+                pl.lit(v).alias(k)
+                for k, v in ((CONFIG, config), ("policy", policy), ("seed", seed))
+            ]
+            label = f"{config} · {policy} s{seed}" if len(labels) > 1 else f"{policy} s{seed}"
+            traces.append(TraceRun(label, lf, config, policy, seed))
+            requests.append(request_results(lf, meta).with_columns(tag))
+            gaps.append(
+                lf.filter(K == "reuse_gap")
+                .select(
+                    (pl.col("value") / 1e6).alias("true gap s"),
+                    (pl.col("score") / 1e6).alias("predicted gap s"),
+                    *tag,
+                )
+                .collect()
             )
-            .collect()
-        )
+        if only:
+            break
     if not traces:
         raise TraceError(f"{root}: no complete trace folder (trace/<policy>_seed<k>/meta.json)")
-    return traces, pl.concat(requests), pl.concat(gaps)
-
-
-def run_figures(root: Path, out_dir: Path, fmt: str = "png") -> list[Path]:
-    """Draw and save the four run figures; returns their paths."""
-    traces, requests, gaps = load_runs(root)
-    return [
-        _save(plot_vram(traces), out_dir, "vram_by_tier", fmt),
-        _save(plot_latency_cdfs(requests), out_dir, "latency_cdfs", fmt),
-        _save(plot_restore_by_class(requests), out_dir, "restore_by_class", fmt),
-        _save(plot_gap_estimates(gaps), out_dir, "gap_estimates", fmt),
-    ]
-
-
-def metric_vs_param(
-    frame: pl.DataFrame,
-    metric: str,
-    param: str,
-    out_dir: Path,
-    fmt: str = "png",
-    hue: str = "policy",
-) -> Path:
-    """Save `fig_metric_vs_param` as `<metric>_vs_<param>.<fmt>`."""
-    return _save(
-        fig_metric_vs_param(frame, metric, param, hue), out_dir, f"{metric}_vs_{param}", fmt
+    order = list(labels.values())
+    traces.sort(key=lambda t: (order.index(t.config), t.policy, t.seed))
+    index = pl.DataFrame(
+        [{CONFIG: t.config, "policy": t.policy, "seed": t.seed, "job": t.label} for t in traces]
     )
-
-
-def fig_metric_vs_param(
-    frame: pl.DataFrame, metric: str, param: str, hue: str = "policy"
-) -> plt.Figure:
-    """Mean of `metric` against `param` per policy, band = sd over seeds, dots = single seeds."""
-    data = frame.select(param, metric, *([hue] if hue in frame.columns else [])).to_pandas()
-    hue_arg = hue if hue in data.columns else None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    sns.lineplot(data=data, x=param, y=metric, hue=hue_arg, errorbar="sd", marker="o", ax=ax)
-    sns.scatterplot(data=data, x=param, y=metric, hue=hue_arg, alpha=0.35, legend=False, ax=ax)
-    ax.set_title(f"{metric} vs {param} (line: mean, band: sd over seeds)")
-    return fig
+    try:
+        check_no_pooling(index, [CONFIG, "policy"], [])
+    except RunSetError as err:
+        raise TraceError(str(err)) from err
+    return traces, pl.concat(requests, how="diagonal_relaxed"), pl.concat(gaps)

@@ -39,6 +39,8 @@ TABLE = (
     "ttft_p99_err",
     "tpot_mean_err",
     "tpot_p99_err",
+    "itl_mean_err",
+    "itl_p99_err",
     "e2e_mean_err",
     "e2e_p99_err",
     "throughput_err",

@@ -68,6 +68,8 @@ class GroundTruth:
     requests: pl.DataFrame
     steps: pl.DataFrame | None
     engine: dict[str, Any]
+    # Inter-token gaps (us) when the requests carry no token times (a simulator's replay).
+    itl_us: pl.Series | None = None
 
     @property
     def workload(self) -> str:
@@ -286,7 +288,10 @@ def summarize(gt: GroundTruth) -> dict[str, Any]:
     }
     for col, name in (("ttft_us", "ttft_ms"), ("tpot_us", "tpot_ms"), ("e2e_us", "e2e_ms")):
         out.update(_stats(lat[col], name, 1e3))
-    itl = lat["itl_us"].explode() if "itl_us" in lat.columns else pl.Series([], dtype=pl.Int64)
+    if "itl_us" in lat.columns:
+        itl = lat["itl_us"].explode()
+    else:
+        itl = gt.itl_us if gt.itl_us is not None else pl.Series([], dtype=pl.Int64)
     out.update(_stats(itl, "itl_ms", 1e3))
     span_us = int(lat["end_us"].max()) - int(lat["send_us"].min())  # type: ignore[arg-type]
     out["output_tokens"] = int(lat["output_tokens"].sum())

@@ -119,7 +119,10 @@ def simulate(cfg: SimConfig, gt: GroundTruth) -> tuple[GroundTruth, dict[str, An
     from cachepilot_sim.sim import build  # the core, imported only when a replay runs
 
     workload, order = workload_from_ground_truth(gt, cfg.replay.hash_block_tokens)
-    result = build(cfg, None, workload).run()
+    simulation = build(cfg, None, workload)
+    result = simulation.run()
+    gaps = simulation.batcher.stats.itl_gaps  # every token after a request's first: exact
+    itl = np.repeat(np.fromiter(gaps, np.int64, len(gaps)), list(gaps.values()))
     sim = result.requests.sort("request")
     done = pl.col("outcome") == "completed"
     frame = sim.select(
@@ -132,4 +135,5 @@ def simulate(cfg: SimConfig, gt: GroundTruth) -> tuple[GroundTruth, dict[str, An
         status=pl.when(done).then(pl.lit("finished")).otherwise(pl.lit("failed")),
         num_soft_resets=pl.col("preemptions"),
     )
-    return GroundTruth(Path(gt.path), frame, None, {"engine": "cachepilot-sim"}), result.metrics
+    out = GroundTruth(Path(gt.path), frame, None, {"engine": "cachepilot-sim"}, pl.Series(itl))
+    return out, result.metrics

@@ -6,6 +6,7 @@ round robin, and each replica's pool and request counts are conserved."""
 from __future__ import annotations
 
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -155,3 +156,13 @@ def test_cluster_runs_are_deterministic() -> None:
     )
     a, b = make_simulation(cfg).run(), make_simulation(cfg).run()
     assert a.requests.equals(b.requests)
+
+
+def test_a_cluster_cell_runs_through_the_experiment_runner(tmp_path: Path) -> None:
+    from cachepilot_sim.experiment.runner import run_cell
+
+    cfg = make_sim_config(cluster=ClusterConfig(replicas=2))
+    metrics = run_cell(cfg, tmp_path, write_requests=True)
+    assert metrics["cluster_replicas"] == 2 and sum(metrics["replica_requests"]) == 120
+    frame = pl.read_parquet(next((tmp_path / "requests").glob("*.parquet")))
+    assert set(frame["replica"].to_list()) == {0, 1}

@@ -25,13 +25,14 @@ def test_plot_writes_every_run_figure(tmp_path: Path, capsys) -> None:  # noqa: 
     tiny_run(tmp_path / "run")
     assert main([str(tmp_path / "run"), "--format", "svg"]) == 0
     names = {p.name for p in (tmp_path / "run" / "plots").iterdir()}
-    assert names == {
-        "vram_by_tier.svg",
-        "latency_cdfs.svg",
-        "restore_by_class.svg",
-        "gap_estimates.svg",
-    }
-    assert "vram_by_tier.svg" in capsys.readouterr().out
+    figures = ["headline_by_config", "vram_by_tier_p1of2", "vram_by_tier_p2of2",
+               "latency_cdfs", "restore_by_class", "gap_estimates"]  # fmt: skip
+    assert names == {f"{f}.{ext}" for f in figures for ext in ("svg", "csv")}  # 10 traces, 6 a page
+    # one run: one configuration, each policy its own curve over the run's 5 seeds
+    cdf = pl.read_csv(tmp_path / "run" / "plots" / "latency_cdfs.csv")
+    assert set(cdf["config"]) == {"one configuration"} and set(cdf["n_seeds"]) == {5}
+    assert set(cdf["policy"]) == {"perc", "lru"}
+    assert "vram_by_tier_p2of2.svg" in capsys.readouterr().out
     one = tmp_path / "run" / "trace" / "lru_seed0"  # a single trace folder works too
     assert main([str(one), "--out", str(tmp_path / "one")]) == 0
     assert (tmp_path / "one" / "gap_estimates.png").stat().st_size > 5000
