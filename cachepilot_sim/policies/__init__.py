@@ -3,12 +3,15 @@
 from cachepilot_sim.config.policy import known_policies
 from cachepilot_sim.policies import (  # noqa: F401  (registers the policies)
     classic,
+    lrb,
     lru,
     mru,
     oracle,
     perc,
     perc_variants,
     priority,
+    s3fifo,
+    sieve,
     utility,
 )
 from cachepilot_sim.policies.base import (
