@@ -17,6 +17,7 @@ from cachepilot_sim.components.clients import Clients
 from cachepilot_sim.components.replay_clients import ReplayClients
 from cachepilot_sim.components.request import Outcome
 from cachepilot_sim.config import SimConfig, TraceFormat
+from cachepilot_sim.cost.gpu_scaling import hardware_note
 from cachepilot_sim.metrics import (
     latency_metrics,
     outcome_metrics,
@@ -210,6 +211,7 @@ class Simulation:
                 "admission_rejected": gate.num_rejected,
             }
         out |= self.kv.metrics()
+        out |= hardware_note(self.cfg)  # nothing for one H200: its metrics stay as they were
         if self.replay is not None:
             out |= {
                 "trace_rows_skipped": self.replay.table.num_skipped,

@@ -5,6 +5,7 @@ a clock it shares with its clients or a whole cluster. The single-GPU simulation
 from __future__ import annotations
 
 from collections.abc import Generator
+from dataclasses import replace
 from typing import Any
 
 import simpy
@@ -20,7 +21,8 @@ from cachepilot_sim.components.signal import Signal
 from cachepilot_sim.components.step_cost import make_step_cost
 from cachepilot_sim.components.vram_pool import VramPool
 from cachepilot_sim.config import SimConfig
-from cachepilot_sim.cost import compute_fit, transfer_fits
+from cachepilot_sim.cost import transfer_fits
+from cachepilot_sim.cost.gpu_scaling import run_hardware
 from cachepilot_sim.policies import GapEstimator, make_policy
 from cachepilot_sim.policies.oracle import ShadowOracle
 from cachepilot_sim.trace.events import TraceEvents
@@ -33,8 +35,9 @@ class Replica:
 
     def __init__(self, env: SimEnvironment, cfg: SimConfig, events: TraceEvents) -> None:
         self.env, self.events = env, events
-        fit = compute_fit(cfg.hardware)
-        h2d, d2h = transfer_fits(cfg.hardware)
+        # The GPU type and TP degree's hardware (one H200: cfg.hardware itself, unchanged).
+        hw, fit = run_hardware(cfg)
+        h2d, d2h = transfer_fits(hw)
         self.pool = VramPool(cfg)
         self.link = PcieLink(env, h2d, d2h)
         p = cfg.policy
@@ -47,7 +50,7 @@ class Replica:
         deps = KvDeps(
             env, self.pool, self.link, self.policy, self.estimator, fit, events, self.queue, wake
         )
-        self.kv = make_kv_manager(cfg, deps)
+        self.kv = make_kv_manager(cfg if hw is cfg.hardware else replace(cfg, hardware=hw), deps)
         self.scheduler = Scheduler(env, self.queue, self.kv, events)
         ports = EnginePorts(
             env, self.queue, self.kv, self.pool, fit, events, wake, make_step_cost(cfg, fit)

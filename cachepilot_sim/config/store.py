@@ -16,7 +16,7 @@ from cachepilot_sim.config.base import ConfigError
 from cachepilot_sim.config.cluster import ROUTERS, ClusterConfig
 from cachepilot_sim.config.engine import BatcherConfig
 from cachepilot_sim.config.engine_profile import EngineConfig
-from cachepilot_sim.config.hardware import HardwareConfig
+from cachepilot_sim.config.hardware import GpuSpecConfig, HardwareConfig
 from cachepilot_sim.config.model import ModelConfig
 from cachepilot_sim.config.policy import POLICIES
 from cachepilot_sim.config.registry import Registry
@@ -69,6 +69,7 @@ def register_configs() -> None:
     cs.store(name="run_schema", node=node)
     for group, schema in (
         ("hardware", HardwareConfig),
+        ("gpu", GpuSpecConfig),
         ("model", ModelConfig),
         ("workload", WorkloadConfig),
         ("batcher", BatcherConfig),

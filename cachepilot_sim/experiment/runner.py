@@ -26,6 +26,7 @@ import numpy as np
 from rich.console import Console
 
 from cachepilot_sim.config import RunConfig, SimConfig, TraceFormat
+from cachepilot_sim.cost.gpu_scaling import hardware_derivation, hardware_note
 from cachepilot_sim.experiment import outdir
 from cachepilot_sim.experiment.answer import answer_tables, bench_block, markdown_answer
 from cachepilot_sim.experiment.lifecycle import stop_workers
@@ -205,6 +206,8 @@ def run_experiment(cfg: RunConfig, out_dir: Path, console: Console | None = None
     summary = summarize(cells)
     title = run_title(cfg, cells)
     report = {"title": title, "run_id": rid, "cells": cells, "summary": summary} | skipped
+    if derived := hardware_derivation(cfg):  # not one measured H200: say what was derived
+        report["hardware"] = derived
     outdir.write_json(out_dir / "metrics.json", report)
     baseline = baseline_policy(cfg.policy_names())
     rows = policy_rows(cells, serving, baseline)
@@ -255,4 +258,8 @@ def run_title(cfg: RunConfig, cells: Sequence[dict[str, Any]]) -> str:
             f"{rc.format!s} trace {Path(rc.path).name}: {first['requests']} requests"
             f"{note}, time x{rc.time_scale:g}"
         )
-    return f"{workload}, {cfg.vram_gb:g} GB VRAM, {cfg.model.name}, {seeds}; mean ± σ [min, max]"
+    gpu = hardware_note(cfg).get("hardware_profile")
+    on = f" [{gpu}]" if gpu else ""
+    return (
+        f"{workload}, {cfg.vram_gb:g} GB VRAM{on}, {cfg.model.name}, {seeds}; mean ± σ [min, max]"
+    )

@@ -26,6 +26,7 @@ TOOLS: dict[str, str] = {
     "validate": "validate",
     "fit-engine": "fit_engine",
     "trace-export": "trace_export",
+    "plan": "plan",
 }
 
 
