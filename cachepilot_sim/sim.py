@@ -4,63 +4,32 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 import simpy
 
-from cachepilot_sim.clock import SimEnvironment, ms_to_us, s_to_us
-from cachepilot_sim.components.batcher import Batcher
+from cachepilot_sim.clock import SimEnvironment, ms_to_us
+from cachepilot_sim.cluster.replica import Replica
+from cachepilot_sim.cluster.simulation import ClusterSimulation
 from cachepilot_sim.components.clients import Clients
-from cachepilot_sim.components.kv import KvDeps, make_kv_manager
-from cachepilot_sim.components.pcie_link import PcieLink
-from cachepilot_sim.components.ports import EnginePorts
 from cachepilot_sim.components.replay_clients import ReplayClients
 from cachepilot_sim.components.request import Outcome
-from cachepilot_sim.components.scheduler import RequestQueue, Scheduler
-from cachepilot_sim.components.signal import Signal
-from cachepilot_sim.components.step_cost import make_step_cost
-from cachepilot_sim.components.vram_pool import VramPool
 from cachepilot_sim.config import SimConfig, TraceFormat
-from cachepilot_sim.cost import compute_fit, transfer_fits
+from cachepilot_sim.cost.gpu_scaling import hardware_note
 from cachepilot_sim.metrics import (
     latency_metrics,
     outcome_metrics,
     request_frame,
     restore_metrics,
 )
-from cachepilot_sim.policies import GapEstimator, make_policy
-from cachepilot_sim.policies.oracle import ShadowOracle
+from cachepilot_sim.result import SimResult, SimulationError
 from cachepilot_sim.rng import make_streams
 from cachepilot_sim.trace.events import TraceEvents
 from cachepilot_sim.trace.recorder import make_recorder
 from cachepilot_sim.workloads.replay import ReplayWorkload, load_replay
 from cachepilot_sim.workloads.synthetic import SessionFactory
-
-
-class SimulationError(RuntimeError):
-    """The simulation ended in a state the model forbids (a request never finished, say)."""
-
-
-class SimResult:
-    """Run metrics, per-request results, and the trace, which is read back from its Parquet parts
-    only when accessed (a 10^6-request run's caller need never hold the whole trace)."""
-
-    def __init__(
-        self,
-        metrics: dict[str, Any],
-        requests: pl.DataFrame,
-        load_trace: Callable[[], pl.DataFrame],
-    ) -> None:
-        self.metrics = metrics
-        self.requests = requests
-        self._load_trace = load_trace
-
-    @cached_property
-    def trace(self) -> pl.DataFrame:
-        return self._load_trace()
 
 
 class Simulation:
@@ -75,25 +44,14 @@ class Simulation:
         streams = make_streams(cfg.seed)
         t = cfg.trace
         self.recorder = make_recorder(trace_dir, t.enabled, t.chunk_rows, t.session_every)
-        fit = compute_fit(cfg.hardware)
-        h2d, d2h = transfer_fits(cfg.hardware)
-        self.pool = VramPool(cfg)
-        self.link = PcieLink(env, h2d, d2h)
-        p = cfg.policy
-        self.estimator = GapEstimator(p.ema_weight, s_to_us(p.prior_gap_s), s_to_us(p.delta_s))
-        self.policy = make_policy(p, self.estimator)
-        if p.shadow_oracle:
-            self.policy = ShadowOracle(self.policy, self.estimator, p)
         events = TraceEvents(self.recorder)
-        # The constructors below are the process diagram (docs/architecture.md): each component
-        # gets the ports it talks through, nothing is wired afterwards.
-        wake = Signal(env)
-        self.queue = RequestQueue(env, cfg.scheduler, wake)
-        deps = KvDeps(
-            env, self.pool, self.link, self.policy, self.estimator, fit, events, self.queue, wake
-        )
-        self.kv = make_kv_manager(cfg, deps)
-        self.scheduler = Scheduler(env, self.queue, self.kv, events)
+        # The engine (cluster/replica.py) is built first, the clients then, and the processes are
+        # started in the diagram's order: clients, scheduler, batcher.
+        engine = Replica(env, cfg, events)
+        self.engine = engine
+        self.pool, self.link, self.estimator = engine.pool, engine.link, engine.estimator
+        self.policy, self.queue, self.kv = engine.policy, engine.queue, engine.kv
+        self.scheduler, self.batcher = engine.scheduler, engine.batcher
         self.replay: ReplayWorkload | None = None
         self.clients: Clients | ReplayClients
         if cfg.replay.format == TraceFormat.NONE:
@@ -102,12 +60,8 @@ class Simulation:
         else:  # trace replay: requests at trace times, KV shared by prefix hash
             self.replay = replay if replay is not None else load_replay(cfg, streams.arrivals)
             self.clients = ReplayClients(env, cfg, self.replay, self.scheduler.inbox)
-        ports = EnginePorts(
-            env, self.queue, self.kv, self.pool, fit, events, wake, make_step_cost(cfg, fit)
-        )
-        self.batcher = Batcher(cfg, ports)
         self.events = events
-        for process in (self.clients.arrivals(), self.scheduler.run(), self.batcher.run()):
+        for process in (self.clients.arrivals(), *engine.processes()):
             env.process(process)
 
     def run(
@@ -257,6 +211,7 @@ class Simulation:
                 "admission_rejected": gate.num_rejected,
             }
         out |= self.kv.metrics()
+        out |= hardware_note(self.cfg)  # nothing for one H200: its metrics stay as they were
         if self.replay is not None:
             out |= {
                 "trace_rows_skipped": self.replay.table.num_skipped,
@@ -268,6 +223,18 @@ class Simulation:
 def build(
     cfg: SimConfig, trace_dir: Path | None = None, replay: ReplayWorkload | None = None
 ) -> Simulation:
-    """The simulation of `cfg`; `replay` replaces the configured trace with a prepared request
-    list (ground-truth validation builds one from a real engine's requests)."""
+    """The single-GPU simulation of `cfg`; `replay` replaces the configured trace with a prepared
+    request list (ground-truth validation builds one from a real engine's requests). A cluster
+    config is refused: `make_simulation` builds either."""
+    if not cfg.cluster.single:
+        raise ValueError("build() runs one engine; make_simulation() also builds a cluster")
     return Simulation(cfg, trace_dir, replay)
+
+
+def make_simulation(
+    cfg: SimConfig, trace_dir: Path | None = None, replay: ReplayWorkload | None = None
+) -> Simulation | ClusterSimulation:
+    """One engine (`build`) or the cluster `cfg.cluster` describes (cluster/simulation.py)."""
+    if cfg.cluster.single:
+        return Simulation(cfg, trace_dir, replay)
+    return ClusterSimulation(cfg, trace_dir, replay)

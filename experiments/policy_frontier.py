@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -63,7 +63,11 @@ WORKLOADS = {
 # Classical: rules from the caching literature that read no reuse model (LRU is the baseline).
 CLASSICAL = ["fifo", "lfu", "slru", "arc", "gdsf", "s3fifo", "sieve"]
 # Online: everything a server could run, including the reuse-model policies.
-ONLINE = [*CLASSICAL, "priority", "marconi", "wild", "tlru", "lrb", "perc", "perc_hazard"]
+ONLINE = [*CLASSICAL, "priority", "marconi", "wild", "tlru", "lrb", "perc", "perc_hazard",
+          "reuse_forecast"]  # fmt: skip
+# reuse_forecast's survival table per workload (policies/forecast_tables/; default mixed_spike):
+# a trace replay reads the table trained on the trace's own first half.
+FORECAST_TABLES = {"mooncake": "mooncake_synthetic"}
 REFERENCE = "perc_clairvoyant"  # fed the true next arrival: not online
 DEFAULT_POLICIES = ["lru", *ONLINE, REFERENCE]
 METRICS = ("realized_restore_s", "ttft_p99_s", "goodput_req_s", "completed", "rejected")
@@ -91,7 +95,14 @@ def sim_configs(
                 ],
             )
         )
-    return [run.sim_for(p, s) for p in policies for s in range(run.seed, run.seed + seeds)]
+    cfgs = [run.sim_for(p, s) for p in policies for s in range(run.seed, run.seed + seeds)]
+    table = FORECAST_TABLES.get(name)
+    return [
+        replace(c, policy=replace(c.policy, forecast_model=table))
+        if table and c.policy.name == "reuse_forecast"
+        else c
+        for c in cfgs
+    ]
 
 
 def run_one(key: str, sim_cfg: SimConfig, with_lp: bool, keep_requests: bool) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """The Hydra config tree, shipped inside the package (`pkg://cachepilot_sim.conf`).
 
-Groups a user picks (`policy=`, `workload=`, `+experiment=`, ...) are the folders here; `gpu/` holds
-datasheet figures that only the scorecard reads (no simulation field takes them), so `--help`
-leaves it out of the groups a run can pick.
+Groups a user picks (`policy=`, `workload=`, `gpu=`, `+experiment=`, ...) are the folders here;
+`plan/` holds capacity-planner questions and GPU prices that `cachepilot-sim plan` reads (no
+simulation field takes them), so `--help` leaves it out of the groups a run can pick.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 CONF_DIR = Path(__file__).resolve().parent
 # Folders that are not run config groups, with why: left out of `--help`.
-NOT_RUN_GROUPS = {"gpu": "datasheet figures for the scorecard, not a simulation setting"}
+NOT_RUN_GROUPS = {"plan": "capacity-planner questions and prices, not a simulation setting"}
 
 
 def run_groups() -> dict[str, list[str]]:

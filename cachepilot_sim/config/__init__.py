@@ -14,6 +14,14 @@ from cachepilot_sim.config.admission import (
     known_controllers,
 )
 from cachepilot_sim.config.base import GB, GIB, ConfigError, Sealed, bounded, require
+from cachepilot_sim.config.cluster import (
+    ROUTERS,
+    ClusterConfig,
+    LinkKind,
+    RouterConfig,
+    known_routers,
+    router_config,
+)
 from cachepilot_sim.config.engine import BatcherConfig, BatchMode, KVConfig, SchedulerConfig
 from cachepilot_sim.config.engine_profile import EngineConfig, Preemption, StepCost
 from cachepilot_sim.config.hardware import PCIE_GBPS_PER_LANE, GpuSpecConfig, HardwareConfig
@@ -43,12 +51,15 @@ __all__ = [
     "GIB",
     "PCIE_GBPS_PER_LANE",
     "POLICIES",
+    "ROUTERS",
     "AdmissionConfig",
     "BatchMode",
     "BatcherConfig",
+    "ClusterConfig",
     "ConfigError",
     "EngineConfig",
     "GpuSpecConfig",
+    "LinkKind",
     "HardwareConfig",
     "KVConfig",
     "ModelConfig",
@@ -57,6 +68,7 @@ __all__ = [
     "Preemption",
     "Registry",
     "ReplayConfig",
+    "RouterConfig",
     "RunConfig",
     "Sealed",
     "SchedulerConfig",
@@ -71,8 +83,10 @@ __all__ = [
     "bounded",
     "known_controllers",
     "known_policies",
+    "known_routers",
     "policy_config",
     "register_configs",
     "require",
+    "router_config",
     "to_config",
 ]

@@ -57,10 +57,30 @@ class GpuSpecConfig(Sealed):
     calibrated_hardware: str = ""
     # Parameters of the model the calibration replayed: turns its per-token time into TFLOP/s.
     calibration_num_params: int = bounded(0, ge=0)
+    # The datasheet every figure above comes from (cited again per figure in the YAML).
+    source: str = ""
+    # GPU-to-GPU link for tensor parallelism: GB/s per GPU and direction, and per-hop latency
+    # (ring all-reduce, cost/gpu_scaling.py); datasheet figures, cited in `interconnect_source`.
+    interconnect: str = "NVLink 4"
+    interconnect_gbps: float = bounded(450.0, gt=0)
+    interconnect_hop_latency_us: float = bounded(0.4, ge=0)
+    interconnect_source: str = ""
 
     @property
     def hbm_bytes(self) -> int:
         return int(self.hbm_gb * GB)
+
+    def figures(self) -> tuple[float | int, ...]:
+        """The figures that change simulated time or memory (names and citations do not)."""
+        return (
+            self.hbm_gb,
+            self.hbm_gbps,
+            self.bf16_dense_tflops,
+            self.pcie_gen,
+            self.pcie_lanes,
+            self.interconnect_gbps,
+            self.interconnect_hop_latency_us,
+        )
 
     def validate(self, prefix: str) -> None:
         super().validate(prefix)

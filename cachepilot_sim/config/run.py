@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from cachepilot_sim.config.admission import AdmissionConfig
 from cachepilot_sim.config.base import GB, Sealed, bounded, require
+from cachepilot_sim.config.cluster import ROUTERS, ClusterConfig, RouterConfig
 from cachepilot_sim.config.engine import BatcherConfig, KVConfig, SchedulerConfig
-from cachepilot_sim.config.engine_profile import EngineConfig
-from cachepilot_sim.config.hardware import HardwareConfig
+from cachepilot_sim.config.engine_profile import EngineConfig, StepCost
+from cachepilot_sim.config.hardware import GpuSpecConfig, HardwareConfig
 from cachepilot_sim.config.model import ModelConfig
 from cachepilot_sim.config.policy import ALL_POLICIES, POLICIES, PolicyConfig
 from cachepilot_sim.config.workload import ReplayConfig, TraceFormat, WorkloadConfig
@@ -64,6 +66,15 @@ class SimConfig(Sealed):
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    # The GPU type (conf/gpu; not the H200: the calibration scaled by datasheet ratios,
+    # cost/gpu_scaling.py) and the tensor-parallel degree: `vram_gb` is per GPU, the weights and
+    # KV heads are split over `tp` GPUs. Out of the repr (the run id) while at their defaults.
+    gpu: GpuSpecConfig = field(default_factory=GpuSpecConfig, repr=False)
+    tp: int = field(default=1, repr=False, metadata={"ge": 1, "le": 64, "integer": True})
+    # Out of repr: a run id is the digest of repr(config), and one replica's runs keep the ids
+    # they had before clusters existed (outdir.run_id adds both sections for a real cluster).
+    cluster: ClusterConfig = field(default_factory=ClusterConfig, repr=False)
+    router: RouterConfig = field(default_factory=RouterConfig, repr=False)
 
     @property
     def vram_bytes(self) -> int:
@@ -81,7 +92,13 @@ class SimConfig(Sealed):
             tokens = self.engine.kv_pool_blocks * self.kv.block_tokens
             return tokens * self.model.kv_bytes_per_token
         weights = sum(m.weight_bytes for m in self.models)
-        return self.vram_bytes - weights - self.kv.activation_reserve_bytes
+        if self.tp == 1:
+            return self.vram_bytes - weights - self.kv.activation_reserve_bytes
+        # Each GPU holds 1/tp of the weights and ceil(kv_heads / tp) of the KV heads of every
+        # token: more GPUs hold more tokens until the KV heads run out and are replicated.
+        per_gpu = self.vram_bytes - weights // self.tp - self.kv.activation_reserve_bytes
+        heads = self.model.num_kv_heads
+        return per_gpu * heads // -(-heads // self.tp)
 
     def validate(self, prefix: str) -> None:
         super().validate(prefix)
@@ -108,18 +125,59 @@ class SimConfig(Sealed):
                 self.kv.offload_dtype_bytes,
                 "must not exceed any model's kv_dtype_bytes (0: as on the GPU)",
             )
+        self._check_gpu()
         self._check_fits()
+        self._check_router()
+
+    def _check_router(self) -> None:
+        """The session KV manager (synthetic workloads) keys KV by session id, not content: a
+        session that moved replica would find a stale record of an earlier turn there, so on
+        several replicas its turns must stay on one."""
+        if self.cluster.single or self.replay.format != TraceFormat.NONE:
+            return
+
+        def keeps(name: str) -> bool:
+            return bool(getattr(ROUTERS.entry(name).factory, "keeps_sessions", False))
+
+        sticky = [n for n in ROUTERS.names() if keeps(n)]
+        require(
+            keeps(self.router.name),
+            "router.name",
+            self.router.name,
+            f"synthetic session workloads keep a session's KV by session id, so on several "
+            f"replicas its turns must stay on one replica: use router={' or '.join(sticky)}, "
+            f"or a trace replay (replay.format), whose KV is shared by prefix hash",
+        )
+
+    def _check_gpu(self) -> None:
+        require(
+            self.vram_gb <= self.gpu.hbm_gb,
+            "vram_gb",
+            self.vram_gb,
+            f"more than gpu {self.gpu.name!r} has ({self.gpu.hbm_gb:g} GB, gpu.hbm_gb)",
+        )
+        if self.engine.step_cost == StepCost.FITTED:
+            require(
+                self.tp == 1 and self.gpu.figures() == GpuSpecConfig().figures(),
+                "gpu" if self.tp == 1 else "tp",
+                self.gpu.name if self.tp == 1 else self.tp,
+                "a fitted engine step cost was measured on one H200: use engine=default",
+            )
 
     def _check_fits(self) -> None:
         if self.engine.kv_pool_blocks:
             return  # the engine's own pool size; it fits by construction
         weights = sum(m.weight_bytes for m in self.models)
         largest_block = max(m.kv_bytes_per_token for m in self.models) * self.kv.block_tokens
+        at_tp = (
+            f" over tp={self.tp} GPUs ({weights / self.tp / GB:.2f} GB each)" if self.tp > 1 else ""
+        )
         require(
             self.kv_pool_bytes >= 64 * largest_block,
             "vram_gb",
             self.vram_gb,
-            f"cannot hold the model: {weights / GB:.2f} GB of pinned weights plus "
+            f"cannot hold the model on gpu {self.gpu.name!r}{at_tp}: {weights / GB:.2f} GB of "
+            "pinned weights plus "
             f"{self.kv.activation_reserve_bytes / GB:.2f} GB activation reserve leave "
             f"{self.kv_pool_bytes / GB:.3f} GB, under 64 KV blocks",
         )
@@ -175,3 +233,21 @@ class RunConfig(SimConfig):
         values = {f.name: getattr(self, f.name) for f in fields(SimConfig)}
         values.update(seed=seed, policy=self.policy_for(policy_name))
         return SimConfig(**values)
+
+
+def _with_topology(cls: Any) -> None:
+    """Append `gpu` and `tp` to the dataclass repr when they differ from one H200: the run id is
+    a digest of the repr, so every run from before they existed keeps its id."""
+    generated: Callable[[SimConfig], str] = cls.__repr__
+
+    def __repr__(self: SimConfig) -> str:
+        text = generated(self)
+        if self.tp == 1 and self.gpu.figures() == GpuSpecConfig().figures():
+            return text
+        return f"{text[:-1]}, gpu={self.gpu!r}, tp={self.tp})"
+
+    cls.__repr__ = __repr__
+
+
+_with_topology(SimConfig)
+_with_topology(RunConfig)

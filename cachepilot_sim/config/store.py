@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from cachepilot_sim.config.admission import ADMISSION
 from cachepilot_sim.config.base import ConfigError
+from cachepilot_sim.config.cluster import ROUTERS, ClusterConfig
 from cachepilot_sim.config.engine import BatcherConfig
 from cachepilot_sim.config.engine_profile import EngineConfig
-from cachepilot_sim.config.hardware import HardwareConfig
+from cachepilot_sim.config.hardware import GpuSpecConfig, HardwareConfig
 from cachepilot_sim.config.model import ModelConfig
 from cachepilot_sim.config.policy import POLICIES
 from cachepilot_sim.config.registry import Registry
@@ -68,14 +69,17 @@ def register_configs() -> None:
     cs.store(name="run_schema", node=node)
     for group, schema in (
         ("hardware", HardwareConfig),
+        ("gpu", GpuSpecConfig),
         ("model", ModelConfig),
         ("workload", WorkloadConfig),
         ("batcher", BatcherConfig),
         ("engine", EngineConfig),
+        ("cluster", ClusterConfig),
     ):
         cs.store(group=group, name=f"{group}_schema", node=schema)
     _store_choices(cs, POLICIES)
     _store_choices(cs, ADMISSION)
+    _store_choices(cs, ROUTERS)
 
 
 def to_config(cfg: Any) -> RunConfig:

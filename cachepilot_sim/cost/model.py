@@ -33,11 +33,22 @@ class ComputeFit:
     prefill_token_us: float
     attention_token2_us: float
     step_overhead_us: float
+    # Tensor parallelism's all-reduces per step: fixed latency + per computed token (0: one GPU).
+    allreduce_step_us: float = 0.0
+    allreduce_token_us: float = 0.0
 
 
-def compute_fit(hw: HardwareConfig) -> ComputeFit:
+def compute_fit(
+    hw: HardwareConfig, allreduce_step_us: float = 0.0, allreduce_token_us: float = 0.0
+) -> ComputeFit:
+    """The iteration terms of `hw` plus tensor parallelism's all-reduces (cost/gpu_scaling)."""
     return ComputeFit(
-        hw.hbm_bytes_per_us, hw.prefill_token_us, hw.attention_token2_us, hw.step_overhead_us
+        hw.hbm_bytes_per_us,
+        hw.prefill_token_us,
+        hw.attention_token2_us,
+        hw.step_overhead_us,
+        allreduce_step_us,
+        allreduce_token_us,
     )
 
 
@@ -91,7 +102,10 @@ def iteration_us(
     """
     memory = (weight_bytes + kv_read_bytes) / fit.hbm_bytes_per_us
     compute = fit.prefill_token_us * num_tokens + fit.attention_token2_us * attention_pairs
-    return fit.step_overhead_us + memory + compute
+    step = fit.step_overhead_us + memory + compute
+    if fit.allreduce_step_us == 0.0 and fit.allreduce_token_us == 0.0:
+        return step  # one GPU: no collective (the sum is left exactly as before TP existed)
+    return step + fit.allreduce_step_us + fit.allreduce_token_us * num_tokens
 
 
 def batch_iteration_us(

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from cachepilot_sim.config.cluster import cluster_id_suffix
 from cachepilot_sim.trace.derive import RUN_FILE
 from cachepilot_sim.trace.recorder import META_FILE
 
@@ -40,7 +41,11 @@ class OutputDirError(ValueError):
 def run_id(cfg: object) -> str:
     """Digest of the run's typed config: equal configs give equal ids (reruns stay
     byte-identical); a changed config gives a new id."""
-    return hashlib.sha256(repr(cfg).encode()).hexdigest()[:16]
+    text = repr(cfg)
+    cluster, router = getattr(cfg, "cluster", None), getattr(cfg, "router", None)
+    if cluster is not None and router is not None:  # out of repr (config/run.py says why)
+        text += cluster_id_suffix(cluster, router)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def claim(out_dir: Path, rid: str, cells: list[str]) -> None:

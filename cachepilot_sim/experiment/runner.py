@@ -26,6 +26,7 @@ import numpy as np
 from rich.console import Console
 
 from cachepilot_sim.config import RunConfig, SimConfig, TraceFormat
+from cachepilot_sim.cost.gpu_scaling import hardware_derivation, hardware_note
 from cachepilot_sim.experiment import outdir
 from cachepilot_sim.experiment.answer import answer_tables, bench_block, markdown_answer
 from cachepilot_sim.experiment.lifecycle import check_inputs, stop_workers
@@ -34,7 +35,7 @@ from cachepilot_sim.experiment.progress import ProgressRelay, progress_hook
 from cachepilot_sim.experiment.report import results_frame, run_meta, write_report
 from cachepilot_sim.experiment.serving import baseline_policy, policy_rows, serving_stats
 from cachepilot_sim.experiment.telemetry import RunMonitor
-from cachepilot_sim.sim import build
+from cachepilot_sim.sim import Simulation, make_simulation
 
 SERVING = "_serving"  # the key under which a worker returns its cell's serving statistics
 
@@ -64,14 +65,17 @@ def run_cell(
     `live_interval_us`, into this worker's multiprocess metric files (experiment/live.py)."""
     name = f"{sim_cfg.policy.name}_seed{sim_cfg.seed}"
     trace_dir = out_dir / "trace" / name if out_dir is not None and sim_cfg.trace.enabled else None
-    sim = build(sim_cfg, trace_dir)
+    sim = make_simulation(sim_cfg, trace_dir)
     hook, publisher = None, None
+    # Live per-tick metrics read one engine's state: a cluster reports progress only.
+    one_engine = isinstance(sim, Simulation)
     if monitor is not None:
-        hook, publisher = monitor.hook(sim, index), monitor.publisher(sim, index)
+        hook = monitor.hook(sim, index)
+        publisher = monitor.publisher(sim, index) if one_engine else None
         live_interval_us = monitor.live_interval_us
     elif progress_queue is not None:
         hook = progress_hook(sim, index, progress_queue.put)
-    if monitor is None and live_interval_us:
+    if monitor is None and live_interval_us and one_engine:
         publisher = LivePublisher(sim, process_metrics(), index)
     result = sim.run(hook, progress_every_events, publisher, live_interval_us)
     if hook is not None:
@@ -83,7 +87,8 @@ def run_cell(
     if offline_bound:
         _add_offline_bound(result.metrics, sim_cfg, result.requests)
     # Popped by run_cells: metrics.json keeps its cells as they were.
-    duration_s, gaps = result.metrics["duration_s"], sim.batcher.stats.itl_gaps
+    gaps = sim.batcher.stats.itl_gaps if isinstance(sim, Simulation) else sim.itl_gaps()
+    duration_s = result.metrics["duration_s"]
     result.metrics[SERVING] = serving_stats(result.requests, duration_s, gaps)
     return result.metrics
 
@@ -202,6 +207,8 @@ def run_experiment(cfg: RunConfig, out_dir: Path, console: Console | None = None
     summary = summarize(cells)
     title = run_title(cfg, cells)
     report = {"title": title, "run_id": rid, "cells": cells, "summary": summary} | skipped
+    if derived := hardware_derivation(cfg):  # not one measured H200: say what was derived
+        report["hardware"] = derived
     outdir.write_json(out_dir / "metrics.json", report)
     baseline = baseline_policy(cfg.policy_names())
     rows = policy_rows(cells, serving, baseline)
@@ -252,4 +259,8 @@ def run_title(cfg: RunConfig, cells: Sequence[dict[str, Any]]) -> str:
             f"{rc.format!s} trace {Path(rc.path).name}: {first['requests']} requests"
             f"{note}, time x{rc.time_scale:g}"
         )
-    return f"{workload}, {cfg.vram_gb:g} GB VRAM, {cfg.model.name}, {seeds}; mean ± σ [min, max]"
+    gpu = hardware_note(cfg).get("hardware_profile")
+    on = f" [{gpu}]" if gpu else ""
+    return (
+        f"{workload}, {cfg.vram_gb:g} GB VRAM{on}, {cfg.model.name}, {seeds}; mean ± σ [min, max]"
+    )

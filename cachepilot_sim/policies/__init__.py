@@ -10,6 +10,7 @@ from cachepilot_sim.policies import (  # noqa: F401  (registers the policies)
     perc,
     perc_variants,
     priority,
+    reuse_forecast,
     s3fifo,
     sieve,
     utility,

@@ -22,9 +22,11 @@ TOOLS: dict[str, str] = {
     "profile-dataset": "profile_dataset",
     "calibrate": "calibrate",
     "train-admission": "train_admission",
+    "train-forecast": "train_forecast",
     "validate": "validate",
     "fit-engine": "fit_engine",
     "trace-export": "trace_export",
+    "plan": "plan",
 }
 
 

@@ -55,7 +55,7 @@ def sim_config(engine: str, extra: list[str]) -> RunConfig:
     overrides = [
         f"engine={engine}",
         "model=llama3_8b",
-        "vram_gb=200",
+        "vram_gb=141",  # the H200; the pool itself is engine.kv_pool_blocks
         "trace.enabled=false",
         "replay.format=MOONCAKE",
         "replay.path=ground_truth",

@@ -1,0 +1,176 @@
+"""A cluster of engine replicas on one SimPy clock: one client population, one router, N engines.
+The single-GPU `Simulation` (sim.py) is what `build` returns for one replica; this is the rest."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import simpy
+
+from cachepilot_sim.clock import SimEnvironment, ms_to_us
+from cachepilot_sim.cluster.disagg import Disaggregation
+from cachepilot_sim.cluster.metrics import cluster_metrics
+from cachepilot_sim.cluster.network import Network
+from cachepilot_sim.cluster.replica import Replica
+from cachepilot_sim.cluster.router import ReplicaPort, RequestRouter
+from cachepilot_sim.cluster.routers import make_router
+from cachepilot_sim.components.clients import Clients
+from cachepilot_sim.components.replay_clients import ReplayClients
+from cachepilot_sim.components.request import Outcome
+from cachepilot_sim.config import SimConfig, TraceFormat
+from cachepilot_sim.metrics import request_frame
+from cachepilot_sim.result import SimResult, SimulationError
+from cachepilot_sim.rng import make_streams
+from cachepilot_sim.trace.events import TraceEvents
+from cachepilot_sim.trace.recorder import make_recorder
+from cachepilot_sim.workloads.replay import ReplayWorkload, load_replay
+from cachepilot_sim.workloads.synthetic import SessionFactory
+
+
+class ClusterSimulation:
+    """`cluster.replicas` engines behind `router`; one policy, one seed. `run()` once.
+
+    Every replica gets the whole `SimConfig` (each is one GPU of `vram_gb`). The trace is one
+    recorder shared by all replicas: its request rows are exact, its pool rows mix replicas
+    (the schema has no replica column), so trace-derived pool figures are cluster sums at best.
+    """
+
+    def __init__(
+        self, cfg: SimConfig, trace_dir: Path | None = None, replay: ReplayWorkload | None = None
+    ) -> None:
+        self.cfg = cfg
+        self.env = SimEnvironment()
+        env = self.env
+        streams = make_streams(cfg.seed)
+        t = cfg.trace
+        self.recorder = make_recorder(trace_dir, t.enabled, t.chunk_rows, t.session_every)
+        self.events = TraceEvents(self.recorder)
+        self.replicas = [Replica(env, cfg, self.events) for _ in range(cfg.cluster.num_gpus)]
+        # Co-located: the router places on every replica. P/D: on the prefill replicas, whose
+        # ports start each request's journey through the network to a decode replica.
+        self.pd: Disaggregation | None = None
+        ports: list[ReplicaPort] = list(self.replicas)
+        if cfg.cluster.disaggregated:
+            network = Network(env, cfg.cluster, len(self.replicas))
+            self.pd = Disaggregation(env, cfg, self.replicas, network)
+            ports = list(self.pd.ports)
+        self.router = RequestRouter(env, make_router(cfg.router, len(ports)), ports)
+        self.replay: ReplayWorkload | None = None
+        self.clients: Clients | ReplayClients
+        if cfg.replay.format == TraceFormat.NONE:
+            factory = SessionFactory(cfg, streams)
+            self.clients = Clients(env, cfg, streams, factory, self.router.inbox, self.events)
+        else:
+            self.replay = replay if replay is not None else load_replay(cfg, streams.arrivals)
+            self.clients = ReplayClients(env, cfg, self.replay, self.router.inbox)
+        env.process(self.clients.arrivals())
+        env.process(self.router.run())
+        for replica in self.replicas:
+            for process in replica.processes():
+                env.process(process)
+
+    def run(
+        self,
+        on_progress: Callable[[int], None] | None = None,
+        every_events: int = 50_000,
+        on_tick: Callable[[int], None] | None = None,
+        tick_us: int = 1_000_000,
+    ) -> SimResult:
+        """Run to the end (as `Simulation.run`); every request completed or rejected, every
+        replica's pool conserved, or SimulationError. `on_tick` (live per-tick metrics, which
+        read one engine's state) is refused: a cluster reports progress only."""
+        if on_tick is not None:
+            raise ValueError(f"live per-tick metrics ({tick_us} us) read one engine's state")
+        if on_progress is None:
+            self.env.run()
+        else:
+            step, num_events = self.env.step, 0
+            try:
+                while True:
+                    for _ in range(every_events):
+                        step()
+                    num_events += every_events
+                    on_progress(num_events)
+            except simpy.core.EmptySchedule:
+                pass
+        pending = [r.req_id for r in self.clients.requests if r.outcome == Outcome.PENDING]
+        if pending:
+            raise SimulationError(
+                f"{len(pending)} requests never completed nor were rejected (first ids "
+                f"{pending[:5]}); the cluster deadlocked at t={self.env.now} us"
+            )
+        broken = [i for i, r in enumerate(self.replicas) if not r.pool.conserved()]
+        if broken:
+            raise SimulationError(f"VRAM pool accounting broken on replicas {broken}")
+        self.events.run_end(int(self.env.now))
+        self.recorder.close(self.trace_meta())
+        requests = self.requests()
+        return SimResult(self.metrics(requests), requests, self.recorder.frame)
+
+    def itl_gaps(self) -> dict[int, int]:
+        """Inter-token gaps (us -> tokens) of every replica's engine, merged."""
+        out: dict[int, int] = {}
+        for r in self.replicas:
+            for gap, n in r.batcher.stats.itl_gaps.items():
+                out[gap] = out.get(gap, 0) + n
+        return dict(sorted(out.items()))
+
+    def trace_meta(self) -> dict[str, Any]:
+        """As `Simulation.trace_meta`, with the cluster's pool (the sum) and size."""
+        if isinstance(self.clients, ReplayClients):
+            names = self.clients.class_names
+            ttft = list(self.clients.ttft_slo_us)
+            tpot = [self.clients.tpot_slo_us] * len(names)
+        else:
+            names = self.clients.factory.class_names
+            classes = self.cfg.workload.classes
+            ttft = [ms_to_us(classes[n].ttft_slo_ms) for n in names]
+            tpot = [ms_to_us(classes[n].tpot_slo_ms) for n in names]
+        return {
+            "policy": self.cfg.policy.name,
+            "seed": self.cfg.seed,
+            "class_names": names,
+            "ttft_slo_us": ttft,
+            "tpot_slo_us": tpot,
+            "model_names": [m.name for m in self.cfg.models],
+            "kv_pool_bytes": sum(r.pool.capacity_bytes for r in self.replicas),
+            "session_every": self.cfg.trace.session_every,
+            "iteration_every": self.cfg.trace.iteration_every,
+            "replicas": len(self.replicas),
+            "router": self.cfg.router.name,
+        }
+
+    def requests(self) -> pl.DataFrame:
+        """The per-request table with a `replica` column (where the router placed each)."""
+        reqs = self.clients.requests
+        if isinstance(self.clients, ReplayClients):
+            assert self.replay is not None
+            frame = request_frame(reqs, self.clients.class_names, self.clients.ttft_slo_us)
+            frame = frame.with_columns(pl.Series("session", self.replay.sessions.session))
+        else:
+            names = self.clients.factory.class_names
+            slo = [ms_to_us(self.cfg.workload.classes[n].ttft_slo_ms) for n in names]
+            frame = request_frame(reqs, names, slo)
+        where = self.router.placement
+        return frame.with_columns(
+            pl.Series("replica", [where.get(r.req_id, -1) for r in reqs], dtype=pl.Int32)
+        )
+
+    def metrics(self, frame: pl.DataFrame | None = None) -> dict[str, Any]:
+        """The single-GPU run metrics summed (counts, bytes) or averaged (utilizations) over the
+        replicas, plus the cluster's own keys (cluster/metrics.py)."""
+        frame = self.requests() if frame is None else frame
+        out = cluster_metrics(
+            self.cfg, frame, self.replicas, self.router, self.clients, self.recorder.num_rows
+        )
+        if self.pd is not None:
+            out |= self.pd.metrics()
+        if self.replay is not None:
+            out |= {
+                "trace_rows_skipped": self.replay.table.num_skipped,
+                "trace_rows_skipped_by_reason": dict(self.replay.table.skipped),
+            }
+        return out

@@ -1,0 +1,151 @@
+"""What a capacity plan asks: the workload (Hydra overrides of one simulation run), the SLA, the
+search space, and the price of a GPU-hour per GPU type (conf/plan/prices.yaml, source and date)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, ClassVar
+
+from cachepilot_sim.conf import CONF_DIR
+from cachepilot_sim.config import POLICIES, ConfigError, Sealed, bounded, known_routers, require
+
+PRICES_FILE = CONF_DIR / "plan" / "prices.yaml"
+PD_SPLIT = re.compile(r"^(colocated|[1-9][0-9]*:[1-9][0-9]*)$")
+
+
+class Launcher(StrEnum):
+    JOBLIB = "joblib"  # worker processes on this machine (loky)
+    RAY = "ray"  # joblib's Ray backend: a local Ray instance or a cluster (ray_address)
+
+
+def known(group: str) -> list[str]:
+    """The YAML choices of one config group (conf/<group>/*.yaml)."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+@dataclass
+class SlaConfig(Sealed):
+    """The service level a configuration must meet over the whole workload."""
+
+    section: ClassVar[str | None] = "sla"
+    ttft_p99_s: float = bounded(2.0, gt=0)
+    tpot_p99_ms: float = bounded(50.0, gt=0)
+    # Share of all requests that complete within their own TTFT and TPOT SLOs (replay.*_slo_ms).
+    goodput_fraction: float = bounded(0.99, ge=0, le=1)
+
+
+@dataclass
+class SearchSpace(Sealed):
+    """Every choice the planner may combine; replicas are searched, not enumerated."""
+
+    section: ClassVar[str | None] = "space"
+    gpus: list[str] = field(default_factory=lambda: ["h200"])
+    tp: list[int] = field(default_factory=lambda: [1])
+    policies: list[str] = field(default_factory=lambda: ["perc"])
+    routers: list[str] = field(default_factory=lambda: ["least_outstanding"])
+    batchers: list[str] = field(default_factory=lambda: ["adaptive"])
+    offload_gb: list[float] = field(default_factory=lambda: [64.0])  # CPU store per replica; 0: off
+    # "colocated", or "P:D": prefill and decode replicas in that ratio (scaled together).
+    pd_splits: list[str] = field(default_factory=lambda: ["colocated"])
+    max_replicas: int = bounded(16, ge=1, le=1024, integer=True)
+
+    def validate(self, prefix: str) -> None:
+        super().validate(prefix)
+        choices: dict[str, tuple[list[Any], list[Any]]] = {
+            "gpus": (self.gpus, known("gpu")),
+            "policies": (self.policies, POLICIES.names()),
+            "routers": (self.routers, known_routers()),
+            "batchers": (self.batchers, known("batcher")),
+        }
+        for key, (values, allowed) in choices.items():
+            require(bool(values), f"{prefix}.{key}", values, "must list at least one choice")
+            for v in values:
+                require(v in allowed, f"{prefix}.{key}", v, f"unknown; known: {allowed}")
+        for key in ("tp", "offload_gb", "pd_splits"):
+            require(bool(getattr(self, key)), f"{prefix}.{key}", [], "must list a choice")
+        for tp in self.tp:
+            require(isinstance(tp, int) and 1 <= tp <= 64, f"{prefix}.tp", tp, "1..64 GPUs")
+        for gb in self.offload_gb:
+            require(0 <= gb < 1e6, f"{prefix}.offload_gb", gb, "GB of CPU store, >= 0")
+        for split in self.pd_splits:
+            ok = bool(PD_SPLIT.match(split))
+            require(ok, f"{prefix}.pd_splits", split, "'colocated' or 'P:D', e.g. '1:2'")
+
+
+@dataclass
+class PlanConfig(Sealed):
+    """One capacity-planning question (conf/plan/<name>.yaml)."""
+
+    section: ClassVar[str | None] = ""
+    name: str = bounded("plan", nonempty=True)
+    # Hydra overrides of `python -m cachepilot_sim` that set the workload, model and SLOs.
+    simulation: list[str] = field(default_factory=list)
+    sla: SlaConfig = field(default_factory=SlaConfig)
+    space: SearchSpace = field(default_factory=SearchSpace)
+    prices: str = str(PRICES_FILE)
+    seed: int = bounded(0, ge=0, integer=True)
+    jobs: int = bounded(0, ge=0, integer=True)  # 0: one worker per core
+    launcher: Launcher = Launcher.JOBLIB
+    ray_address: str = ""  # with launcher=ray: "" starts a local Ray instance
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPrice:
+    """One GPU type's price per GPU-hour and where it came from."""
+
+    usd_per_gpu_hour: float
+    source: str
+    date: str
+
+
+def load_plan(path: Path, overrides: list[str]) -> PlanConfig:
+    """The plan file merged over the schema, then `key=value` overrides; validated."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not path.is_file():
+        raise ConfigError(f"plan file '{path}' not found")
+    try:
+        node = OmegaConf.merge(
+            OmegaConf.structured(PlanConfig),
+            OmegaConf.load(path),
+            OmegaConf.from_dotlist(overrides),
+        )
+        plan = OmegaConf.to_object(node)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", "") or "?"
+        raise ConfigError(f"{path}: config key '{key}': {str(err).splitlines()[0]}") from err
+    assert isinstance(plan, PlanConfig)
+    return plan
+
+
+def load_prices(plan: PlanConfig) -> dict[str, GpuPrice]:
+    """Prices of every GPU in the search space; a missing or non-positive one names its key."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    path = Path(plan.prices)
+    require(path.is_file(), "prices", plan.prices, "price file not found")
+    try:
+        table = OmegaConf.to_container(OmegaConf.load(path))
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{path}: {str(err).splitlines()[0]}") from err
+    entries = table.get("prices") if isinstance(table, dict) else None
+    require(isinstance(entries, dict), f"{path}: prices", entries, "a mapping gpu -> price")
+    assert isinstance(entries, dict)
+    out: dict[str, GpuPrice] = {}
+    for gpu in plan.space.gpus:
+        entry = entries.get(gpu)
+        key = f"{path}: prices.{gpu}"
+        require(isinstance(entry, dict), key, entry, "missing (usd_per_gpu_hour, source, date)")
+        assert isinstance(entry, dict)
+        price = entry.get("usd_per_gpu_hour")
+        ok = isinstance(price, int | float) and not isinstance(price, bool) and price > 0
+        require(ok, f"{key}.usd_per_gpu_hour", price, "must be a number > 0")
+        for k in ("source", "date"):
+            require(bool(entry.get(k)), f"{key}.{k}", entry.get(k), "every price cites one")
+        out[gpu] = GpuPrice(float(price), str(entry["source"]), str(entry["date"]))  # type: ignore[arg-type]
+    return out

@@ -1,0 +1,161 @@
+"""The reuse forecast's model: per feature bucket, the survival curve of an entry's next idle gap.
+
+S_b(t) = P(the gap after a release in bucket b exceeds t), sessions that never come back included
+(S tends to their share, not to 0). Curves sit on one log-spaced grid of gap times; a bucket with
+few training releases was shrunk towards its parent (the key without its last feature) when the
+table was trained, and a key missing from the table backs off to its longest stored prefix (the
+empty key, the whole population, is always stored). The table is plain JSON written by
+`cachepilot-sim train-forecast`; reading it needs only NumPy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cachepilot_sim.policies.forecast_features import FEATURES
+
+FORMAT = "cachepilot-reuse-forecast/1"
+# Tables shipped in the package, by name (`policy.forecast_model=<name>`): one per training source.
+SHIPPED_DIR = Path(__file__).with_name("forecast_tables")
+
+
+def model_path(name: str) -> Path:
+    """A shipped table's path for a bare name (no '/', no '.json'), else `name` as a path."""
+    if "/" not in name and not name.endswith(".json"):
+        return SHIPPED_DIR / f"{name}.json"
+    return Path(name)
+
+
+def shipped_tables() -> list[Path]:
+    return sorted(SHIPPED_DIR.glob("*.json"))
+
+
+class ForecastModelError(ValueError):
+    """A model file that is missing or malformed; the message names the file and the key."""
+
+
+class SurvivalTable:
+    """Survival curves per bucket key: `row` once per release, `survival` vectorised per
+    decision."""
+
+    def __init__(
+        self,
+        features: tuple[str, ...],
+        grid: tuple[float, float, int],
+        keys: list[tuple[int, ...]],
+        curves: np.ndarray,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        unknown = [f for f in features if f not in FEATURES]
+        if unknown:
+            raise ForecastModelError(f"unknown features {unknown}; known: {', '.join(FEATURES)}")
+        if () not in keys:
+            raise ForecastModelError("the table has no population row (the empty key)")
+        self.features = features
+        start_s, stop_s, num = grid
+        self.grid = (float(start_s), float(stop_s), int(num))
+        self.log_start = math.log(start_s * 1e6)
+        self.log_step = (math.log(stop_s * 1e6) - self.log_start) / (num - 1)
+        self.keys = keys
+        self.index = {k: i for i, k in enumerate(keys)}
+        self.curves = np.asarray(curves, dtype=np.float64)
+        if self.curves.shape != (len(keys), num):
+            raise ForecastModelError(
+                f"curves have shape {self.curves.shape}, not ({len(keys)}, {num})"
+            )
+        self.meta = meta or {}
+        self._rows = [list(map(float, c)) for c in self.curves]  # for the scalar path
+
+    def survival_at(self, row: int, t_us: float) -> float:
+        """S_row(t) for one item, in plain floats (a decision keys each candidate alone): the
+        same interpolation as `survival`."""
+        start_us = self.grid[0] * 1e6
+        if t_us < start_us:
+            return 1.0
+        curve = self._rows[row]
+        last = len(curve) - 1
+        pos = min(max((math.log(max(t_us, 1.0)) - self.log_start) / self.log_step, 0.0), last)
+        i = min(int(pos), last - 1)
+        f = pos - i
+        return curve[i] * (1.0 - f) + curve[i + 1] * f
+
+    def resume_within_at(self, row: int, idle_us: float, delta_us: float) -> float:
+        """`resume_within` for one item."""
+        s_now = self.survival_at(row, idle_us)
+        if s_now <= 1e-12:
+            return 0.0
+        return 1.0 - self.survival_at(row, idle_us + delta_us) / s_now
+
+    def grid_us(self) -> np.ndarray:
+        """The gap times (µs) the curves are given at."""
+        start, stop, num = self.grid
+        return np.geomspace(start * 1e6, stop * 1e6, num)
+
+    def row(self, key: tuple[int, ...]) -> int:
+        """The curve of `key`: its own, or that of its longest stored prefix."""
+        for n in range(len(key), -1, -1):
+            i = self.index.get(key[:n])
+            if i is not None:
+                return i
+        raise AssertionError("unreachable: the empty key is always stored")
+
+    def survival(self, rows: np.ndarray, t_us: np.ndarray) -> np.ndarray:
+        """S_row(t) per item, linear in log t between grid points; 1 before the grid's start,
+        the last point's value after its end."""
+        curves = self.curves
+        pos = (np.log(np.maximum(t_us, 1.0)) - self.log_start) / self.log_step
+        pos = np.clip(pos, 0.0, curves.shape[1] - 1.0)
+        i = np.minimum(pos.astype(np.int64), curves.shape[1] - 2)
+        f = pos - i
+        s = curves[rows, i] * (1.0 - f) + curves[rows, i + 1] * f
+        return np.where(t_us < self.grid[0] * 1e6, 1.0, s)
+
+    def resume_within(self, rows: np.ndarray, idle_us: np.ndarray, delta_us: float) -> np.ndarray:
+        """P(next use within delta | idle so far) = 1 - S(idle + delta) / S(idle)."""
+        s_now = self.survival(rows, idle_us)
+        s_later = self.survival(rows, idle_us + delta_us)
+        return np.where(s_now > 1e-12, 1.0 - s_later / np.maximum(s_now, 1e-12), 0.0)
+
+    def to_json(self) -> dict[str, Any]:
+        start, stop, num = self.grid
+        return {
+            "format": FORMAT,
+            "features": list(self.features),
+            "grid_s": {"start": start, "stop": stop, "num": num},
+            "meta": self.meta,
+            "buckets": [
+                {"key": list(k), "survival": [round(float(v), 5) for v in c]}
+                for k, c in zip(self.keys, self.curves, strict=True)
+            ],
+        }
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=None, separators=(",", ":")) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> SurvivalTable:
+        """Read a table written by `save`; a bad file is a ForecastModelError naming it."""
+        try:
+            data = json.loads(Path(path).read_text())
+            if data.get("format") != FORMAT:
+                raise ForecastModelError(f"key 'format' is not {FORMAT!r}")
+            g = data["grid_s"]
+            keys = [tuple(int(v) for v in b["key"]) for b in data["buckets"]]
+            curves = np.array([b["survival"] for b in data["buckets"]], dtype=np.float64)
+            return cls(
+                tuple(data["features"]),
+                (g["start"], g["stop"], g["num"]),
+                keys,
+                curves,
+                data.get("meta", {}),
+            )
+        except ForecastModelError as err:
+            raise ForecastModelError(f"{path}: {err}") from None
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ForecastModelError(f"{path}: not a reuse-forecast table ({err!r})") from err

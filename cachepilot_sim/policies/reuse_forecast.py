@@ -1,0 +1,138 @@
+"""reuse_forecast: PERC's rule with a learned forecast of when an idle entry is used next.
+
+At each release the entry's features (forecast_features.py: class, context size, turns, earlier
+gaps, recent release rate) pick a survival curve of its next gap from a table trained offline on
+simulator traces (forecast_model.py; sessions that never return are part of the curve). At a
+decision, P(next use within delta | idle t) = 1 - S(t + delta) / S(t), and the key is P x
+restore_us / bytes (PERC's expected restore cost per byte), LRU among equals. delta is either the
+configured horizon or learned online as the cache's characteristic time: the EMA of the idle age
+at which entries are evicted. The score is a pure function of (bucket curve, idle time, delta,
+restore estimate, bytes): a vLLM policy can compute it from the same fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from cachepilot_sim.config import PolicyConfig, bounded
+from cachepilot_sim.config.base import require
+from cachepilot_sim.policies.base import CacheEntry, KeyScope, RankingPolicy, register
+from cachepilot_sim.policies.forecast_features import (
+    ReleaseState,
+    ReleaseTracker,
+    bucket_values,
+)
+from cachepilot_sim.policies.forecast_model import (
+    SurvivalTable,
+    model_path,
+    shipped_tables,
+)
+from cachepilot_sim.policies.reuse import GapEstimator
+
+
+class ForecastDelta(StrEnum):
+    """The horizon of P(next use within delta): the configured delta_s, or learned online."""
+
+    FIXED = "fixed"
+    EVICTION_AGE = "eviction_age"
+
+
+class ForecastPricing(StrEnum):
+    """What a forecast is weighed by: restore cost per byte (PERC), or nothing (forecast only)."""
+
+    RESTORE = "restore"
+    NONE = "none"
+
+
+@dataclass
+class ReuseForecastConfig(PolicyConfig):
+    """reuse_forecast's knobs: the model table (a shipped table's name, or a path to a .json),
+    how delta is chosen and whether restore cost prices the forecast."""
+
+    name: str = "reuse_forecast"
+    forecast_model: str = field(default="mixed_spike", metadata={"nonempty": True})
+    forecast_delta: ForecastDelta = ForecastDelta.EVICTION_AGE
+    # EMA weight of one eviction's idle age, for forecast_delta=eviction_age (delta_s seeds it).
+    forecast_age_weight: float = bounded(0.05, gt=0, le=1)
+    forecast_pricing: ForecastPricing = ForecastPricing.RESTORE
+    # Keep every release's state, access and eviction (training rows for prefix-block replays,
+    # calibration of the forecast at eviction time).
+    forecast_record: bool = False
+
+    def validate(self, prefix: str) -> None:
+        super().validate(prefix)
+        path = model_path(self.forecast_model)
+        require(
+            path.is_file(),
+            f"{prefix}.forecast_model",
+            self.forecast_model,
+            f"no such table ({path}); shipped: " + ", ".join(p.stem for p in shipped_tables()),
+        )
+
+
+@register("reuse_forecast", config=ReuseForecastConfig)
+class ReuseForecastPolicy(RankingPolicy):
+    """Evicts the lowest forecast P(next use within delta) x restore_us / bytes first."""
+
+    name = "reuse_forecast"
+    key_scope = KeyScope.DECISION  # P decays (or grows) with idle time: keyed per decision
+
+    def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
+        super().__init__(cfg, estimator)
+        assert isinstance(cfg, ReuseForecastConfig), type(cfg)  # the registry pairs them
+        self.table = SurvivalTable.load(model_path(cfg.forecast_model))
+        self.delta_mode = cfg.forecast_delta
+        self.age_weight = cfg.forecast_age_weight
+        self.priced = cfg.forecast_pricing == ForecastPricing.RESTORE
+        self.delta_us = float(estimator.delta_us)
+        self.tracker = ReleaseTracker()
+        self.rows: dict[int, int] = {}  # entry id -> its curve, fixed at its last release
+        self.record = cfg.forecast_record
+        self.release_log: list[tuple[int, int, ReleaseState]] = []
+        self.access_log: list[tuple[int, int]] = []
+        self.evict_log: list[tuple[int, int, float, float]] = []  # entry id, time, P, delta us
+        self.num_evictions = 0
+        self.p_evicted_sum = 0.0
+
+    # -- hooks: the features are read once per release ------------------------------------
+    def on_release(self, entry: CacheEntry, now_us: int) -> None:
+        state = self.tracker.release(entry.entry_id, entry.class_index, entry.num_tokens, now_us)
+        self.rows[entry.entry_id] = self.table.row(bucket_values(self.table.features, state))
+        if self.record:
+            self.release_log.append((entry.entry_id, now_us, state))
+
+    def on_access(self, entry: CacheEntry, now_us: int) -> None:
+        self.tracker.access(entry.entry_id, now_us - entry.last_used_us)
+        if self.record:
+            self.access_log.append((entry.entry_id, now_us))
+
+    def on_evict(self, entry: CacheEntry, now_us: int) -> None:
+        p = self.probability(entry, now_us)
+        self.num_evictions += 1
+        self.p_evicted_sum += p
+        if self.record:
+            self.evict_log.append((entry.entry_id, now_us, p, self.delta_us))
+        if self.delta_mode == ForecastDelta.EVICTION_AGE:
+            age = float(max(now_us - entry.last_used_us, 0))
+            self.delta_us += self.age_weight * (age - self.delta_us)
+
+    # -- ranking ----------------------------------------------------------------------------
+    def probability(self, entry: CacheEntry, now_us: int) -> float:
+        """Forecast P(next use within delta | idle so far)."""
+        idle = float(max(now_us - entry.last_used_us, 0))
+        return self.table.resume_within_at(self.rows.get(entry.entry_id, 0), idle, self.delta_us)
+
+    def score(self, entry: CacheEntry, now_us: int) -> float:
+        """P x restore_us / bytes (or P alone with forecast_pricing=none)."""
+        p = self.probability(entry, now_us)
+        return p * entry.restore_us / max(entry.num_bytes, 1) if self.priced else p
+
+    def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
+        # Plain floats, one entry at a time: the prefix manager keys every chain tail alone.
+        return (self.score(entry, now_us), entry.last_used_us, entry.entry_id)
+
+    def metrics(self) -> dict[str, float]:
+        """The learned delta and the mean forecast P of the evicted entries."""
+        mean_p = self.p_evicted_sum / self.num_evictions if self.num_evictions else 0.0
+        return {"forecast_delta_s": self.delta_us / 1e6, "forecast_evicted_p_mean": mean_p}

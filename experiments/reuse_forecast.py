@@ -1,0 +1,250 @@
+"""reuse_forecast against the online policies: realized restore vs LRU, ablations, calibration.
+
+    python experiments/reuse_forecast.py eval        # mixed_spike seeds 0-9, every online policy
+    python experiments/reuse_forecast.py ablate      # feature subsets, pricing, delta
+    python experiments/reuse_forecast.py wrong       # forecasts that say "never" for returners
+    python experiments/reuse_forecast.py calibrate   # predicted vs realized next use (PNG)
+    python experiments/reuse_forecast.py mooncake    # the whole Mooncake trace, second half apart
+
+Evaluation seeds 0-9 and the second half of the Mooncake trace; the shipped tables were trained
+on seeds 100-199 and on the first half of the trace (cachepilot-sim train-forecast). Results go to
+experiments/reuse_forecast/*.json; experiments/reuse_forecast.md reads them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+from hydra import compose, initialize_config_dir
+from scipy import stats
+
+from cachepilot_sim.config import SimConfig, policy_config, register_configs, to_config
+from cachepilot_sim.policies.forecast_model import model_path
+from cachepilot_sim.sim import build
+from cachepilot_sim.tools import CONF_DIR
+from cachepilot_sim.tools.forecast_data import fit_table, load_rows
+from cachepilot_sim.tools.train_forecast import GRID
+
+OUT = Path(__file__).with_name("reuse_forecast")
+EVAL_SEEDS = range(10)
+ONLINE = ["lru", "fifo", "lfu", "slru", "arc", "priority", "gdsf", "marconi", "wild", "tlru",
+          "perc", "perc_hazard", "perc_plus1"]  # fmt: skip
+REFERENCE = ["perc_clairvoyant"]
+ROWS = Path("outputs/forecast/mixed_spike_rows.parquet")
+
+
+def base(experiment: str, overrides: list[str]) -> SimConfig:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = to_config(
+            compose("config", [f"+experiment={experiment}", "trace.enabled=false", *overrides])
+        )
+    return cfg.sim_for(cfg.policy.name, 0)
+
+
+def run(cfg: SimConfig, name: str, seed: int, **knobs: object) -> dict:
+    sim = build(replace(cfg, seed=seed, policy=policy_config(name, **knobs)))
+    m = sim.run().metrics
+    keep = ("realized_restore_s", "ttft_p99_s", "goodput_req_s", "evictions", "forecast_delta_s")
+    return {k: m[k] for k in keep if k in m}
+
+
+def paired(rows: dict[str, list[dict]], base_name: str = "lru") -> dict[str, dict]:
+    """Per policy: mean restore ratio to LRU (paired by seed) with its 95 % t interval."""
+    ref = np.array([r["realized_restore_s"] for r in rows[base_name]])
+    out = {}
+    for name, rs in rows.items():
+        ratio = np.array([r["realized_restore_s"] for r in rs]) / ref
+        half = stats.t.ppf(0.975, len(ratio) - 1) * ratio.std(ddof=1) / np.sqrt(len(ratio))
+        out[name] = {
+            "ratio": float(ratio.mean()),
+            "ci95": float(half),
+            "restore_s": float(np.mean([r["realized_restore_s"] for r in rs])),
+            "ttft_p99_s": float(np.mean([r["ttft_p99_s"] for r in rs])),
+            "goodput_req_s": float(np.mean([r["goodput_req_s"] for r in rs])),
+        }
+    return out
+
+
+def table(summary: dict[str, dict]) -> str:
+    lines = ["| policy | restore s | vs LRU (95 % CI) | TTFT p99 s | goodput req/s |",
+             "|---|---:|---:|---:|---:|"]  # fmt: skip
+    for name, s in sorted(summary.items(), key=lambda kv: kv[1]["ratio"]):
+        lines.append(
+            f"| {name} | {s['restore_s']:.3f} | {s['ratio']:.3f} ± {s['ci95']:.3f} | "
+            f"{s['ttft_p99_s']:.3f} | {s['goodput_req_s']:.4f} |"
+        )
+    return "\n".join(lines)
+
+
+def evaluate(
+    variants: dict[str, tuple[str, dict]], cfg: SimConfig, out: str, redo: set[str]
+) -> dict:
+    """Each variant on the evaluation seeds; variants already in the results file are kept
+    unless named in `redo` (a baseline need not be re-run when the forecast changes)."""
+    path = OUT / f"{out}.json"
+    rows = json.loads(path.read_text())["seeds"] if path.exists() else {}
+    for label, (name, knobs) in variants.items():
+        if label not in rows or label in redo:
+            rows[label] = [run(cfg, name, s, **knobs) for s in EVAL_SEEDS]
+            print(label, "done", flush=True)
+    rows = {k: rows[k] for k in variants}
+    summary = paired(rows)
+    OUT.mkdir(exist_ok=True)
+    path.write_text(json.dumps({"seeds": rows, "summary": summary}, indent=1))
+    print(table(summary))
+    return summary
+
+
+def cmd_eval(only_baselines: bool) -> None:
+    names = [*ONLINE, *REFERENCE] + ([] if only_baselines else ["reuse_forecast"])
+    variants = {p: (p, {}) for p in names}
+    evaluate(variants, base("mixed_spike", []), "mixed_spike", {"reuse_forecast"})
+
+
+def cmd_ablate() -> None:
+    rows = load_rows(ROWS)
+    variants: dict[str, tuple[str, dict]] = {"lru": ("lru", {})}
+    subsets = {"class": ("class",), "class+tokens": ("class", "tokens"),
+               "class+tokens+turn": ("class", "tokens", "turn"),
+               "no class": ("tokens", "turn", "last_gap", "mean_gap", "rate"),
+               "history only": ("last_gap", "mean_gap", "rate"),
+               "population (no features)": ()}  # fmt: skip
+    for label, feats in subsets.items():
+        path = Path("outputs/forecast") / f"ablate_{'_'.join(feats) or 'none'}.json"
+        fit_table(rows, feats, GRID, 100, 20.0, {"ablation": label}).save(path)
+        variants[f"features: {label}"] = ("reuse_forecast", {"forecast_model": str(path)})
+    variants["all features (shipped)"] = ("reuse_forecast", {})
+    variants["forecast only (no restore pricing)"] = (
+        "reuse_forecast",
+        {"forecast_pricing": "none"},
+    )
+    variants["fixed delta 30 s"] = ("reuse_forecast", {"forecast_delta": "fixed"})
+    evaluate(variants, base("mixed_spike", []), "ablate", set(variants) - {"lru"})
+
+
+def cmd_wrong() -> None:
+    """The cost of being wrong: a share of the releases of sessions that do return get the
+    forecast 'never returns' (P = 0), chosen by a seeded hash of the entry id."""
+    cfg = base("mixed_spike", [])
+    out: dict[str, list[dict]] = {"lru": [run(cfg, "lru", s) for s in EVAL_SEEDS]}
+    for share in (0.0, 0.1, 0.3):
+        res = []
+        for seed in EVAL_SEEDS:
+            sim = build(replace(cfg, seed=seed, policy=policy_config("reuse_forecast")))
+            _blind(sim.policy, share)
+            m = sim.run().metrics
+            res.append({k: m[k] for k in ("realized_restore_s", "ttft_p99_s", "goodput_req_s")})
+        out[f"never-forecast for {share:.0%} of returning sessions"] = res
+    summary = paired(out)
+    (OUT / "wrong.json").write_text(json.dumps({"seeds": out, "summary": summary}, indent=1))
+    print(table(summary))
+
+
+def _blind(policy: object, share: float) -> None:
+    table_ = policy.table  # type: ignore[attr-defined]
+    never_row = len(table_.keys)
+    table_.curves = np.vstack([table_.curves, np.ones(table_.curves.shape[1])])
+    table_._rows.append([1.0] * table_.curves.shape[1])  # S = 1: never comes back
+    release = policy.on_release  # type: ignore[attr-defined]
+
+    def on_release(entry, now_us):  # type: ignore[no-untyped-def]
+        release(entry, now_us)
+        if entry.next_arrival_us >= 0 and (entry.entry_id * 2654435761 % 1000) < share * 1000:
+            policy.rows[entry.entry_id] = never_row  # type: ignore[attr-defined]
+
+    policy.on_release = on_release  # type: ignore[attr-defined]
+
+
+def cmd_calibrate() -> None:
+    from reuse_forecast_calibration import calibration  # experiments/ sibling
+
+    calibration(base("mixed_spike", []), EVAL_SEEDS, OUT)
+
+
+def cmd_mooncake(limit: int) -> None:
+    over = [f"replay.limit={limit}"] if limit else []
+    cfg = base("mooncake_synthetic", over)
+    arrivals = None
+    out = {}
+    for label, name, knobs in [
+        ("lru", "lru", {}),
+        ("lfu", "lfu", {}),
+        ("reuse_forecast", "reuse_forecast", {"forecast_model": "mooncake_synthetic"}),
+    ]:
+        sim = build(replace(cfg, seed=0, policy=policy_config(name, **knobs)))
+        m = sim.run().metrics
+        reqs = sim.clients.requests
+        if arrivals is None:
+            t = np.array([r.arrival_us for r in reqs])
+            arrivals = t.min() + 0.5 * (t.max() - t.min())
+        late = sum(
+            (r.recompute_us_paid + r.reload_us_paid) / 1e6 for r in reqs if r.arrival_us > arrivals
+        )
+        out[label] = {
+            "realized_restore_s": m["realized_restore_s"],
+            "second_half_restore_s": late,
+            "ttft_p99_s": m["ttft_p99_s"],
+            "goodput_req_s": m["goodput_req_s"],
+            "prefix_hit_ratio": m.get("prefix_hit_ratio"),
+        }
+        print(label, json.dumps(out[label]), flush=True)
+    ref = out["lru"]
+    for v in out.values():
+        v["vs_lru"] = v["realized_restore_s"] / ref["realized_restore_s"]
+        v["second_half_vs_lru"] = v["second_half_restore_s"] / ref["second_half_restore_s"]
+    OUT.mkdir(exist_ok=True)
+    (OUT / f"mooncake{limit or ''}.json").write_text(json.dumps(out, indent=1))
+
+
+def cmd_bench() -> None:
+    """One decision's wall time (select 1 victim among n idle candidates), PERC vs
+    reuse_forecast: both key every candidate (DECISION scope). Figures, not a test."""
+    import time
+
+    from cachepilot_sim.policies import CacheEntry, GapEstimator, make_policy
+
+    rng = np.random.default_rng(0)
+    for n in (1_000, 10_000, 100_000):
+        entries = [
+            CacheEntry(i, i, 0, int(rng.integers(4)), 0, int(rng.integers(100, 30_000)),
+                       int(rng.integers(1, 100)) << 20, 0, int(rng.integers(0, 10**8)),
+                       restore_us=float(rng.uniform(1e3, 1e5)))
+            for i in range(n)
+        ]  # fmt: skip
+        for name in ("perc", "perc_hazard", "reuse_forecast"):
+            pc = policy_config(name)
+            pol = make_policy(pc, GapEstimator(0.3, 20e6, 30e6))
+            for e in entries:
+                pol.on_release(e, e.last_used_us)
+            t0 = time.perf_counter()
+            pol.select_victims(entries, 1, 2 * 10**8)
+            print(f"n={n:>7} {name:15s} {1e3 * (time.perf_counter() - t0):8.1f} ms", flush=True)
+
+
+def main() -> None:
+    register_configs()
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("what", choices=["eval", "ablate", "wrong", "calibrate", "mooncake", "bench"])
+    p.add_argument("--limit", type=int, default=0, help="mooncake: first N requests (0: all)")
+    p.add_argument("--baselines", action="store_true", help="eval: the baselines only")
+    a = p.parse_args()
+    assert model_path("mixed_spike").is_file()
+    if a.what == "mooncake":
+        cmd_mooncake(a.limit)
+    elif a.what == "bench":
+        cmd_bench()
+    else:
+        if a.what == "eval":
+            cmd_eval(a.baselines)
+        else:
+            {"ablate": cmd_ablate, "wrong": cmd_wrong, "calibrate": cmd_calibrate}[a.what]()
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    main()
