@@ -23,6 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from cachepilot_sim.conf import groups_help
 from cachepilot_sim.config import register_configs
+from cachepilot_sim.experiment import outdir
 from cachepilot_sim.experiment.lifecycle import (
     checked_config,
     exit_status,
@@ -56,7 +57,12 @@ def app(cfg: DictConfig) -> None:
     run_cfg = checked_config(cfg, overrides, hydra_cfg.runtime.choices)  # again: no callback ran
     install_signal_handlers()  # SIGTERM/SIGHUP stop the run as SIGINT does
     try:
-        run_experiment(run_cfg, out_dir)
+        try:
+            run_experiment(run_cfg, out_dir)
+        except BaseException:  # the folder keeps the earlier run's results: its .hydra/ too
+            outdir.restore_hydra(out_dir)
+            raise
+        outdir.drop_hydra_backup(out_dir)
     except TraceError as err:  # a bad trace row: file, line and reason, no traceback
         print(f"cachepilot_sim: cannot replay the trace: {err}", file=sys.stderr)
         sys.exit(2)
@@ -65,8 +71,8 @@ def app(cfg: DictConfig) -> None:
         sys.exit(2)
     except KeyboardInterrupt as err:  # SIGINT, SIGTERM, SIGHUP: workers stopped, files whole
         print(
-            f"cachepilot_sim: {err or 'stopped by SIGINT'}; a rerun into {out_dir} replaces "
-            "what this run wrote",
+            f"cachepilot_sim: {err or 'stopped by SIGINT'}; {out_dir} keeps the earlier run's "
+            "results, if any",
             file=sys.stderr,
         )
         sys.exit(exit_status(err))

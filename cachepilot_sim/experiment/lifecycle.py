@@ -9,9 +9,9 @@ Stop: SIGTERM and SIGHUP behave like SIGINT, and no worker process outlives its 
 
 SIGINT already unwound a run cleanly (KeyboardInterrupt). SIGTERM (a scheduler, `kill`, a closed
 container) and SIGHUP (a closed terminal) killed only the parent: spawn and loky workers went on
-simulating and writing. Files are written to temporary names and renamed (runner, recorder), so an
-interrupted run leaves no half-written file, and the next run into the folder removes the leftovers
-(outdir.claim).
+simulating and writing. A run writes into a staging folder and replaces the folder's earlier
+results only once complete (outdir.claim/commit), so an interrupted run leaves them as they were;
+Preflight keeps the earlier `.hydra/` aside (outdir.backup_hydra) and a failed run puts it back.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from cachepilot_sim.admission.features import feature_names
 from cachepilot_sim.admission.mlp import WeightsError
 from cachepilot_sim.components.admission_gate import gate_class_names
 from cachepilot_sim.config import ConfigError, RunConfig, TraceFormat, to_config
-from cachepilot_sim.experiment.outdir import OutputDirError
+from cachepilot_sim.experiment.outdir import OutputDirError, backup_hydra
 from cachepilot_sim.workloads.replay import resolve_path
 from cachepilot_sim.workloads.traces import TraceError, require_trace_file
 
@@ -179,6 +179,10 @@ class Preflight(Callback):  # type: ignore[misc]
         overrides = [str(o) for o in OmegaConf.to_container(config.hydra.overrides.task) or []]
         checked_config(task_cfg, overrides, config.hydra.runtime.choices)
         self._folder("hydra.run.dir", config)
+        try:  # the earlier `.hydra/` stays whole until this run has completed
+            backup_hydra(Path(str(config.hydra.run.dir)))
+        except OSError as err:
+            refuse(f"hydra.run.dir={config.hydra.run.dir}: cannot keep the earlier .hydra/ ({err})")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._folder("hydra.sweep.dir", config)

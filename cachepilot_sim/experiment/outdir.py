@@ -5,6 +5,16 @@ Without this, a second run into the same folder (or a sweep job rerun after its 
 the first run's trace parts, request files and trace folders beside the new ones, and `plot` and
 `derive` mixed them without a word. Only the runner's own outputs are removed (the names below);
 anything else in the folder is left alone.
+
+A rerun replaces the earlier results atomically with respect to failure: it writes into
+`<dir>/.staging/` (claim) and only once it has completed moves the earlier outputs to
+`<dir>/.trash/`, marks the trash complete, moves the staged files in and deletes both (commit). A
+run that fails or is stopped deletes its staging folder (discard), so the folder holds the earlier
+run's files byte for byte. A run killed mid-swap is finished by the next run into the folder
+(heal): a complete trash means the new files were all staged, so the swap is rolled forward; an
+incomplete one is moved back (rolled back). Hydra's `.hydra/` is written before the run starts:
+the Preflight callback moves the earlier one to `.hydra-previous/` (backup_hydra), a failed run
+puts it back (restore_hydra), a complete one deletes it. Readers skip these folders (`hidden`).
 """
 
 from __future__ import annotations
@@ -13,6 +23,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +43,8 @@ RUN_OUTPUTS = (
     "report.html",
     RUN_FILE,
 )
+STAGING, TRASH, HYDRA_BACKUP = ".staging", ".trash", ".hydra-previous"
+SWAP_DONE = ".complete"  # in the trash: every earlier output is in it, the staged files go in next
 
 
 class OutputDirError(ValueError):
@@ -48,29 +61,128 @@ def run_id(cfg: object) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def claim(out_dir: Path, rid: str, cells: list[str]) -> None:
-    """Remove an earlier run's outputs from `out_dir`, then write run.json naming this run's
-    cells. Raises OutputDirError when the folder cannot be created or written."""
+def hidden(path: Path, root: Path) -> bool:
+    """Whether `path` (under `root`) lies in a staging, trash or .hydra backup folder, which
+    readers must not take for results."""
+    return bool({STAGING, TRASH, HYDRA_BACKUP} & set(path.relative_to(root).parts))
+
+
+def owned_files(out_dir: Path) -> list[Path]:
+    """The runner's own files in `out_dir` (outputs and temporary leftovers), nothing else."""
+    found = [out_dir / n for n in RUN_OUTPUTS if (out_dir / n).is_file()]
+    found += [*out_dir.glob("*.tmp"), *(out_dir / "requests").glob("*.parquet*")]
+    trace = out_dir / "trace"
+    for cell_dir in sorted(trace.iterdir()) if trace.is_dir() else []:
+        if cell_dir.is_dir():
+            found += [p for p in (cell_dir / META_FILE,) if p.is_file()]
+            found += [*cell_dir.glob("part-*.parquet"), *cell_dir.glob("*.tmp")]
+    return found
+
+
+def claim(out_dir: Path, rid: str, cells: list[str]) -> Path:
+    """Heal what a killed run left in `out_dir`, make an empty staging folder there holding
+    run.json (this run's id and cells) and return it: the run writes its outputs there.
+    Raises OutputDirError when the folder cannot be created or written."""
     try:
         if out_dir.exists() and not out_dir.is_dir():
             raise OutputDirError(f"{out_dir}: output path exists and is not a folder")
         out_dir.mkdir(parents=True, exist_ok=True)
-        for name in RUN_OUTPUTS:
-            (out_dir / name).unlink(missing_ok=True)
-        for stale in (*out_dir.glob("*.tmp"), *(out_dir / "requests").glob("*.parquet*")):
-            stale.unlink()
-        trace = out_dir / "trace"
-        for cell_dir in sorted(trace.iterdir()) if trace.is_dir() else []:
-            if not cell_dir.is_dir():
-                continue
-            (cell_dir / META_FILE).unlink(missing_ok=True)
-            for stale in (*cell_dir.glob("part-*.parquet"), *cell_dir.glob("*.tmp")):
-                stale.unlink()
-            if not any(cell_dir.iterdir()):
-                cell_dir.rmdir()
-        write_json(out_dir / RUN_FILE, {"run_id": rid, "cells": cells})
+        heal(out_dir)
+        stage = out_dir / STAGING
+        shutil.rmtree(stage, ignore_errors=True)
+        stage.mkdir()
+        write_json(stage / RUN_FILE, {"run_id": rid, "cells": cells})
     except OSError as err:
         raise OutputDirError(f"{out_dir}: cannot write results there ({err.strerror})") from err
+    return stage
+
+
+def discard(out_dir: Path) -> None:
+    """A failed or stopped run: delete its staging folder; the earlier results stay as they were."""
+    shutil.rmtree(out_dir / STAGING, ignore_errors=True)
+
+
+def commit(out_dir: Path) -> None:
+    """A complete run: move the earlier outputs to the trash, mark it complete, move the staged
+    files in, delete both folders."""
+    trash = out_dir / TRASH
+    trash.mkdir(exist_ok=True)
+    _move_all(owned_files(out_dir), out_dir, trash)
+    trace = out_dir / "trace"
+    for cell_dir in sorted(trace.iterdir()) if trace.is_dir() else []:
+        if cell_dir.is_dir() and not any(cell_dir.iterdir()):
+            cell_dir.rmdir()
+    (trash / SWAP_DONE).touch()
+    _install(out_dir)
+
+
+def heal(out_dir: Path) -> bool:
+    """Finish or undo what a run killed in `out_dir` left; True when the folder holds the last
+    started run's results (nothing to heal, or a swap rolled forward), False when that run's
+    outputs were discarded (a swap rolled back, a staging folder deleted)."""
+    stage, trash = out_dir / STAGING, out_dir / TRASH
+    if (trash / SWAP_DONE).exists():
+        _install(out_dir)
+        return True
+    undone = trash.is_dir() or stage.exists()
+    if trash.is_dir():
+        _move_all([p for p in trash.rglob("*") if p.is_file()], trash, out_dir)
+        shutil.rmtree(trash)
+    shutil.rmtree(stage, ignore_errors=True)
+    return not undone
+
+
+def backup_hydra(out_dir: Path) -> None:
+    """Before Hydra writes this run's `.hydra/`: heal the folder, then keep the earlier `.hydra/`
+    as `.hydra-previous/` (empty when the earlier results had none) and mark the folder as in use
+    by a run (an empty staging folder), so that a run killed before its commit is undone."""
+    if not out_dir.is_dir():
+        return
+    backup, hydra = out_dir / HYDRA_BACKUP, out_dir / ".hydra"
+    if backup.exists():  # left by a killed run: whose `.hydra/` is current?
+        if heal(out_dir):
+            shutil.rmtree(backup)
+        else:
+            restore_hydra(out_dir)
+    else:
+        heal(out_dir)
+    if hydra.is_dir():
+        os.replace(hydra, backup)
+    elif (out_dir / RUN_FILE).exists():
+        backup.mkdir()
+    (out_dir / STAGING).mkdir(exist_ok=True)
+
+
+def restore_hydra(out_dir: Path) -> None:
+    """A failed run: put the earlier `.hydra/` back (none, if the earlier results had none)."""
+    backup, hydra = out_dir / HYDRA_BACKUP, out_dir / ".hydra"
+    if not backup.is_dir():
+        return
+    shutil.rmtree(hydra, ignore_errors=True)
+    if any(backup.iterdir()):
+        os.replace(backup, hydra)
+    else:
+        backup.rmdir()
+
+
+def drop_hydra_backup(out_dir: Path) -> None:
+    """A complete run: the earlier `.hydra/` is no longer needed."""
+    shutil.rmtree(out_dir / HYDRA_BACKUP, ignore_errors=True)
+
+
+def _move_all(files: list[Path], src: Path, dst: Path) -> None:
+    for path in files:
+        target = dst / path.relative_to(src)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)
+
+
+def _install(out_dir: Path) -> None:
+    stage = out_dir / STAGING
+    if stage.is_dir():
+        _move_all(sorted(p for p in stage.rglob("*") if p.is_file()), stage, out_dir)
+    shutil.rmtree(stage, ignore_errors=True)
+    shutil.rmtree(out_dir / TRASH, ignore_errors=True)
 
 
 def finite_or_none(value: Any) -> Any:

@@ -4,8 +4,9 @@ Files under the output folder: `metrics.json` (every cell and the per-policy sum
 (the answer's tables, experiment/answer.py), `requests/<policy>_seed<k>.parquet` (per-request
 results) and, when tracing is on, `trace/<policy>_seed<k>/part-*.parquet`. Each file is written to
 a temporary name and renamed, so an interrupted run never leaves a half-written file over an
-earlier one. A run owns its folder (`outdir.py`): it first removes an earlier run's outputs
-there, then writes `run.json` (id, cells); trace readers refuse parts and trace folders that are not
+earlier one. A run owns its folder (`outdir.py`): it writes into the folder's `.staging/` (with
+`run.json`: id, cells) and replaces an earlier run's outputs only once it has completed; a failed
+or stopped run leaves them as they were. Trace readers refuse parts and trace folders that are not
 this run's. metrics.json is strict JSON (null where a metric has no value).
 """
 
@@ -194,43 +195,64 @@ def run_experiment(cfg: RunConfig, out_dir: Path, console: Console | None = None
     started = datetime.now(UTC).isoformat(timespec="seconds")
     t0 = time.perf_counter()  # wall time of the run, for run_meta.json only
     check_inputs(cfg)  # a missing trace or weights file must not cost the folder's earlier results
-    rid = claim_output(cfg, out_dir)
+    rid, stage = claim_output(cfg, out_dir)
+    try:
+        report, serving = _run_staged(cfg, stage, out_dir, console, rid, (started, t0))
+    except BaseException:  # failed or stopped: the earlier results stay as they were
+        outdir.discard(out_dir)
+        raise
+    outdir.commit(out_dir)
+    return report | {"serving": serving}
+
+
+def _run_staged(
+    cfg: RunConfig,
+    stage: Path,
+    out_dir: Path,
+    console: Console,
+    rid: str,
+    clock: tuple[str, float],
+) -> tuple[dict[str, Any], list[dict[str, float]]]:
+    """The run, its outputs written under `stage` (its folder's staging folder, outdir.claim);
+    `clock` is when it started (UTC, ISO) and its perf_counter then."""
+    started, t0 = clock
     monitor = RunMonitor(cfg.telemetry, console)
     serving: list[dict[str, float]] = []
     try:
-        cells = run_cells(cfg, out_dir, monitor, serving)
+        cells = run_cells(cfg, stage, monitor, serving)
     except BaseException:
         monitor.close([], None)  # stop the bar and the server; no exposition of a failed run
         raise
     skipped = _skipped_by_reason(cells)
-    monitor.close(cells, out_dir)
+    monitor.close(cells, stage)
     summary = summarize(cells)
     title = run_title(cfg, cells)
     report = {"title": title, "run_id": rid, "cells": cells, "summary": summary} | skipped
     if derived := hardware_derivation(cfg):  # not one measured H200: say what was derived
         report["hardware"] = derived
-    outdir.write_json(out_dir / "metrics.json", report)
+    outdir.write_json(stage / "metrics.json", report)
     baseline = baseline_policy(cfg.policy_names())
     rows = policy_rows(cells, serving, baseline)
     shown = title.replace("; mean ± σ [min, max]", "")
     md = f"{shown}\n\n{markdown_answer(rows, baseline)}"
-    _write_atomic(out_dir / "summary.md", lambda p: p.write_text(md))
+    _write_atomic(stage / "summary.md", lambda p: p.write_text(md))
     for t in answer_tables(rows, baseline, shown, console.width):
         console.print(t)
     if len(cells) == 1:
         console.print(bench_block(rows[0]), markup=False, highlight=False)
     if cfg.write_report:
         meta = run_meta(_config_text(cfg, out_dir), shown, time.perf_counter() - t0, started)
-        write_report(out_dir, rows, baseline, results_frame(cells, serving), meta)
-    return report | {"serving": serving}
+        write_report(stage, rows, baseline, results_frame(cells, serving), meta)
+    return report, serving
 
 
-def claim_output(cfg: RunConfig, out_dir: Path) -> str:
-    """Take `out_dir` for this run (an earlier run's outputs there are removed); its run id."""
+def claim_output(cfg: RunConfig, out_dir: Path) -> tuple[str, Path]:
+    """Take `out_dir` for this run: its run id and the staging folder it writes into (the earlier
+    run's outputs are replaced only when this run completes, outdir.commit)."""
     rid = outdir.run_id(cfg)
     seeds = range(cfg.seed, cfg.seed + cfg.seeds)
-    outdir.claim(out_dir, rid, [f"{p}_seed{s}" for p in cfg.policy_names() for s in seeds])
-    return rid
+    cells = [f"{p}_seed{s}" for p in cfg.policy_names() for s in seeds]
+    return rid, outdir.claim(out_dir, rid, cells)
 
 
 def _skipped_by_reason(cells: list[dict[str, Any]]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import Any
 import polars as pl
 import yaml
 
+from cachepilot_sim.experiment.outdir import hidden
 from cachepilot_sim.experiment.report import mean_ci
 
 # Keys that never change what a run simulates (or that the cells carry themselves: the seed, the
@@ -103,7 +104,8 @@ def find_runs(root: Path) -> list[Run]:
     root = Path(root)
     if not (root / "metrics.json").is_file() and (root / "meta.json").is_file():
         root = root.parent.parent  # `<run>/trace/<policy>_seed<k>/`
-    dirs = sorted({p.parent for p in root.rglob("metrics.json")} - {root})
+    found = {p.parent for p in root.rglob("metrics.json") if not hidden(p, root)}
+    dirs = sorted(found - {root})  # not a run's staging or trash folder (outdir.py)
     if (root / "metrics.json").is_file():
         dirs = [root, *dirs]
     runs = [read_run(d, root) for d in dirs]

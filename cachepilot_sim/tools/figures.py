@@ -20,6 +20,7 @@ import numpy as np
 import polars as pl
 import seaborn as sns
 
+from cachepilot_sim.experiment.outdir import hidden
 from cachepilot_sim.experiment.runset import (
     CONFIG,
     RunSetError,
@@ -54,7 +55,10 @@ def find_traces(root: Path) -> list[Path]:
     root = Path(root)
     if (root / META_FILE).exists():
         return [root]
-    return sorted(p.parent for p in root.rglob(META_FILE) if p.parent.parent.name == "trace")
+    found = root.rglob(META_FILE)  # not in a run's staging or trash folder (outdir.py)
+    return sorted(
+        p.parent for p in found if p.parent.parent.name == "trace" and not hidden(p, root)
+    )
 
 
 def style(i: int) -> dict[str, object]:
