@@ -14,7 +14,9 @@ run's files byte for byte. A run killed mid-swap is finished by the next run int
 (heal): a complete trash means the new files were all staged, so the swap is rolled forward; an
 incomplete one is moved back (rolled back). Hydra's `.hydra/` is written before the run starts:
 the Preflight callback moves the earlier one to `.hydra-previous/` (backup_hydra), a failed run
-puts it back (restore_hydra), a complete one deletes it. Readers skip these folders (`hidden`).
+puts it back (restore_hydra), the commit deletes it. The runner defers SIGINT, SIGTERM and SIGHUP
+while it commits, so a stop lands before the swap (results kept) or after it (results replaced).
+Readers skip these folders (`hidden`).
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ def discard(out_dir: Path) -> None:
 
 def commit(out_dir: Path) -> None:
     """A complete run: move the earlier outputs to the trash, mark it complete, move the staged
-    files in, delete both folders."""
+    files in, delete both folders and the earlier `.hydra/` (backup_hydra)."""
     trash = out_dir / TRASH
     trash.mkdir(exist_ok=True)
     _move_all(owned_files(out_dir), out_dir, trash)
@@ -141,7 +143,7 @@ def backup_hydra(out_dir: Path) -> None:
     backup, hydra = out_dir / HYDRA_BACKUP, out_dir / ".hydra"
     if backup.exists():  # left by a killed run: whose `.hydra/` is current?
         if heal(out_dir):
-            shutil.rmtree(backup)
+            shutil.rmtree(backup, ignore_errors=True)
         else:
             restore_hydra(out_dir)
     else:
@@ -183,6 +185,7 @@ def _install(out_dir: Path) -> None:
         _move_all(sorted(p for p in stage.rglob("*") if p.is_file()), stage, out_dir)
     shutil.rmtree(stage, ignore_errors=True)
     shutil.rmtree(out_dir / TRASH, ignore_errors=True)
+    drop_hydra_backup(out_dir)  # the earlier `.hydra/` went with the earlier results
 
 
 def finite_or_none(value: Any) -> Any:
