@@ -101,8 +101,9 @@ def test_cli_rejects_another_policys_field_naming_the_key(tmp_path: Path) -> Non
         cwd=ROOT,
         check=False,
     )
-    assert proc.returncode != 0
-    assert proc.stderr.splitlines()[0] == "Could not override 'policy.flop_weight'."
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1  # one line, naming the key (issue 15)
+    assert "Could not override 'policy.flop_weight'" in proc.stderr
     assert not (tmp_path / "metrics.json").exists()
 
 
