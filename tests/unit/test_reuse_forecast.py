@@ -182,3 +182,25 @@ def test_fit_drops_a_censored_release_from_risk_instead_of_counting_it_as_never(
     naive = [(s, 0, 10_000_000)] * 20 + [(s, 0, NEVER)] * 20
     naive_table = fit_table(naive, ("class",), (0.1, 1000.0, 41), 5, 1.0, {})
     assert naive_table.curves[0, -1] == pytest.approx(0.5)
+
+
+def test_survival_table_curve_is_scipys_kaplan_meier() -> None:
+    """The training's product-limit curve equals scipy.stats.ecdf on censored data (returned
+    gaps are events; censored rows at their last watch and NEVER rows at infinity are not)."""
+    from scipy import stats
+
+    from cachepilot_sim.tools.forecast_data import CENSORED, NEVER, _survival
+
+    rng = np.random.default_rng(5)
+    events = rng.integers(1, 10_000, 300)
+    censored_at = rng.integers(1, 10_000, 80)
+    gaps = np.concatenate([events, CENSORED - censored_at, np.full(20, NEVER)]).astype(np.int64)
+    grid = np.linspace(0, 12_000, 41)
+    ours = _survival(gaps, grid)
+    big = float(np.iinfo(np.int64).max)
+    data = stats.CensoredData(
+        uncensored=events.astype(float),
+        right=np.concatenate([censored_at.astype(float), np.full(20, big)]),
+    )
+    theirs = stats.ecdf(data).sf.evaluate(grid)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-12)
