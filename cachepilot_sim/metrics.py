@@ -48,49 +48,52 @@ REQUEST_SCHEMA = pl.Schema(
 )
 
 
+def request_row(
+    r: Request, class_names: Sequence[str], ttft_slo_us: Sequence[int]
+) -> tuple[Any, ...]:
+    """Request `r`'s row of the per-request table (`REQUEST_SCHEMA`'s columns, in order)."""
+    done = r.outcome == Outcome.COMPLETED
+    ttft = r.first_token_us - r.arrival_us if r.first_token_us >= 0 else -1
+    tpot = (r.finish_us - r.first_token_us) / (r.generated - 1) if done and r.generated > 1 else 0.0
+    return (
+        r.req_id,
+        r.session_id,
+        r.turn,
+        class_names[r.class_index],
+        r.model_index,
+        r.priority,
+        r.arrival_us,
+        r.admitted_us,
+        r.first_token_us,
+        r.finish_us,
+        r.context_tokens,
+        r.prompt_tokens,
+        r.output_tokens,
+        r.generated,
+        r.outcome.name.lower(),
+        r.reject_reason,
+        KvSource(r.kv_source).name.lower(),
+        r.reload_us_paid,
+        r.recompute_us_paid,
+        r.num_preemptions,
+        ttft,
+        tpot,
+        r.finish_us - r.arrival_us if done else -1,
+        done and ttft <= ttft_slo_us[r.class_index] and tpot <= r.tpot_slo_us,
+        r.session_wait_us,
+    )
+
+
 def request_frame(
     requests: Sequence[Request], class_names: Sequence[str], ttft_slo_us: Sequence[int]
 ) -> pl.DataFrame:
-    """One row per request, in issue order."""
-    rows: dict[str, list[Any]] = {name: [] for name in REQUEST_SCHEMA.names()}
-    for r in requests:
-        done = r.outcome == Outcome.COMPLETED
-        ttft = r.first_token_us - r.arrival_us if r.first_token_us >= 0 else -1
-        tpot = (
-            (r.finish_us - r.first_token_us) / (r.generated - 1)
-            if done and r.generated > 1
-            else 0.0
-        )
-        values = (
-            r.req_id,
-            r.session_id,
-            r.turn,
-            class_names[r.class_index],
-            r.model_index,
-            r.priority,
-            r.arrival_us,
-            r.admitted_us,
-            r.first_token_us,
-            r.finish_us,
-            r.context_tokens,
-            r.prompt_tokens,
-            r.output_tokens,
-            r.generated,
-            r.outcome.name.lower(),
-            r.reject_reason,
-            KvSource(r.kv_source).name.lower(),
-            r.reload_us_paid,
-            r.recompute_us_paid,
-            r.num_preemptions,
-            ttft,
-            tpot,
-            r.finish_us - r.arrival_us if done else -1,
-            done and ttft <= ttft_slo_us[r.class_index] and tpot <= r.tpot_slo_us,
-            r.session_wait_us,
-        )
-        for name, value in zip(REQUEST_SCHEMA.names(), values, strict=False):
-            rows[name].append(value)
-    return pl.DataFrame(rows, schema=REQUEST_SCHEMA)
+    """One row per request, in the order given (a run's: issue order). A run streams its rows
+    through `request_log.RequestLog` instead."""
+    rows = [request_row(r, class_names, ttft_slo_us) for r in requests]
+    columns = [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in REQUEST_SCHEMA]
+    return pl.DataFrame(
+        dict(zip(REQUEST_SCHEMA.names(), columns, strict=True)), schema=REQUEST_SCHEMA
+    )
 
 
 def _pct(values: np.ndarray, q: float) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -14,18 +15,28 @@ class SimulationError(RuntimeError):
 
 
 class SimResult:
-    """Run metrics, per-request results, and the trace, which is read back from its Parquet parts
-    only when accessed (a 10^6-request run's caller need never hold the whole trace)."""
+    """Run metrics; the columns of the per-request table that the metrics read (`outcomes`,
+    request_log.METRIC_COLUMNS); the whole per-request table and the trace, each read back (from
+    its Parquet file or parts when the run wrote them) only when accessed, so that a 10^6-request
+    run's caller need hold neither. `requests_path` is the table's file when the run wrote one."""
 
     def __init__(
         self,
         metrics: dict[str, Any],
-        requests: pl.DataFrame,
+        outcomes: pl.DataFrame,
+        load_requests: Callable[[], pl.DataFrame],
         load_trace: Callable[[], pl.DataFrame],
+        requests_path: Path | None = None,
     ) -> None:
         self.metrics = metrics
-        self.requests = requests
+        self.outcomes = outcomes
+        self.requests_path = requests_path
+        self._load_requests = load_requests
         self._load_trace = load_trace
+
+    @cached_property
+    def requests(self) -> pl.DataFrame:
+        return self._load_requests()
 
     @cached_property
     def trace(self) -> pl.DataFrame:

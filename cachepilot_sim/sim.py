@@ -10,22 +10,17 @@ from typing import Any
 import polars as pl
 import simpy
 
-from cachepilot_sim.clock import SimEnvironment, ms_to_us
+from cachepilot_sim.clock import SimEnvironment
 from cachepilot_sim.cluster.replica import Replica
 from cachepilot_sim.cluster.simulation import ClusterSimulation
 from cachepilot_sim.components.clients import Clients
 from cachepilot_sim.components.replay_clients import ReplayClients
-from cachepilot_sim.components.request import Outcome
 from cachepilot_sim.config import SimConfig, TraceFormat
 from cachepilot_sim.cost.gpu_scaling import hardware_note
-from cachepilot_sim.metrics import (
-    latency_metrics,
-    outcome_metrics,
-    request_frame,
-    restore_metrics,
-)
+from cachepilot_sim.metrics import latency_metrics, outcome_metrics, restore_metrics
 from cachepilot_sim.result import SimResult, SimulationError
 from cachepilot_sim.rng import make_streams
+from cachepilot_sim.run_loop import check_ended, finish_log, request_log, run_events, trace_meta
 from cachepilot_sim.trace.events import TraceEvents
 from cachepilot_sim.trace.recorder import make_recorder
 from cachepilot_sim.workloads.replay import ReplayWorkload, load_replay
@@ -36,7 +31,11 @@ class Simulation:
     """One policy, one seed. Construct with `build`; `run()` once."""
 
     def __init__(
-        self, cfg: SimConfig, trace_dir: Path | None = None, replay: ReplayWorkload | None = None
+        self,
+        cfg: SimConfig,
+        trace_dir: Path | None = None,
+        replay: ReplayWorkload | None = None,
+        requests_path: Path | None = None,
     ) -> None:
         self.cfg = cfg
         self.env = SimEnvironment()
@@ -61,6 +60,8 @@ class Simulation:
             self.replay = replay if replay is not None else load_replay(cfg, streams.arrivals)
             self.clients = ReplayClients(env, cfg, self.replay, self.scheduler.inbox)
         self.events = events
+        # The per-request table, written to `requests_path` as requests end (request_log.py).
+        self.log = request_log(self.clients, self.replay, requests_path)
         for process in (self.clients.arrivals(), *engine.processes()):
             env.process(process)
 
@@ -76,35 +77,19 @@ class Simulation:
         None: reporting costs nothing unless asked for). Both only read the model's state."""
         if on_tick is not None:
             self._run_ticking(on_progress, every_events, on_tick, tick_us)
-        elif on_progress is None:
-            self.env.run()
         else:
-            self._run_reporting(on_progress, every_events)
-        pending = [r.req_id for r in self.clients.requests if r.outcome == Outcome.PENDING]
-        if pending:
-            raise SimulationError(
-                f"{len(pending)} requests never completed nor were rejected (first ids "
-                f"{pending[:5]}); the model deadlocked at t={self.env.now} us"
-            )
+            run_events(self.env, on_progress, every_events)
+        check_ended(self.clients, int(self.env.now), "model")
         if not self.pool.conserved():
             raise SimulationError("VRAM pool accounting broken at the end of the run")
         # The closing row carries the simulated duration (stale timers can outlive the last event).
         self.events.run_end(int(self.env.now))
         self.recorder.close(self.trace_meta())
-        requests = self.requests()
-        return SimResult(self.metrics(requests), requests, self.recorder.frame)
-
-    def _run_reporting(self, on_progress: Callable[[int], None], every_events: int) -> None:
-        """`env.run()`'s own loop (step until the schedule is empty), paused to report."""
-        step, num_events = self.env.step, 0
-        try:
-            while True:
-                for _ in range(every_events):
-                    step()
-                num_events += every_events
-                on_progress(num_events)
-        except simpy.core.EmptySchedule:
-            return
+        finish_log(self.log, self.clients)
+        outcomes = self.log.metric_frame()
+        return SimResult(
+            self.metrics(outcomes), outcomes, self.log.frame, self.recorder.frame, self.log.out_path
+        )
 
     def _run_ticking(
         self,
@@ -134,43 +119,13 @@ class Simulation:
                 report_at += every_events
 
     def trace_meta(self) -> dict[str, Any]:
-        """What a trace reader needs besides the rows (trace/derive.py): classes, SLOs, sizes."""
-        if isinstance(self.clients, ReplayClients):  # one class: the trace
-            names = self.clients.class_names
-            ttft = list(self.clients.ttft_slo_us)
-            tpot = [self.clients.tpot_slo_us] * len(names)
-        else:
-            names = self.clients.factory.class_names
-            classes = self.cfg.workload.classes
-            ttft = [ms_to_us(classes[n].ttft_slo_ms) for n in names]
-            tpot = [ms_to_us(classes[n].tpot_slo_ms) for n in names]
-        return {
-            "policy": self.cfg.policy.name,
-            "seed": self.cfg.seed,
-            "class_names": names,
-            "ttft_slo_us": ttft,
-            "tpot_slo_us": tpot,
-            "model_names": [m.name for m in self.cfg.models],
-            "kv_pool_bytes": self.pool.capacity_bytes,
-            "session_every": self.cfg.trace.session_every,
-            "iteration_every": self.cfg.trace.iteration_every,
-        }
-
-    def requests(self) -> pl.DataFrame:
-        if isinstance(self.clients, ReplayClients):
-            assert self.replay is not None
-            frame = request_frame(
-                self.clients.requests, self.clients.class_names, self.clients.ttft_slo_us
-            )
-            # Engine sessions are per request in replay; report the inferred session instead.
-            return frame.with_columns(pl.Series("session", self.replay.sessions.session))
-        names = self.clients.factory.class_names
-        slo = [ms_to_us(self.cfg.workload.classes[n].ttft_slo_ms) for n in names]
-        return request_frame(self.clients.requests, names, slo)
+        """What a trace reader needs besides the rows (run_loop.trace_meta)."""
+        return trace_meta(self.cfg, self.clients, self.pool.capacity_bytes)
 
     def metrics(self, frame: pl.DataFrame | None = None) -> dict[str, Any]:
-        """Run metrics; `frame` is the per-request table when the caller already built it."""
-        frame = self.requests() if frame is None else frame
+        """Run metrics over the per-request table `frame` (its `METRIC_COLUMNS` suffice; by
+        default the run's own, after `run`)."""
+        frame = self.log.metric_frame() if frame is None else frame
         # The served span ends with the last answer; clients that were still thinking when the
         # request budget ran out keep the clock going afterwards without load.
         duration = max(int(frame["finish_us"].to_numpy().max(initial=0)), 1)
@@ -221,20 +176,27 @@ class Simulation:
 
 
 def build(
-    cfg: SimConfig, trace_dir: Path | None = None, replay: ReplayWorkload | None = None
+    cfg: SimConfig,
+    trace_dir: Path | None = None,
+    replay: ReplayWorkload | None = None,
+    requests_path: Path | None = None,
 ) -> Simulation:
     """The single-GPU simulation of `cfg`; `replay` replaces the configured trace with a prepared
-    request list (ground-truth validation builds one from a real engine's requests). A cluster
-    config is refused: `make_simulation` builds either."""
+    request list (ground-truth validation builds one from a real engine's requests); the
+    per-request table goes to `requests_path` (Parquet) when given, else stays in memory. A
+    cluster config is refused: `make_simulation` builds either."""
     if not cfg.cluster.single:
         raise ValueError("build() runs one engine; make_simulation() also builds a cluster")
-    return Simulation(cfg, trace_dir, replay)
+    return Simulation(cfg, trace_dir, replay, requests_path)
 
 
 def make_simulation(
-    cfg: SimConfig, trace_dir: Path | None = None, replay: ReplayWorkload | None = None
+    cfg: SimConfig,
+    trace_dir: Path | None = None,
+    replay: ReplayWorkload | None = None,
+    requests_path: Path | None = None,
 ) -> Simulation | ClusterSimulation:
     """One engine (`build`) or the cluster `cfg.cluster` describes (cluster/simulation.py)."""
     if cfg.cluster.single:
-        return Simulation(cfg, trace_dir, replay)
-    return ClusterSimulation(cfg, trace_dir, replay)
+        return Simulation(cfg, trace_dir, replay, requests_path)
+    return ClusterSimulation(cfg, trace_dir, replay, requests_path)

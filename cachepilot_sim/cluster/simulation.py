@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import simpy
 
-from cachepilot_sim.clock import SimEnvironment, ms_to_us
+from cachepilot_sim.clock import SimEnvironment
 from cachepilot_sim.cluster.disagg import Disaggregation
 from cachepilot_sim.cluster.metrics import cluster_metrics
 from cachepilot_sim.cluster.network import Network
@@ -19,11 +18,11 @@ from cachepilot_sim.cluster.router import ReplicaPort, RequestRouter
 from cachepilot_sim.cluster.routers import make_router
 from cachepilot_sim.components.clients import Clients
 from cachepilot_sim.components.replay_clients import ReplayClients
-from cachepilot_sim.components.request import Outcome
 from cachepilot_sim.config import SimConfig, TraceFormat
-from cachepilot_sim.metrics import request_frame
+from cachepilot_sim.request_log import ExtraColumn
 from cachepilot_sim.result import SimResult, SimulationError
 from cachepilot_sim.rng import make_streams
+from cachepilot_sim.run_loop import check_ended, finish_log, request_log, run_events, trace_meta
 from cachepilot_sim.trace.events import TraceEvents
 from cachepilot_sim.trace.recorder import make_recorder
 from cachepilot_sim.workloads.replay import ReplayWorkload, load_replay
@@ -39,7 +38,11 @@ class ClusterSimulation:
     """
 
     def __init__(
-        self, cfg: SimConfig, trace_dir: Path | None = None, replay: ReplayWorkload | None = None
+        self,
+        cfg: SimConfig,
+        trace_dir: Path | None = None,
+        replay: ReplayWorkload | None = None,
+        requests_path: Path | None = None,
     ) -> None:
         self.cfg = cfg
         self.env = SimEnvironment()
@@ -62,10 +65,16 @@ class ClusterSimulation:
         self.clients: Clients | ReplayClients
         if cfg.replay.format == TraceFormat.NONE:
             factory = SessionFactory(cfg, streams)
-            self.clients = Clients(env, cfg, streams, factory, self.router.inbox, self.events)
+            # Kept: the cluster's tests read every request after the run.
+            self.clients = Clients(
+                env, cfg, streams, factory, self.router.inbox, self.events, keep_requests=True
+            )
         else:
             self.replay = replay if replay is not None else load_replay(cfg, streams.arrivals)
             self.clients = ReplayClients(env, cfg, self.replay, self.router.inbox)
+        where = self.router.placement  # the per-request table's `replica`: where it was placed
+        placed: ExtraColumn = (pl.Int32(), lambda r: where.get(r.req_id, -1))
+        self.log = request_log(self.clients, self.replay, requests_path, {"replica": placed})
         env.process(self.clients.arrivals())
         env.process(self.router.run())
         for replica in self.replicas:
@@ -84,31 +93,18 @@ class ClusterSimulation:
         read one engine's state) is refused: a cluster reports progress only."""
         if on_tick is not None:
             raise ValueError(f"live per-tick metrics ({tick_us} us) read one engine's state")
-        if on_progress is None:
-            self.env.run()
-        else:
-            step, num_events = self.env.step, 0
-            try:
-                while True:
-                    for _ in range(every_events):
-                        step()
-                    num_events += every_events
-                    on_progress(num_events)
-            except simpy.core.EmptySchedule:
-                pass
-        pending = [r.req_id for r in self.clients.requests if r.outcome == Outcome.PENDING]
-        if pending:
-            raise SimulationError(
-                f"{len(pending)} requests never completed nor were rejected (first ids "
-                f"{pending[:5]}); the cluster deadlocked at t={self.env.now} us"
-            )
+        run_events(self.env, on_progress, every_events)
+        check_ended(self.clients, int(self.env.now), "cluster")
         broken = [i for i, r in enumerate(self.replicas) if not r.pool.conserved()]
         if broken:
             raise SimulationError(f"VRAM pool accounting broken on replicas {broken}")
         self.events.run_end(int(self.env.now))
         self.recorder.close(self.trace_meta())
-        requests = self.requests()
-        return SimResult(self.metrics(requests), requests, self.recorder.frame)
+        finish_log(self.log, self.clients)
+        outcomes = self.log.metric_frame()
+        return SimResult(
+            self.metrics(outcomes), outcomes, self.log.frame, self.recorder.frame, self.log.out_path
+        )
 
     def itl_gaps(self) -> dict[int, int]:
         """Inter-token gaps (us -> tokens) of every replica's engine, merged."""
@@ -120,49 +116,17 @@ class ClusterSimulation:
 
     def trace_meta(self) -> dict[str, Any]:
         """As `Simulation.trace_meta`, with the cluster's pool (the sum) and size."""
-        if isinstance(self.clients, ReplayClients):
-            names = self.clients.class_names
-            ttft = list(self.clients.ttft_slo_us)
-            tpot = [self.clients.tpot_slo_us] * len(names)
-        else:
-            names = self.clients.factory.class_names
-            classes = self.cfg.workload.classes
-            ttft = [ms_to_us(classes[n].ttft_slo_ms) for n in names]
-            tpot = [ms_to_us(classes[n].tpot_slo_ms) for n in names]
-        return {
-            "policy": self.cfg.policy.name,
-            "seed": self.cfg.seed,
-            "class_names": names,
-            "ttft_slo_us": ttft,
-            "tpot_slo_us": tpot,
-            "model_names": [m.name for m in self.cfg.models],
-            "kv_pool_bytes": sum(r.pool.capacity_bytes for r in self.replicas),
-            "session_every": self.cfg.trace.session_every,
-            "iteration_every": self.cfg.trace.iteration_every,
+        pool_bytes = sum(r.pool.capacity_bytes for r in self.replicas)
+        return trace_meta(self.cfg, self.clients, pool_bytes) | {
             "replicas": len(self.replicas),
             "router": self.cfg.router.name,
         }
 
-    def requests(self) -> pl.DataFrame:
-        """The per-request table with a `replica` column (where the router placed each)."""
-        reqs = self.clients.requests
-        if isinstance(self.clients, ReplayClients):
-            assert self.replay is not None
-            frame = request_frame(reqs, self.clients.class_names, self.clients.ttft_slo_us)
-            frame = frame.with_columns(pl.Series("session", self.replay.sessions.session))
-        else:
-            names = self.clients.factory.class_names
-            slo = [ms_to_us(self.cfg.workload.classes[n].ttft_slo_ms) for n in names]
-            frame = request_frame(reqs, names, slo)
-        where = self.router.placement
-        return frame.with_columns(
-            pl.Series("replica", [where.get(r.req_id, -1) for r in reqs], dtype=pl.Int32)
-        )
-
     def metrics(self, frame: pl.DataFrame | None = None) -> dict[str, Any]:
         """The single-GPU run metrics summed (counts, bytes) or averaged (utilizations) over the
-        replicas, plus the cluster's own keys (cluster/metrics.py)."""
-        frame = self.requests() if frame is None else frame
+        replicas, plus the cluster's own keys (cluster/metrics.py), over the per-request table
+        `frame` (by default the run's own, after `run`)."""
+        frame = self.log.metric_frame() if frame is None else frame
         out = cluster_metrics(
             self.cfg, frame, self.replicas, self.router, self.clients, self.recorder.num_rows
         )

@@ -5,11 +5,16 @@ turn, waits for the full answer, thinks, and sends the next turn, whose prompt e
 earlier context. The arrival rate is multiplied by `spike_multiplier` once `spike_at_request`
 requests have been issued. TTFT counts from the moment a turn is sent; the time a new session waited
 for a slot is recorded separately on its first turn (`session_wait_us`).
+
+A request is handed to the `on_end` watchers (the run's request log, live telemetry) when it ends
+and then forgotten: the clients hold only the requests in flight, so a 10^6-request run does not
+keep 10^6 `Request`s. `keep_requests` keeps them all (`requests`) for callers that read them after
+the run (the cluster's per-request table, tests).
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING
 
 import simpy
@@ -36,6 +41,7 @@ class Clients:
         factory: SessionFactory,
         inbox: simpy.Store,
         events: TraceEvents | None = None,
+        keep_requests: bool = False,
     ) -> None:
         self.env = env
         self.events = events if events is not None else TraceEvents(NullRecorder())
@@ -43,23 +49,37 @@ class Clients:
         self.inbox = inbox
         self.streams = streams
         self.factory = factory
+        self.class_names = factory.class_names
         self.slots = simpy.Resource(env, capacity=cfg.workload.max_active_sessions)
         classes = self.factory.classes
         self.ttft_slo_us = [ms_to_us(c.ttft_slo_ms) for c in classes]
         self.tpot_slo_us = [ms_to_us(c.tpot_slo_ms) for c in classes]
-        self.requests: list[Request] = []
+        self.num_issued = 0  # requests sent so far (the workload's request budget counts these)
+        self.num_ended = 0
+        self.on_end: list[Callable[[Request], None]] = []  # called with each request as it ends
+        self._open: dict[int, Request] = {}  # in flight, by id
+        self._kept: list[Request] | None = [] if keep_requests else None
         self.num_sessions = 0
         self.spike_start_us = -1
 
     @property
-    def num_issued(self) -> int:
-        """Requests sent so far (the workload's request budget counts these)."""
-        return len(self.requests)
+    def requests(self) -> list[Request]:
+        """Every request sent, in the order sent (only with `keep_requests`)."""
+        if self._kept is None:
+            raise AttributeError(
+                "Clients(keep_requests=False) keeps no requests: read the run's table"
+            )
+        return self._kept
 
-    @property
-    def issued(self) -> list[Request]:
-        """Requests sent so far, in the order sent (live telemetry reads it mid-run)."""
-        return self.requests
+    def pending_ids(self) -> list[int]:
+        """Ids of the requests sent that have not ended, in the order sent."""
+        return list(self._open)
+
+    def _ended(self, req: Request) -> None:
+        del self._open[req.req_id]
+        self.num_ended += 1
+        for watch in self.on_end:
+            watch(req)
 
     def _rate_per_us(self) -> float:
         rate = self.wl.session_rate_per_s
@@ -103,9 +123,13 @@ class Clients:
                     req.next_gap_us = int(spec.think_us[turn])
                 if turn == 0:
                     req.session_wait_us = self.env.now - arrived_us
-                self.requests.append(req)
+                self.num_issued += 1
+                self._open[req.req_id] = req
+                if self._kept is not None:
+                    self._kept.append(req)
                 self.inbox.put(req)  # unbounded Store: succeeds at once, no need to wait
                 yield req.done
+                self._ended(req)
                 if req.outcome != Outcome.COMPLETED:
                     return
                 context = req.total_tokens

@@ -8,13 +8,13 @@ the workload and reported in the per-request table.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING
 
 import simpy
 
 from cachepilot_sim.clock import SimEnvironment, ms_to_us
-from cachepilot_sim.components.request import Request
+from cachepilot_sim.components.request import Outcome, Request
 from cachepilot_sim.config import SimConfig
 
 if TYPE_CHECKING:  # the workload is built by sim.py and handed in; no component reads files
@@ -35,10 +35,10 @@ class ReplayClients:
         self.ttft_slo_us = [ms_to_us(rc.ttft_slo_ms)]
         self.tpot_slo_us = ms_to_us(rc.tpot_slo_ms)
         self.priority = rc.priority
-        self.requests: list[Request] = []
-        # Requests sent so far, in the order sent (`requests` is filled in id order at the end);
-        # live telemetry reads it mid-run.
-        self.issued: list[Request] = []
+        self.requests: list[Request] = []  # filled in id order at the end
+        self._slots: list[Request | None] = []  # request i once sent
+        self.num_ended = 0
+        self.on_end: list[Callable[[Request], None]] = []  # called with each request as it ends
         self.num_sessions = workload.sessions.num_sessions
 
     def arrivals(self) -> Generator[simpy.Event, object, None]:
@@ -52,7 +52,7 @@ class ReplayClients:
         for i in range(wl.num_requests):
             if closed[i]:
                 self._children.setdefault(parents[i], []).append(i)
-        self._slots: list[Request | None] = [None] * wl.num_requests
+        self._slots = [None] * wl.num_requests
         for i, t in enumerate(wl.arrival_us.tolist()):
             if closed[i]:
                 continue
@@ -68,6 +68,15 @@ class ReplayClients:
         yield self.env.timeout(int(self.workload.think_us[i]))
         self._send(i)
         self.requests = [r for r in self._slots if r is not None]
+
+    def pending_ids(self) -> list[int]:
+        """Ids of the requests sent that have not ended, in id order."""
+        return [r.req_id for r in self._slots if r is not None and r.outcome == Outcome.PENDING]
+
+    def _ended(self, req: Request) -> None:
+        self.num_ended += 1
+        for watch in self.on_end:
+            watch(req)
 
     def _send(self, i: int) -> None:
         wl = self.workload
@@ -94,7 +103,7 @@ class ReplayClients:
         parent = int(wl.sessions.parent[i])
         req.parent = self._slots[parent] if parent >= 0 else None
         self._slots[i] = req
-        self.issued.append(req)
+        req.done.callbacks.append(lambda _event: self._ended(req))
         self.inbox.put(req)  # unbounded Store: succeeds at once
         for child in self._children.get(i, ()):
             self.env.process(self._after_parent(child, req))

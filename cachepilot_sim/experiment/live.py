@@ -113,8 +113,8 @@ class LivePublisher:
                 (m.pcie_busy_s.labels(*labels, d), lambda d=d: link.busy_us[d] / 1e6),
             ]
         self._mirrored = [0.0] * len(self._mirrors)
-        self._num_seen = 0  # requests of `clients.issued` taken into `_open`
-        self._open: list[Request] = []  # issued, not yet ended
+        self._ended: list[Request] = []  # ended since the last tick (the clients hand them over)
+        sim.clients.on_end.append(self._ended.append)
 
     def __call__(self, t_us: int) -> None:
         """Publish the state at simulated time `t_us` (every event before it has run); a metric
@@ -142,21 +142,14 @@ class LivePublisher:
         self._observe_ended()
 
     def _observe_ended(self) -> None:
-        """Observe the latencies of requests that ended since the last tick: one pass over the
-        requests in flight (those issued since are added first)."""
-        issued = self.sim.clients.issued
-        if self._num_seen < len(issued):
-            self._open.extend(issued[self._num_seen :])
-            self._num_seen = len(issued)
-        still: list[Request] = []
-        for r in self._open:
-            if r.outcome == Outcome.PENDING:
-                still.append(r)
-            elif r.outcome == Outcome.REJECTED:
+        """Observe the latencies of requests that ended since the last tick, in the order they
+        were sent."""
+        ended, self._ended[:] = sorted(self._ended, key=lambda r: r.req_id), []
+        for r in ended:
+            if r.outcome == Outcome.REJECTED:
                 self._rejected.inc()
             else:
                 self._observe_completed(r)
-        self._open = still
 
     def _observe_completed(self, r: Request) -> None:
         # The same definitions as metrics.request_frame (TTFT, TPOT, SLO met).

@@ -15,8 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cachepilot_sim.components.request import Outcome
-
 
 @dataclass(frozen=True, slots=True)
 class CellProgress:
@@ -40,17 +38,15 @@ def requests_total(sim: Any) -> int:
 
 def progress_hook(sim: Any, index: int, send: Callable[[CellProgress], None]) -> Any:
     """The `on_progress(num_events)` callback for one Simulation; its `.finish()` reports the
-    cell complete. Requests done are counted incrementally (the done prefix is skipped)."""
-    cfg, requests = sim.cfg, sim.clients.issued
+    cell complete. Requests done are the clients' count of requests ended."""
+    cfg, clients = sim.cfg, sim.clients
     policy, seed, total = cfg.policy.name, cfg.seed, requests_total(sim)
-    prefix, events = 0, 0
+    events = 0
 
     def on_progress(num_events: int) -> None:
-        nonlocal prefix, events
-        while prefix < len(requests) and requests[prefix].outcome != Outcome.PENDING:
-            prefix += 1
-        done = prefix + sum(1 for r in requests[prefix:] if r.outcome != Outcome.PENDING)
+        nonlocal events
         events = num_events
+        done = clients.num_ended
         send(CellProgress(index, policy, seed, sim.env.now, done, total, num_events))
 
     def finish() -> None:

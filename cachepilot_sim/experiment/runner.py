@@ -69,7 +69,11 @@ def run_cell(
     `live_interval_us`, into this worker's multiprocess metric files (experiment/live.py)."""
     name = f"{sim_cfg.policy.name}_seed{sim_cfg.seed}"
     trace_dir = out_dir / "trace" / name if out_dir is not None and sim_cfg.trace.enabled else None
-    sim = make_simulation(sim_cfg, trace_dir)
+    # Written as requests end (request_log.py), never held whole in memory.
+    requests_path = None
+    if out_dir is not None and write_requests:
+        requests_path = out_dir / "requests" / f"{name}.parquet"
+    sim = make_simulation(sim_cfg, trace_dir, requests_path=requests_path)
     hook, publisher = None, None
     # Live per-tick metrics read one engine's state: a cluster reports progress only.
     one_engine = isinstance(sim, Simulation)
@@ -86,14 +90,12 @@ def run_cell(
         hook.finish()
     if publisher is not None:
         publisher.finish()
-    if out_dir is not None and write_requests:
-        _write_atomic(out_dir / "requests" / f"{name}.parquet", result.requests.write_parquet)
     if offline_bound:
         _add_offline_bound(result.metrics, sim_cfg, result.requests)
     # Popped by run_cells: metrics.json keeps its cells as they were.
     gaps = sim.batcher.stats.itl_gaps if isinstance(sim, Simulation) else sim.itl_gaps()
     duration_s = result.metrics["duration_s"]
-    result.metrics[SERVING] = serving_stats(result.requests, duration_s, gaps)
+    result.metrics[SERVING] = serving_stats(result.outcomes, duration_s, gaps)
     return result.metrics
 
 
