@@ -14,6 +14,7 @@ the run (the cluster's per-request table, tests).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING
 
@@ -50,7 +51,12 @@ class Clients:
         self.streams = streams
         self.factory = factory
         self.class_names = factory.class_names
-        self.slots = simpy.Resource(env, capacity=cfg.workload.max_active_sessions)
+        # Front-end slots, as a `simpy.Resource(max_active_sessions)` would grant them (FIFO; one
+        # grant per arrival or release, scheduled as its events are), but a session waiting for a
+        # slot is only its arrival time: no process, no spec (drawn when it gets the slot, in the
+        # same order). Under overload the queue of waiting sessions grows with the run.
+        self.free_slots = cfg.workload.max_active_sessions
+        self.waiting: deque[int] = deque()
         classes = self.factory.classes
         self.ttft_slo_us = [ms_to_us(c.ttft_slo_ms) for c in classes]
         self.tpot_slo_us = [ms_to_us(c.tpot_slo_ms) for c in classes]
@@ -96,45 +102,70 @@ class Clients:
             yield self.env.timeout(max(1, round(gap_us)))
             if self.num_issued >= self.wl.num_requests:
                 break
-            spec = self.factory.make()
             self.num_sessions += 1
-            self.env.process(self.session(spec, self.env.now))
+            self.waiting.append(self.env.now)
+            self._grant_slot()
 
-    def session(self, spec: SessionSpec, arrived_us: int) -> Generator[simpy.Event, object, None]:
-        """Process: hold a session slot, send each turn, wait for its answer, think."""
-        with self.slots.request() as slot:
-            yield slot
-            # The session's turn 0 will be request `first` (-1: the request budget is spent).
-            first = self.num_issued if self.num_issued < self.wl.num_requests else -1
-            self.events.session_start(
-                self.env.now,
-                spec.session_id,
-                first,
-                spec.model_index,
-                self.env.now - arrived_us,
-                spec.class_index,
-            )
-            context = 0
-            for turn in range(spec.num_turns):
-                if self.num_issued >= self.wl.num_requests:
-                    return
-                req = self._make_request(spec, turn, context, self.env.now)
-                if turn + 1 < spec.num_turns:
-                    req.next_gap_us = int(spec.think_us[turn])
-                if turn == 0:
-                    req.session_wait_us = self.env.now - arrived_us
-                self.num_issued += 1
-                self._open[req.req_id] = req
-                if self._kept is not None:
-                    self._kept.append(req)
-                self.inbox.put(req)  # unbounded Store: succeeds at once, no need to wait
-                yield req.done
-                self._ended(req)
-                if req.outcome != Outcome.COMPLETED:
-                    return
-                context = req.total_tokens
-                if turn + 1 < spec.num_turns:
-                    yield self.env.timeout(int(spec.think_us[turn]))
+    def _grant_slot(self) -> None:
+        """A free slot goes to the session that has waited longest: its grant is an event now,
+        on which the session starts."""
+        if not self.waiting or self.free_slots == 0:
+            return
+        self.free_slots -= 1
+        arrived_us = self.waiting.popleft()
+        grant = self.env.event()
+        grant.callbacks.append(lambda _event: self._start_session(arrived_us))
+        grant.succeed()
+
+    def _start_session(self, arrived_us: int) -> None:
+        self.env.process(self.session(arrived_us))
+
+    def _release_slot(self) -> None:
+        """The slot is free now; the next waiting session gets it when this release is processed."""
+        self.free_slots += 1
+        release = self.env.event()
+        release.callbacks.append(lambda _event: self._grant_slot())
+        release.succeed()
+
+    def session(self, arrived_us: int) -> Generator[simpy.Event, object, None]:
+        """Process: a session that has its slot sends each turn, waits for its answer, thinks,
+        and gives the slot back."""
+        yield from self._turns(self.factory.make(), arrived_us)
+        self._release_slot()
+
+    def _turns(self, spec: SessionSpec, arrived_us: int) -> Generator[simpy.Event, object, None]:
+        """Send each turn of `spec`, wait for its answer, think (a session holding a slot)."""
+        # The session's turn 0 will be request `first` (-1: the request budget is spent).
+        first = self.num_issued if self.num_issued < self.wl.num_requests else -1
+        self.events.session_start(
+            self.env.now,
+            spec.session_id,
+            first,
+            spec.model_index,
+            self.env.now - arrived_us,
+            spec.class_index,
+        )
+        context = 0
+        for turn in range(spec.num_turns):
+            if self.num_issued >= self.wl.num_requests:
+                return
+            req = self._make_request(spec, turn, context, self.env.now)
+            if turn + 1 < spec.num_turns:
+                req.next_gap_us = int(spec.think_us[turn])
+            if turn == 0:
+                req.session_wait_us = self.env.now - arrived_us
+            self.num_issued += 1
+            self._open[req.req_id] = req
+            if self._kept is not None:
+                self._kept.append(req)
+            self.inbox.put(req)  # unbounded Store: succeeds at once, no need to wait
+            yield req.done
+            self._ended(req)
+            if req.outcome != Outcome.COMPLETED:
+                return
+            context = req.total_tokens
+            if turn + 1 < spec.num_turns:
+                yield self.env.timeout(int(spec.think_us[turn]))
 
     def _make_request(self, spec: SessionSpec, turn: int, context: int, sent_us: int) -> Request:
         ci = spec.class_index
