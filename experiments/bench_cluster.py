@@ -12,17 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import resource
-import subprocess
-import sys
-import tempfile
-import time
-from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-import simpy
+from bench_harness import child_or_none, run_child, run_meta, time_case
 
 BASE_RATE_PER_S = 0.25  # conf/workload/mixed.yaml, one GPU
 BASE_SESSIONS = 48  # conf/experiment/mixed_spike.yaml, one GPU
@@ -43,42 +36,13 @@ def overrides(replicas: int, requests: int, router: str) -> list[str]:
     ]
 
 
-def run_case(args: list[str]) -> dict[str, float]:
-    """Runs in the child process: compose, run one cell (files written), time it, count events."""
-    from hydra import compose, initialize_config_dir
-
-    from cachepilot_sim.config import register_configs, to_config
-    from cachepilot_sim.experiment.runner import run_cells
-
-    num_events = 0
-    schedule = simpy.Environment.schedule
-
-    def counting(self, event, priority=1, delay=0):  # noqa: ANN001, ANN202
-        nonlocal num_events
-        num_events += 1
-        return schedule(self, event, priority, delay)
-
-    simpy.Environment.schedule = counting  # type: ignore[method-assign]
-    register_configs()
-    conf = Path(__file__).resolve().parents[1] / "cachepilot_sim" / "conf"
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        cfg = to_config(compose("config", overrides=args))
-    with tempfile.TemporaryDirectory() as out:
-        start, cpu0 = time.perf_counter(), time.process_time()
-        (cell,) = run_cells(cfg, Path(out))
-        wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
-    return {
+def run_case(args: list[str]) -> dict[str, Any]:
+    """Runs in the child process: one cell (files written), timed (bench_harness.time_case), with
+    the cluster's figures."""
+    (cell,), figures = time_case(args)
+    return figures | {
         "replicas": cell["cluster_replicas"],
-        "simulated_requests": cell["requests"],
         "completed": cell["completed"],
-        "wall_s": wall,
-        # CPU seconds of this process: on a shared machine wall time also counts other users.
-        "cpu_s": cpu,
-        "requests_per_wall_s": cell["requests"] / wall,
-        "requests_per_cpu_s": cell["requests"] / cpu,
-        "simpy_events": num_events,
-        "events_per_wall_s": num_events / wall,
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "simulated_s": cell["duration_s"],
         "ttft_p99_s": cell["ttft_p99_s"],
         "load_imbalance": cell["load_imbalance"],
@@ -86,32 +50,19 @@ def run_case(args: list[str]) -> dict[str, float]:
 
 
 def main() -> None:
+    child = child_or_none()
+    if child is not None:
+        print(json.dumps(run_case(child)))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicas", type=int, default=64)
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--router", default="session_affinity")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON")
-    parser.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child is not None:
-        print(json.dumps(run_case(args.child)))
-        return
     case = overrides(args.replicas, args.requests, args.router)
-    proc = subprocess.run(
-        [sys.executable, __file__, "--child", *case], capture_output=True, text=True, check=True
-    )
-    figures = json.loads(proc.stdout.strip().splitlines()[-1])
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
-    record = {
-        "date": datetime.now(UTC).isoformat(timespec="minutes"),
-        "commit": commit,
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-        "load_avg_1_5_15": list(os.getloadavg()),
-        "overrides": case,
-        **figures,
-    }
+    figures = run_child(__file__, case)
+    record = run_meta() | {"overrides": case, **figures}
     print(json.dumps(record, indent=2))
     if args.out is not None:
         args.out.write_text(json.dumps(record, indent=2) + "\n")
