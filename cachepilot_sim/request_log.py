@@ -61,7 +61,7 @@ class RequestLog:
         out_path: Path | None = None,
         session_of: Sequence[int] | np.ndarray | None = None,
         extra: Mapping[str, ExtraColumn] | None = None,
-        chunk_rows: int = 100_000,
+        chunk_rows: int = 50_000,
     ) -> None:
         self.class_names = list(class_names)
         self.ttft_slo_us = list(ttft_slo_us)
