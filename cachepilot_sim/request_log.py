@@ -82,6 +82,7 @@ class RequestLog:
 
     @property
     def parts_dir(self) -> Path:
+        """Where the Parquet parts wait until `close` combines them (removed then)."""
         assert self.out_path is not None
         return self.out_path.with_name(self.out_path.name + ".parts")
 

@@ -36,6 +36,7 @@ class SimResult:
 
     @cached_property
     def requests(self) -> pl.DataFrame:
+        """The whole per-request table (`metrics.REQUEST_SCHEMA`, plus a cluster's `replica`)."""
         return self._load_requests()
 
     @cached_property
