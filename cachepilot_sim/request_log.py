@@ -75,7 +75,7 @@ class RequestLog:
         self.streaming = False  # rows come as requests end (`end`), not all at the end (`add`)
         self.num_rows = 0  # rows taken into chunks
         self._waiting: dict[int, tuple[Any, ...]] = {}  # ended before an earlier request
-        self._cols: list[list[Any]] = [[] for _ in self.schema]
+        self._rows: list[tuple[Any, ...]] = []  # the open chunk
         self._chunks: list[pl.DataFrame] = []  # whole chunks: in memory only without out_path
         self._metric_chunks: list[pl.DataFrame] = []
         self._num_parts = 0
@@ -107,18 +107,18 @@ class RequestLog:
         return (*row, *(value(r) for _, value in self.extra.values()))
 
     def _append(self, row: tuple[Any, ...]) -> None:
-        for col, value in zip(self._cols, row, strict=True):
-            col.append(value)
+        self._rows.append(row)
         self.num_rows += 1
-        if len(self._cols[0]) >= self.chunk_rows:
+        if len(self._rows) >= self.chunk_rows:
             self._flush()
 
     def _flush(self) -> None:
-        if not self._cols[0]:
+        if not self._rows:
             return
-        columns = dict(zip(self.schema.names(), self._cols, strict=True))
+        cols = zip(*self._rows, strict=True)  # rows to columns, in C
+        columns = {name: list(c) for name, c in zip(self.schema.names(), cols, strict=True)}
         frame = pl.DataFrame(columns, schema=self.schema)
-        self._cols = [[] for _ in self.schema]
+        self._rows = []
         self._metric_chunks.append(
             frame.select(*METRIC_COLUMNS, *self.extra).with_columns(
                 pl.col(name).cast(dtype) for name, dtype in _LABELS.items()
