@@ -40,7 +40,7 @@ from sortedcontainers import SortedList
 
 # A skipped item's weight exceeds the running minimum by this factor: far above rounding error.
 _SLACK = 1e-9
-_BLOCK = 256  # items per block of the L order (split at twice this)
+BLOCK_ITEMS = 256  # items per block of the L order (split at twice this)
 _FINITE_MAX = float(np.finfo(np.float64).max)
 
 Pos = tuple[int, int]  # (block, offset)
@@ -50,11 +50,12 @@ class _LOrder:
     """Items ordered by (L, id), each with a weight, in blocks; finds the next item whose weight
     is at most a threshold by skipping blocks whose minimum is above it (NumPy scans)."""
 
-    __slots__ = ("keys", "ws", "counts", "maxes", "bmin", "num_scans")
+    __slots__ = ("block", "keys", "ws", "counts", "maxes", "bmin", "num_scans")
 
-    def __init__(self) -> None:
+    def __init__(self, block: int) -> None:
+        self.block = block
         self.keys: list[list[tuple[int, int]]] = []
-        self.ws: list[np.ndarray] = []  # per block, capacity 2 * _BLOCK + 1, first counts[k] used
+        self.ws: list[np.ndarray] = []  # per block, capacity 2 * block + 1, first counts[k] used
         self.counts: list[int] = []
         self.maxes: list[tuple[int, int]] = []  # last key of each block
         self.bmin = np.empty(0)  # minimum weight of each block
@@ -62,8 +63,9 @@ class _LOrder:
 
     def insert(self, key: tuple[int, int], w: float) -> None:
         """Add an item with key (L, id) and weight w."""
+        half_size = self.block
         if not self.keys:
-            arr = np.empty(2 * _BLOCK + 1)
+            arr = np.empty(2 * half_size + 1)
             arr[0] = w
             self.keys, self.ws, self.counts, self.maxes = [[key]], [arr], [1], [key]
             self.bmin = np.array([w])
@@ -79,19 +81,19 @@ class _LOrder:
         self.maxes[k] = keys[-1]
         if w < self.bmin[k]:
             self.bmin[k] = w
-        if n > 2 * _BLOCK:  # split in halves
-            half = np.empty(2 * _BLOCK + 1)
-            half[: n - _BLOCK] = arr[_BLOCK:n]
-            self.keys.insert(k + 1, keys[_BLOCK:])
-            del keys[_BLOCK:]
+        if n > 2 * half_size:  # split in halves
+            half = np.empty(2 * half_size + 1)
+            half[: n - half_size] = arr[half_size:n]
+            self.keys.insert(k + 1, keys[half_size:])
+            del keys[half_size:]
             self.ws.insert(k + 1, half)
-            self.counts[k] = _BLOCK
-            self.counts.insert(k + 1, n - _BLOCK)
+            self.counts[k] = half_size
+            self.counts.insert(k + 1, n - half_size)
             self.maxes[k] = keys[-1]
             self.maxes.insert(k + 1, self.keys[k + 1][-1])
             self.bmin = np.insert(self.bmin, k + 1, 0.0)
-            self.bmin[k] = arr[:_BLOCK].min()
-            self.bmin[k + 1] = half[: n - _BLOCK].min()
+            self.bmin[k] = arr[:half_size].min()
+            self.bmin[k + 1] = half[: n - half_size].min()
 
     def remove(self, key: tuple[int, int]) -> None:
         """Remove the item with key (L, id); it must be present."""
@@ -158,7 +160,8 @@ class PercIndex:
 
     `add(item_id, last_used_us, own_gap_us, cost, size)`: own_gap_us < 0 means "no estimate of
     its own" (the query's population gap applies); with size 1, cost is the weight. Adding an id
-    already present replaces it. Weights must be finite and non-negative.
+    already present replaces it. Weights must be finite and non-negative. `block_items` sizes
+    the blocks of the idle-order scans (tests use small blocks to exercise splits).
     """
 
     __slots__ = (
@@ -173,9 +176,11 @@ class PercIndex:
         "_last_now",
     )
 
-    def __init__(self, delta_us: float) -> None:
+    def __init__(self, delta_us: float, block_items: int = BLOCK_ITEMS) -> None:
         if not delta_us > 0:
             raise ValueError(f"PercIndex: delta_us must be > 0, got {delta_us}")
+        if block_items < 1:
+            raise ValueError(f"PercIndex: block_items must be >= 1, got {block_items}")
         self.delta_us = float(delta_us)
         self.num_keyed = 0  # items keyed by queries (a complexity probe for tests)
         # id -> (last_used_us, base or -1, cost, size, weight)
@@ -183,8 +188,8 @@ class PercIndex:
         self._young: SortedList = SortedList()  # (key, id) of young items with a base
         self._young_key: dict[int, tuple[float, int, int]] = {}  # id -> (key, id, expiry_us)
         self._expiry: list[tuple[int, int]] = []  # (expiry_us, id), lazily invalidated
-        self._own = _LOrder()  # dormant items with a base
-        self._none = _LOrder()  # items without a base
+        self._own = _LOrder(block_items)  # dormant items with a base
+        self._none = _LOrder(block_items)  # items without a base
         self._last_now: int | None = None
 
     def __len__(self) -> int:
