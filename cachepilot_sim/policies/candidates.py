@@ -38,7 +38,7 @@ class TimeIndex(Protocol):
 
     def __len__(self) -> int: ...
 
-    def add(self, entry: CacheEntry, restore_us: float) -> None: ...
+    def add(self, entry: CacheEntry, restore_us: float, gap_ema_us: float) -> None: ...
 
     def discard(self, entry_id: int) -> None: ...
 
@@ -97,7 +97,7 @@ class CandidateIndex:
         elif self._timed:
             assert self.static_restore is not None
             for offload, index in self._timed.items():
-                index.add(entry, self.static_restore(entry, offload))
+                index.add(entry, self.static_restore(entry, offload), entry.gap_ema_us)
 
     def refresh(self, entry: CacheEntry, now_us: int) -> None:
         """A hook may have changed an idle entry's key: index it again (no-op when not idle)."""
@@ -118,7 +118,7 @@ class CandidateIndex:
             assert self.static_restore is not None
             index = self.policy.time_index()  # type: ignore[attr-defined]
             for entry in self.entries.values():
-                index.add(entry, self.static_restore(entry, offload))
+                index.add(entry, self.static_restore(entry, offload), entry.gap_ema_us)
             self._timed[offload] = index
         return index
 
@@ -147,7 +147,8 @@ class CandidateIndex:
             victims.append(self.entries[entry_id])
             freed += self.entries[entry_id].num_bytes
         if excluded:
-            index.add(self.entries[exclude_id], restore(self.entries[exclude_id], offload))
+            entry = self.entries[exclude_id]
+            index.add(entry, restore(entry, offload), entry.gap_ema_us)
         out = [prepare(e) for e in victims]
         for e in out:  # the index's restore is the manager's estimate now, or it is not exact
             assert e.restore_us == restore(e, offload), e.entry_id

@@ -63,10 +63,11 @@ class PercEntryIndex:
     def __len__(self) -> int:
         return len(self.index)
 
-    def add(self, entry: CacheEntry, restore_us: float) -> None:
-        """Index an idle entry whose restore estimate stays `restore_us` while it is idle."""
+    def add(self, entry: CacheEntry, restore_us: float, gap_ema_us: float) -> None:
+        """Index an idle entry whose restore estimate (`restore_us`) and gap EMA (< 0: none)
+        stay as given while it is idle (the manager re-adds it when they change)."""
         size = float(max(entry.num_bytes, 1))
-        self.index.add(entry.entry_id, entry.last_used_us, entry.gap_ema_us, restore_us, size)
+        self.index.add(entry.entry_id, entry.last_used_us, gap_ema_us, restore_us, size)
 
     def discard(self, entry_id: int) -> None:
         """The entry is no longer a candidate."""

@@ -162,7 +162,7 @@ def test_the_entry_adapter_orders_as_perc_policy_orders() -> None:
     ]
     index = policy.time_index()
     for e in entries:
-        index.add(e, e.restore_us)
+        index.add(e, e.restore_us, e.gap_ema_us)
     now = 6_000_000
     popped = [index.pop_min(now) for _ in entries]
     assert popped == [e.entry_id for e in policy.order(entries, now)]
