@@ -1,29 +1,33 @@
 """An exact index for PERC's time-dependent eviction key: the smallest key, keying few items.
 
-PERC ranks an idle item by key = P(resume within δ) × cost / size, P = 1 − exp(−δ / g),
+PERC ranks an idle item by key = P(resume within δ) × w, P = 1 − exp(−δ / g), w = cost / size,
 g = max(base, now − L, 1): L is when the item went idle, base its own gap estimate (fixed while it
 is idle) or, for an item without one, the population's (a query argument: it moves with every
 observation). Ties go to the smaller item id. The key decays as the item stays idle, so a heap of
 keys goes stale; this index answers "which item has the smallest (key, id) at `now`" exactly:
 
 * an item with its own base is *young* while now − L < max(base, 1): g is its base, the key is
-  constant, the young are a `SortedList` by key, and a heap of expiry times moves each one out,
-  once, when a query's `now` passes L + ⌈base⌉;
-* after that it is *dormant*: g = now − L, P a decreasing function of idle time. A dormant item is
-  beaten by any earlier-idle item (smaller or equal L: at least as idle, so P no larger) with a
-  smaller weight w = cost / size. The minimum therefore lies on the *records* of w in L order (each
-  item whose w is below every earlier one): a query jumps from record to record (`_LOrder`), about
-  ln n of them on unordered data, and keys only those;
+  constant, the young are a `SortedList` by (key, id), and a heap of expiry times moves each one
+  out, once, when a query's `now` passes L + ⌈base⌉;
+* after that it is *dormant*: g = now − L, P a decreasing function of idle time. A query walks the
+  dormant items in L order (`_LOrder`, blocks with NumPy minima) by branch and bound: an item is
+  keyed only if its w is below the smallest w seen so far (an earlier, so longer idle, item with
+  a smaller w beats it: the *records* of w, about ln n of them on unordered weights), and below
+  best key / P(last keyed item) (every later item has at least that P). Equal weights over
+  distinct idle times therefore key two items, not n;
 * items without a base share g = max(population, now − L, 1): the dormant ones (L ≤ now −
-  ⌈max(population, 1)⌉) are an L-prefix, walked as above, and the young ones an L-suffix with a
-  common P, where the smallest w wins.
+  ⌈max(population, 1)⌉) are an L-prefix, walked as above; the young ones share P, so a
+  `SortedList` by (w, id) read from the front keys only those whose w is within the slack of the
+  smallest young w (or of best key / P).
 
-Exactness against the plain sort: keys are computed here as `PercPolicy` computes them
-(`p * cost / size`, same operations, same order). Float rounding could reverse the order of two
-keys within a few units in the last place, so a walk also keys every item whose w is within a
-factor 1 + `_SLACK` of the running minimum: an item it skips is larger by more than any rounding
-error (a relative error of about 10⁻¹⁵ per key), and loses to a keyed item under exact float
-comparison too. Items with equal w (weights of 0, say) are all keyed: ties go by id.
+Exactness against the plain sort: keys are computed as `PercPolicy.score` computes them
+(`p * cost / size`: same operations, same order; regrouping them as p × (cost / size) changes
+the headline run, ties between keys a few units in the last place apart being real). Pruning keeps
+a relative slack (`_SLACK`), far above the rounding error of a key (about 10⁻¹⁵): an item it skips
+has a key larger by more than any rounding, so it loses to a keyed item under exact float
+comparison too, and items whose weights are equal up to the slack are all keyed, ties going by id
+as in the sort. The one costly case: many young items without a base whose weights are equal
+(restore exactly proportional to bytes) are all keyed: O(that group) per query.
 
 `now` must not decrease from one query to the next (expiry is processed once). No simulator
 import: the vLLM integration uses it as well.
@@ -143,25 +147,15 @@ class _LOrder:
         j = int((self.ws[k][: self.counts[k]] <= thr).argmax())
         return (k, j)
 
-    def min_from(self, pos: Pos) -> float:
-        """Smallest weight at or after `pos` (inf when none)."""
-        k, i = pos
-        if k >= len(self.keys):
-            return math.inf
-        low = float(self.ws[k][i : self.counts[k]].min()) if i < self.counts[k] else math.inf
-        if k + 1 < len(self.keys):
-            low = min(low, float(self.bmin[k + 1 :].min()))
-        return low
-
 
 class PercIndex:
     """Idle items under PERC's key; `peek_min`/`pop_min` give exactly the item with the smallest
     (p × cost / size, id), p = −expm1(−δ / max(base, now − L, 1)), as a full sort would.
 
-    `add(item_id, last_used_us, own_gap_us, cost, size)`: own_gap_us < 0 means "no estimate of
+    `add(item_id, last_used_us, own_gap_us, cost, size=1)`: own_gap_us < 0 means "no estimate of
     its own" (the query's population gap applies); with size 1, cost is the weight. Adding an id
-    already present replaces it. Weights must be finite and non-negative. `block_items` sizes
-    the blocks of the idle-order scans (tests use small blocks to exercise splits).
+    already present replaces it. Weights (cost / size) must be finite and non-negative.
+    `block_items` sizes the blocks of the idle-order scans (tests use small blocks for splits).
     """
 
     __slots__ = (
@@ -173,6 +167,7 @@ class PercIndex:
         "_expiry",
         "_own",
         "_none",
+        "_none_by_w",
         "_last_now",
     )
 
@@ -183,13 +178,14 @@ class PercIndex:
             raise ValueError(f"PercIndex: block_items must be >= 1, got {block_items}")
         self.delta_us = float(delta_us)
         self.num_keyed = 0  # items keyed by queries (a complexity probe for tests)
-        # id -> (last_used_us, base or -1, cost, size, weight)
+        # id -> (last_used_us, base or -1, cost, size, weight = cost / size)
         self._items: dict[int, tuple[int, float, float, float, float]] = {}
         self._young: SortedList = SortedList()  # (key, id) of young items with a base
-        self._young_key: dict[int, tuple[float, int, int]] = {}  # id -> (key, id, expiry_us)
+        self._young_key: dict[int, tuple[float, int]] = {}  # id -> (key, expiry_us)
         self._expiry: list[tuple[int, int]] = []  # (expiry_us, id), lazily invalidated
-        self._own = _LOrder(block_items)  # dormant items with a base
-        self._none = _LOrder(block_items)  # items without a base
+        self._own = _LOrder(block_items)  # dormant items with a base, by (L, id)
+        self._none = _LOrder(block_items)  # items without a base, by (L, id)
+        self._none_by_w: SortedList = SortedList()  # (w, id) of items without a base
         self._last_now: int | None = None
 
     def __len__(self) -> int:
@@ -198,14 +194,14 @@ class PercIndex:
     def __contains__(self, item_id: int) -> bool:
         return item_id in self._items
 
-    def _key(self, gap: float, cost: float, size: float) -> float:
-        p = -math.expm1(-self.delta_us / gap)
-        return p * cost / size
+    def _p(self, gap: float) -> float:
+        return -math.expm1(-self.delta_us / gap)
 
     def add(
         self, item_id: int, last_used_us: int, own_gap_us: float, cost: float, size: float = 1.0
     ) -> None:
-        """Index an idle item (replacing any item with the same id)."""
+        """Index an idle item (replacing any item with the same id); its weight is cost / size."""
+        cost, size = float(cost), float(size)
         w = cost / size
         if not (0.0 <= w < math.inf):
             raise ValueError(f"PercIndex.add: item {item_id} has weight {w}, need finite >= 0")
@@ -213,18 +209,19 @@ class PercIndex:
             self.discard(item_id)
         last_used_us = int(last_used_us)
         base = float(own_gap_us)
-        self._items[item_id] = (last_used_us, base, float(cost), float(size), w)
+        self._items[item_id] = (last_used_us, base, cost, size, w)
         if base < 0:
             self._none.insert((last_used_us, item_id), w)
+            self._none_by_w.add((w, item_id))
             return
         b = max(base, 1.0)
         expiry = last_used_us + math.ceil(b)
         if self._last_now is not None and expiry <= self._last_now:
             self._own.insert((last_used_us, item_id), w)  # already dormant
             return
-        key = self._key(b, cost, size)
+        key = self._p(b) * cost / size
         self._young.add((key, item_id))
-        self._young_key[item_id] = (key, item_id, expiry)
+        self._young_key[item_id] = (key, expiry)
         heapq.heappush(self._expiry, (expiry, item_id))
 
     def discard(self, item_id: int) -> None:
@@ -232,9 +229,10 @@ class PercIndex:
         item = self._items.pop(item_id, None)
         if item is None:
             return
-        last_used_us, base = item[0], item[1]
+        last_used_us, base, _, _, w = item
         if base < 0:
             self._none.remove((last_used_us, item_id))
+            self._none_by_w.remove((w, item_id))
             return
         young = self._young_key.pop(item_id, None)
         if young is not None:
@@ -250,19 +248,23 @@ class PercIndex:
         while heap and heap[0][0] <= now_us:
             expiry, item_id = heapq.heappop(heap)
             young = self._young_key.get(item_id)
-            if young is None or young[2] != expiry:
+            if young is None or young[1] != expiry:
                 continue  # stale: discarded or re-added since
             del self._young_key[item_id]
             self._young.remove((young[0], item_id))
-            self._own.insert((self._items[item_id][0], item_id), self._items[item_id][4])
+            item = self._items[item_id]
+            self._own.insert((item[0], item_id), item[4])
 
     def _walk(
         self, order: _LOrder, end: Pos, now_us: int, best: tuple[float, int] | None
     ) -> tuple[float, int] | None:
         """The smallest (key, id) among `best` and the dormant items of `order` before `end`."""
-        items, m, pos = self._items, math.inf, (0, 0)
+        items, m, pos, p_last = self._items, math.inf, (0, 0), 0.0
+        slack = 1.0 + _SLACK
         while True:
-            thr = m * (1.0 + _SLACK) if m < math.inf else _FINITE_MAX
+            thr = m * slack if m < math.inf else _FINITE_MAX
+            if best is not None and p_last > 0.0:
+                thr = min(thr, best[0] * slack / p_last)
             found = order.next_at_most(pos, thr)
             if found is None or found >= end:
                 return best
@@ -270,34 +272,46 @@ class PercIndex:
             item_id = order.keys[k][i][1]
             last_used_us, _, cost, size, w = items[item_id]
             self.num_keyed += 1
-            cand = (self._key(float(now_us - last_used_us), cost, size), item_id)
+            p_last = self._p(float(now_us - last_used_us))
+            cand = (p_last * cost / size, item_id)
             if best is None or cand < best:
                 best = cand
             m = min(m, w)
             pos = (k, i + 1)
+
+    def _young_none(
+        self, now_us: int, pb: float, best: tuple[float, int] | None
+    ) -> tuple[float, int] | None:
+        """The smallest (key, id) among `best` and the young items without a base: they share p,
+        so only those whose w is within the slack of the smallest (or of best / p) are keyed."""
+        by_w, items = self._none_by_w, self._items
+        p0 = self._p(pb)
+        bound = now_us - math.ceil(pb)  # L at or below: dormant (walked already)
+        slack = 1.0 + _SLACK
+        thr = best[0] * slack / p0 if best is not None else math.inf
+        for w, item_id in by_w:
+            if w > thr:
+                break  # every later item has a larger w: a larger key, beyond rounding
+            last_used_us, _, cost, size, _ = items[item_id]
+            if last_used_us <= bound:
+                continue  # dormant: keyed by the walk (skipped here only near the boundary)
+            self.num_keyed += 1
+            cand = (p0 * cost / size, item_id)
+            if best is None or cand < best:
+                best = cand
+            thr = min(thr, w * slack)
+        return best
 
     def peek_min(self, now_us: int, population_gap_us: float) -> int | None:
         """The id with the smallest (key, id) at `now_us`, or None when empty."""
         self._expire(now_us)
         best: tuple[float, int] | None = self._young[0] if self._young else None
         best = self._walk(self._own, (len(self._own.keys), 0), now_us, best)
-        none = self._none
-        if none.keys:
+        if self._none.keys:
             pb = max(float(population_gap_us), 1.0)
-            end = none.split((now_us - math.ceil(pb), math.inf))
-            best = self._walk(none, end, now_us, best)
-            low = none.min_from(end)  # the young without a base: common p, smallest w wins
-            if low < math.inf:
-                thr, pos = low * (1.0 + _SLACK), end
-                while (found := none.next_at_most(pos, thr)) is not None:
-                    k, i = found
-                    item_id = none.keys[k][i][1]
-                    _, _, cost, size, _ = self._items[item_id]
-                    self.num_keyed += 1
-                    cand = (self._key(pb, cost, size), item_id)
-                    if best is None or cand < best:
-                        best = cand
-                    pos = (k, i + 1)
+            end = self._none.split((now_us - math.ceil(pb), math.inf))
+            best = self._walk(self._none, end, now_us, best)
+            best = self._young_none(now_us, pb, best)
         return None if best is None else best[1]
 
     def pop_min(self, now_us: int, population_gap_us: float) -> int | None:

@@ -24,15 +24,15 @@ from cachepilot_sim.policies.perc_index import PercIndex
 from cachepilot_sim.policies.reuse import GapEstimator
 from tests.property.test_indexed_eviction import run, seeded_stream, session_config
 
-Item = tuple[int, float, float, float]  # last_used_us, own gap (< 0: none), cost, size
+Item = tuple[int, float, float]  # last_used_us, own gap (< 0: none), weight
 
 
 def brute_min(items: dict[int, Item], now: int, population: float, delta: float) -> int | None:
     """The id with the smallest (key, id), keying every item as PercPolicy.score does."""
     best: tuple[float, int] | None = None
-    for item_id, (last, own, cost, size) in items.items():
+    for item_id, (last, own, w) in items.items():
         gap = max(own if own >= 0 else population, float(now - last), 1.0)
-        cand = (-math.expm1(-delta / gap) * cost / size, item_id)
+        cand = (-math.expm1(-delta / gap) * w, item_id)
         if best is None or cand < best:
             best = cand
     return None if best is None else best[1]
@@ -62,9 +62,9 @@ def test_pops_equal_the_brute_force_minimum(
         if kind <= 3:  # an item goes idle (now, or a while ago: a prefix tail's old last use)
             last = now - (b if kind == 3 else 0)
             own = [-1.0, 0.0, 0.5, float(b), b / 3.0, 250.0][c % 6]
-            cost, size = [0.0, 1.0, 2.0, b / 7.0][c % 4], float(1 + a % 3)
-            index.add(a, last, own, cost, size)
-            items[a] = (last, own, cost, size)
+            w = [0.0, 1.0, 2.0, b / 7.0, 1 / 3, 2 / 3][(c + a) % 6]
+            index.add(a, last, own, w)
+            items[a] = (last, own, w)
         elif kind == 4:
             index.discard(a)
             items.pop(a, None)
@@ -92,18 +92,20 @@ def test_bad_arguments_are_refused() -> None:
         index.pop_min(99, 5.0)
 
 
-def keyed_per_pop(n: int, seed: int, own_gap: bool) -> float:
-    """Items keyed per pop over n dormant items with random weights, one new item per pop."""
+def keyed_per_pop(n: int, seed: int, own_gap: bool, equal: bool) -> float:
+    """Items keyed per pop over n dormant items (random or equal weights, distinct idle times),
+    one new item going idle per pop."""
     rng = np.random.default_rng(seed)
     index = PercIndex(1_000.0)
-    weights = rng.random(n + 200)
+    weights = np.full(n + 200, 0.5) if equal else rng.random(n + 200)
+    gap = 1.0 if own_gap else -1.0
     for i in range(n):
-        index.add(i, i, 1.0 if own_gap else -1.0, float(weights[i]))
+        index.add(i, i, gap, float(weights[i]))
     now = n + 10
     before = index.num_keyed
     for i in range(n, n + 200):
         assert index.pop_min(now, 1.0) is not None
-        index.add(i, now, 1.0 if own_gap else -1.0, float(weights[i]))
+        index.add(i, now, gap, float(weights[i]))
         now += 2
     return (index.num_keyed - before) / 200
 
@@ -111,12 +113,13 @@ def keyed_per_pop(n: int, seed: int, own_gap: bool) -> float:
 @pytest.mark.parametrize("own_gap", [True, False])
 def test_a_decision_keys_about_ln_n_items(own_gap: bool) -> None:
     """Complexity, counted: random weights have about ln n records; 16x more items key a few
-    more, not 16x more (and far fewer than n)."""
-    small = np.mean([keyed_per_pop(2_000, s, own_gap) for s in range(3)])
-    large = np.mean([keyed_per_pop(32_000, s, own_gap) for s in range(3)])
+    more, not 16x more (and far fewer than n). Equal weights key one item or two."""
+    small = np.mean([keyed_per_pop(2_000, s, own_gap, False) for s in range(3)])
+    large = np.mean([keyed_per_pop(32_000, s, own_gap, False) for s in range(3)])
     assert small <= 3 * math.log(2_000)
     assert large <= 3 * math.log(32_000)
     assert large < 2 * small
+    assert keyed_per_pop(32_000, 0, own_gap, True) <= 2
 
 
 def test_young_items_are_ranked_by_their_constant_key_and_expire_once() -> None:
