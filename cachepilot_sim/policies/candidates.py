@@ -60,6 +60,7 @@ class CandidateIndex:
         "num_visits",
         "num_full",
         "static_restore",
+        "reads_restore",
         "_timed",
         "_order",
         "_stamp",
@@ -76,6 +77,8 @@ class CandidateIndex:
         timed = scope == KeyScope.DECISION and static_restore is not None
         self.static_restore = static_restore if timed and hasattr(policy, "time_index") else None
         self._timed: dict[bool, TimeIndex] = {}  # restore regime (offload?) -> index, made on use
+        # A key that reads no restore estimate: one index (regime False) serves every decision.
+        self.reads_restore = getattr(policy, "time_index_reads_restore", True)
         self._order: SortedList = SortedList()  # of (key, stamp, entry)
         self._stamp: dict[int, int] = {}
         self._next_stamp = 0
@@ -151,7 +154,7 @@ class CandidateIndex:
             index.add(entry, restore(entry, offload), entry.gap_ema_us)
         out = [prepare(e) for e in victims]
         for e in out:  # the index's restore is the manager's estimate now, or it is not exact
-            assert e.restore_us == restore(e, offload), e.entry_id
+            assert not self.reads_restore or e.restore_us == restore(e, offload), e.entry_id
         return out
 
     def _push(self, entry: CacheEntry, now_us: int) -> None:
@@ -182,6 +185,8 @@ class CandidateIndex:
         time) says whether `prepare` gives `static_restore` for this decision.
         """
         if self.static_restore is not None and bytes_needed > 0 and self.entries:
+            if restore_mode is None and not self.reads_restore:
+                restore_mode = False
             if restore_mode is None:
                 self.num_full += 1
             else:

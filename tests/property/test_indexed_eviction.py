@@ -58,8 +58,9 @@ class Logged:
     def __init__(self, inner: Any, scope: KeyScope) -> None:
         self.inner, self.key_scope, self.name = inner, scope, inner.name
         self.log: list[tuple[int, int]] = []
-        if hasattr(inner, "time_index"):  # PERC's exact index, used when the scope is DECISION
+        if hasattr(inner, "time_index"):  # an exact index of a DECISION key (PERC's, say)
             self.time_index = inner.time_index
+            self.time_index_reads_restore = getattr(inner, "time_index_reads_restore", True)
 
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
         return self.inner.key(entry, now_us)  # type: ignore[no-any-return]

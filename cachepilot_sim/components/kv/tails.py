@@ -70,6 +70,8 @@ class TailIndex:
         self._groups: dict[int, dict[int, None]] = {}  # group -> entry ids indexed with its gap
         self._group_of: dict[int, int] = {}  # entry id -> its group when indexed
         self._dirty: dict[int, None] = {}  # groups whose gap EMA moved since
+        # A key that reads no restore estimate: one index (regime False) serves every decision.
+        self.reads_restore = getattr(policy, "time_index_reads_restore", True)
         if self.persistent or self.timed:
             tree.exposed = {}  # the tree records every block that becomes (or is again) a tail
 
@@ -184,7 +186,8 @@ class TailIndex:
                 local[p.entry.entry_id] = None
         for b in victims:  # the index's estimates are the manager's now, or it is not exact
             e = prepare(b)
-            assert (e.restore_us, e.gap_ema_us) == self.static_restore(b, offload), e.entry_id
+            if self.reads_restore:
+                assert (e.restore_us, e.gap_ema_us) == self.static_restore(b, offload)
         return victims
 
     def _item(self, b: HashBlock, key: tuple[float | int, ...]) -> Item:
@@ -224,6 +227,8 @@ class TailIndex:
         if self.timed and allow_offload is not None:
             self._drain_timed()
             mode = self.restore_mode(allow_offload) if num_blocks > 0 else None
+            if mode is None and num_blocks > 0 and not self.reads_restore:
+                mode = False
             if mode is not None:
                 return self._select_timed(mode, num_blocks, now_us, prepare)
             self.num_full += num_blocks > 0
