@@ -185,7 +185,7 @@ class CandidateIndex:
         time) says whether `prepare` gives `static_restore` for this decision.
         """
         if self.static_restore is not None and bytes_needed > 0 and self.entries:
-            if restore_mode is None and not self.reads_restore:
+            if not self.reads_restore:
                 restore_mode = False
             if restore_mode is None:
                 self.num_full += 1

@@ -227,7 +227,7 @@ class TailIndex:
         if self.timed and allow_offload is not None:
             self._drain_timed()
             mode = self.restore_mode(allow_offload) if num_blocks > 0 else None
-            if mode is None and num_blocks > 0 and not self.reads_restore:
+            if num_blocks > 0 and not self.reads_restore:
                 mode = False
             if mode is not None:
                 return self._select_timed(mode, num_blocks, now_us, prepare)
