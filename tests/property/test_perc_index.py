@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from cachepilot_sim.config import policy_config
 from cachepilot_sim.policies import CacheEntry, make_policy
-from cachepilot_sim.policies.perc import PercPolicy
+from cachepilot_sim.policies.candidates import CandidateIndex
+from cachepilot_sim.policies.perc import PercEntryIndex, PercPolicy
 from cachepilot_sim.policies.perc_index import PercIndex
 from cachepilot_sim.policies.reuse import GapEstimator
 from tests.property.test_indexed_eviction import run, seeded_stream, session_config
@@ -187,3 +188,31 @@ def test_session_decisions_go_through_the_index_unless_the_restore_moves(offload
             assert index.num_full > 0 and kv.cpu.residency_us < kv.estimator.delta_us
         else:
             assert index.num_full == 0 and index.num_visits >= len(log)
+
+
+def test_a_session_manager_decision_keys_few_entries_whatever_the_cache_size() -> None:
+    """Complexity, counted, through `CandidateIndex`: 100 one-victim PERC decisions over 10^4
+    idle entries (random sizes, gap histories, idle times), each followed by a release, key a
+    few entries each (records of restore / bytes), not 10^4."""
+    est = GapEstimator(0.3, 2e7, 3e7)
+    policy = make_policy(policy_config("perc"), est)
+    index = CandidateIndex(policy, lambda e, offload: e.recompute_us)
+    rng = np.random.default_rng(7)
+    now, size = 10**9, 10_000
+    for i in range(size + 100):
+        tokens = int(rng.integers(256, 32_768))
+        e = CacheEntry(i, i, 0, 0, 0, tokens, tokens * 131_072, 0, now - int(rng.integers(0, 5e8)))
+        e.gap_ema_us = float(rng.choice([-1.0, rng.uniform(1e6, 1e9)]))
+        e.recompute_us = e.restore_us = 20.0 * tokens + 1e-4 * tokens * tokens
+        if i < size:
+            index.add(e, now)
+            continue
+        now += 1_000
+        (victim,) = index.select(1, now, lambda e: e, -1, False)
+        index.discard(victim.entry_id)
+        e.last_used_us = now
+        index.add(e, now)
+    timed = index._timed[False]
+    assert isinstance(timed, PercEntryIndex)
+    assert index.num_full == 0 and index.num_visits == 100
+    assert timed.num_keyed() <= 100 * 3 * math.log(size)
