@@ -71,20 +71,20 @@ TICKS_US = (0, 1, 700_000, 5_000_000, 20_000_001, 61_000_000, 300_000_000)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(step, max_size=60), st.sampled_from([5.0, 30.0]))
-def test_indexed_perc_evicts_exactly_what_the_full_sort_evicts(
-    ops: list[tuple[str, int, int]], delta_s: float
+@given(st.lists(step, max_size=60), st.sampled_from([5.0, 30.0]), st.sampled_from([512, 0]))
+def test_array_ranked_perc_evicts_exactly_what_the_full_sort_evicts(
+    ops: list[tuple[str, int, int]], delta_s: float, sort_up_to: int
 ) -> None:
-    """PercChunkPolicy (PercIndex, re-indexed per decision) against SessionChunkPolicy (every
-    session sorted by the simulator's PercPolicy at every decision): same victims, same order,
-    through returns (gaps learned), pins, protected keys and idle times across the horizon."""
+    """PercChunkPolicy (key inputs in arrays, re-put per decision; sorted, or one minimum per
+    victim) against SessionChunkPolicy (a CacheEntry per session sorted by the simulator's
+    PercPolicy at every decision): same victims, same order, through returns (gaps learned),
+    pins, protected keys and idle times across the horizon."""
     now = [0]
     # Long chunks at session-dependent depths: restore per byte differs between sessions.
     params = PercParams(tokens_per_chunk=TPC_LONG, delta_s=delta_s, prior_gap_s=10.0)
-    policies = [
-        PercChunkPolicy(64, params, lambda: now[0]),
-        SessionChunkPolicy(64, params, lambda: now[0]),
-    ]
+    perc = PercChunkPolicy(64, params, lambda: now[0])
+    perc.sort_up_to_sessions = sort_up_to  # 0: one minimum per victim session
+    policies = [perc, SessionChunkPolicy(64, params, lambda: now[0])]
     resident: dict[tuple[int, int], list[ChunkStatus]] = {}
     length = [0] * 6
     for i, (kind, session, count) in enumerate(ops):
