@@ -6,8 +6,9 @@ import numpy as np
 
 from cachepilot_sim.config import HardwareConfig, policy_config
 from cachepilot_sim.cost import compute_fit, recompute_us
-from cachepilot_sim.integrations.vllm.chunks import SessionChunkPolicy, session_key
+from cachepilot_sim.integrations.vllm.chunks import SessionChunkPolicy, _Session, session_key
 from cachepilot_sim.integrations.vllm.params import PercParams
+from cachepilot_sim.integrations.vllm.perc_chunks import SessionArrays
 from cachepilot_sim.policies import CacheEntry, GapEstimator, make_policy
 from tests.vllm_double import (
     ChunkStatus,
@@ -187,3 +188,21 @@ def test_a_session_is_ranked_by_its_unprotected_idle_chunks_only() -> None:
         assert evicted is not None and [k for k, _ in evicted] == shallow
         evicted = policy.evict(1, set())  # unprotected, a's deep chunk is the dearer one
         assert evicted is not None and [k for k, _ in evicted] == medium
+
+
+def test_session_arrays_grow_and_refill_holes_without_losing_a_slot() -> None:
+    arrays = SessionArrays(capacity=4)
+    sessions = [_Session(CacheEntry(i, i, 0, 0, 0, 0, 0, 0, 100 + i)) for i in range(150)]
+    for s in sessions:  # past the capacity several times
+        arrays.put(s, float(s.entry.entry_id), 16.0)
+    for sid in range(0, 150, 3):  # holes filled from the end
+        arrays.drop(sid)
+    arrays.drop(999)  # absent: no-op
+    arrays.put(sessions[1], 7.0, 32.0)  # an update keeps its slot
+    last_used, _, cost, size, ids = (v[: arrays.num_slots] for v in arrays.views)
+    kept = [i for i in range(150) if i % 3]
+    assert arrays.num_slots == len(kept) and sorted(ids.tolist()) == kept
+    for slot, sid in enumerate(ids.tolist()):
+        assert arrays.of[slot] is sessions[sid] and arrays.slot[sid] == slot
+        assert last_used[slot] == 100 + sid
+        assert (cost[slot], size[slot]) == ((7.0, 32.0) if sid == 1 else (float(sid), 16.0))
