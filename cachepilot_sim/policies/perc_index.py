@@ -240,7 +240,10 @@ class PercIndex:
         else:
             self._own.remove((last_used_us, item_id))
 
-    def _expire(self, now_us: int) -> None:
+    def advance(self, now_us: int) -> None:
+        """Set the clock: young items whose base has passed become dormant (each once). Queries
+        call it; call it before loading many items that are already dormant, or the first query
+        moves all of them (one O(n log n) step, not a per-query cost)."""
         if self._last_now is not None and now_us < self._last_now:
             raise ValueError(f"PercIndex: time went back from {self._last_now} to {now_us}")
         self._last_now = now_us
@@ -304,7 +307,7 @@ class PercIndex:
 
     def peek_min(self, now_us: int, population_gap_us: float) -> int | None:
         """The id with the smallest (key, id) at `now_us`, or None when empty."""
-        self._expire(now_us)
+        self.advance(now_us)
         best: tuple[float, int] | None = self._young[0] if self._young else None
         best = self._walk(self._own, (len(self._own.keys), 0), now_us, best)
         if self._none.keys:

@@ -201,7 +201,9 @@ def test_a_session_manager_decision_keys_few_entries_whatever_the_cache_size() -
     now, size = 10**9, 10_000
     for i in range(size + 100):
         tokens = int(rng.integers(256, 32_768))
-        e = CacheEntry(i, i, 0, 0, 0, tokens, tokens * 131_072, 0, now - int(rng.integers(0, 5e8)))
+        e = CacheEntry(
+            i, i, 0, 0, 0, tokens, tokens * 131_072, 0, now - int(rng.integers(0, 500_000_000))
+        )
         e.gap_ema_us = float(rng.choice([-1.0, rng.uniform(1e6, 1e9)]))
         e.recompute_us = e.restore_us = 20.0 * tokens + 1e-4 * tokens * tokens
         if i < size:
@@ -216,3 +218,14 @@ def test_a_session_manager_decision_keys_few_entries_whatever_the_cache_size() -
     assert isinstance(timed, PercEntryIndex)
     assert index.num_full == 0 and index.num_visits == 100
     assert timed.num_keyed() <= 100 * 3 * math.log(size)
+
+
+def test_items_loaded_after_advance_that_are_already_dormant_skip_the_young_set() -> None:
+    """`advance(now)` before a bulk load: an item whose own gap has already passed goes straight
+    to the dormant order (the first query then moves nothing); its rank is unchanged."""
+    index = PercIndex(100.0)
+    index.advance(10_000)
+    index.add(1, 0, 50.0, 1.0)  # idle 10,000 µs, gap 50: dormant
+    index.add(2, 9_990, 50.0, 1.0)  # idle 10 µs: young
+    assert len(index._young) == 1
+    assert index.pop_min(10_000, 1.0) == 1  # longer idle, same weight: smaller P
