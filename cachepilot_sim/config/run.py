@@ -133,6 +133,12 @@ class SimConfig(Sealed):
         """The session KV manager (synthetic workloads) keys KV by session id, not content: a
         session that moved replica would find a stale record of an earlier turn there, so on
         several replicas its turns must stay on one."""
+        require(
+            not self.cluster.shared_tier.enabled or self.replay.format != TraceFormat.NONE,
+            "cluster.shared_tier.capacity_gb",
+            self.cluster.shared_tier.capacity_gb,
+            "the shared tier holds prefix-hash blocks: it needs a trace replay (replay.format)",
+        )
         if self.cluster.single or self.replay.format != TraceFormat.NONE:
             return
 
