@@ -78,20 +78,23 @@ def routing(limit: int) -> list[str]:
 
 
 def shared_tier(limit: int) -> list[str]:
-    """6c rows: 4 replicas, router x shared tier (off, 1000 GB, 100 GB)."""
+    """6c rows: 4 replicas, router x shared tier (off; 1000 GB LRU; 100 GB by LRU, S3-FIFO,
+    PERC); the GPUs evict by LRU throughout."""
     rows = [
         "| router | shared tier | hit ratio (GPU + tier) | of it from the tier | prefill Mtok "
         "| recompute s | tier load s | tier write s | TTFT p50 (s) | TTFT p99 (s) "
         "| goodput (req/s) |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    tiers = [("off", 0), ("1000 GB lru", 1000), ("100 GB lru", 100)]
+    tiers = [("off", 0, "lru"), ("1000 GB lru", 1000, "lru"), ("100 GB lru", 100, "lru")]
+    tiers += [("100 GB s3fifo", 100, "s3fifo"), ("100 GB perc", 100, "perc")]
     for router in ("round_robin", "prefix_aware"):
-        for name, gb in tiers:
+        for name, gb, policy in tiers:
             m = run([
                 "+experiment=mooncake_synthetic", f"replay.path={MOONCAKE}",
                 f"replay.limit={limit}", "replay.time_scale=1", "cluster=shared_tier",
-                f"cluster.shared_tier.capacity_gb={gb}", f"router={router}", "policy=lru",
+                f"cluster.shared_tier.capacity_gb={gb}", f"cluster.shared_tier.policy={policy}",
+                f"router={router}", "policy=lru",
             ])  # fmt: skip
             rows.append(
                 f"| {router} | {name} | {m['cluster_hit_ratio']:.3f} "
