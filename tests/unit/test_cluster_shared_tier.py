@@ -191,6 +191,21 @@ def test_bad_shared_tier_keys_are_refused_by_name() -> None:
         )
 
 
+def test_pd_handovers_and_the_tier_share_one_network_and_every_request_ends() -> None:
+    shape = ClusterConfig(
+        prefill_replicas=2,
+        decode_replicas=2,
+        gpus_per_node=2,
+        shared_tier=SharedTierConfig(capacity_gb=100.0),
+    )
+    sim = make_simulation(replay_cfg(limit=150, cluster=shape, router=router_config("round_robin")))
+    assert isinstance(sim, ClusterSimulation) and sim.pd is not None and sim.shared is not None
+    assert sim.shared.network is sim.pd.network
+    m = sim.run().metrics
+    assert m["handovers"] == m["requests"] == m["completed"] + m["rejected"]
+    assert m["shared_load_blocks"] > 0 and sim.shared.conserved()
+
+
 def test_one_replica_with_a_shared_tier_runs_as_a_cluster() -> None:
     cfg = replay_cfg(limit=60, cluster=cluster(10.0, replicas=1))
     sim = make_simulation(cfg)
