@@ -29,8 +29,8 @@ def check(tier: SharedKvTier, pinned: dict[int, Any]) -> None:
     assert tier.conserved()
     assert 0 <= tier.stored_bytes + tier.writing_bytes <= tier.capacity_bytes
     for h, block in pinned.items():  # a block a load is reading is the same STORED block
-        assert tier.blocks.get(h) is block
-        assert block.state == BlockState.STORED
+        assert h in tier.blocks and tier.blocks[h] is block
+        assert tier.blocks[h].state == BlockState.STORED
 
 
 @settings(max_examples=60, deadline=None)
