@@ -78,16 +78,16 @@ def routing(limit: int) -> list[str]:
 
 
 def shared_tier(limit: int) -> list[str]:
-    """6c rows: 4 replicas, router x shared tier (off; 1000 GB LRU; 100 GB by LRU, S3-FIFO,
-    PERC); the GPUs evict by LRU throughout."""
+    """6c rows: 4 replicas, router x shared tier (off; 1000 GB LRU; 300 and 100 GB by LRU,
+    S3-FIFO, PERC); the GPUs evict by LRU throughout."""
     rows = [
         "| router | shared tier | hit ratio (GPU + tier) | of it from the tier | prefill Mtok "
         "| recompute s | tier load s | tier write s | TTFT p50 (s) | TTFT p99 (s) "
         "| goodput (req/s) |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    tiers = [("off", 0, "lru"), ("1000 GB lru", 1000, "lru"), ("100 GB lru", 100, "lru")]
-    tiers += [("100 GB s3fifo", 100, "s3fifo"), ("100 GB perc", 100, "perc")]
+    tiers = [("off", 0, "lru"), ("1000 GB lru", 1000, "lru")]
+    tiers += [(f"{gb} GB {p}", gb, p) for gb in (300, 100) for p in ("lru", "s3fifo", "perc")]
     for router in ("round_robin", "prefix_aware"):
         for name, gb, policy in tiers:
             m = run([
