@@ -69,7 +69,7 @@ class PrefixKvManager:
             self.hash_bytes, self.cpu_hash_bytes
         )
         self.tree = PrefixTree()
-        self.tails = TailIndex(self.tree, self.policy)
+        self.tails = TailIndex(self.tree, self.policy, self)
         self.cpu_tier = PrefixCpuTier(
             deps,
             self.tree,
@@ -114,6 +114,7 @@ class PrefixKvManager:
         parent = req.parent
         if parent is not None and parent.outcome == Outcome.COMPLETED:
             self.estimator.observe(self._group_entry(req.group_id), now - parent.finish_us)
+            self.tails.regroup(req.group_id)
         blocks = self.tree.blocks
         for h in req.hash_ids:
             entry = self.hash_entries.get(h)
@@ -265,7 +266,7 @@ class PrefixKvManager:
         the tail index; one that needs the chains (the oracle) sees the whole candidate forest."""
         if self.tails.enabled:
             return self.tails.select(
-                num_blocks, now, lambda b: self._prepare(b, now, allow_offload)
+                num_blocks, now, lambda b: self._prepare(b, now, allow_offload), allow_offload
             )
         forest = self.tree.forest()
         entries = [self._prepare(b, now, allow_offload) for b in forest.blocks]
