@@ -17,7 +17,7 @@ from cachepilot_sim.components.kv.cpu_store import CpuStore
 from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
 from cachepilot_sim.components.kv.prefix_tier import PrefixCpuTier
 from cachepilot_sim.components.kv.protocol import Admit, KvDeps, KvStats
-from cachepilot_sim.components.kv.remote import ManagerParts, OffGpuLoads
+from cachepilot_sim.components.kv.remote import OffGpuLoads
 from cachepilot_sim.components.kv.room import RoomRule
 from cachepilot_sim.components.kv.tails import TailIndex
 from cachepilot_sim.components.kv.transfers import Transfers, cpu_kv_bytes_per_token
@@ -86,8 +86,7 @@ class PrefixKvManager:
         # the policy (its uses, its ghost-list record), as a returning session is.
         self.hash_entries: dict[int, CacheEntry] = {}
         self._next_entry_id = 0
-        parts = ManagerParts(self._make_room, self._insert, self.cpu_tier, self.seen)
-        self.off_gpu = OffGpuLoads(deps, self.tree, self.hash_bytes, parts)  # CPU, shared tier
+        self.off_gpu = OffGpuLoads(deps, self.cpu_tier, self._make_room, self._insert, self.seen)
 
     def blocks_for(self, num_tokens: int) -> int:
         """Pages of `kv.block_tokens` that hold `num_tokens` tokens."""

@@ -15,12 +15,11 @@ the manager sees it through `RemoteKv`, one port per replica, handed in with `Kv
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import simpy
 
-from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
+from cachepilot_sim.components.kv.forest import HashBlock
 from cachepilot_sim.components.kv.prefix_tier import PrefixCpuTier
 from cachepilot_sim.components.kv.protocol import Admit, KvDeps, Tier
 from cachepilot_sim.components.request import Request
@@ -45,34 +44,32 @@ class RemoteKv(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class ManagerParts:
-    """What the prefix manager lends the loads: its room rule (`make_room(bytes)`, True when free
-    now), its block insertion (`insert(chain, new_ids, req)`: new GPU blocks extending `chain`,
-    referenced once, appended to it), its CPU tier (tried first; its `held` pins blocks per
-    request id until the request is admitted) and the hash ids ever cached (`seen`)."""
-
-    make_room: Callable[[int], bool]
-    insert: Callable[[list[HashBlock], list[int], Request], None]
-    cpu_tier: PrefixCpuTier
-    seen: set[int]
-
-
 class OffGpuLoads:
     """A chain's continuation off the GPU: the CPU tier's, else the shared store's (when the
     manager has one: `deps.remote`); and the write-through of finished blocks to the store."""
 
     def __init__(
-        self, deps: KvDeps, tree: PrefixTree, hash_bytes: int, parts: ManagerParts
+        self,
+        deps: KvDeps,
+        cpu_tier: PrefixCpuTier,
+        make_room: Callable[[int], bool],
+        insert: Callable[[list[HashBlock], list[int], Request], None],
+        seen: set[int],
     ) -> None:
+        """What the prefix manager lends: its CPU tier (tried first; its tree, block size, and
+        `held`, the blocks pinned per request id until the request is admitted), its room rule
+        (`make_room(bytes)`, True when free now), its block insertion (`insert(chain, new_ids,
+        req)`: new GPU blocks extending `chain`, referenced once, appended to it) and the hash
+        ids ever cached (`seen`)."""
         self.env, self.pool, self.queue, self.remote = deps.env, deps.pool, deps.queue, deps.remote
-        self.tree, self.hash_bytes, self.parts = tree, hash_bytes, parts
+        self.cpu_tier, self.tree, self.hash_bytes = cpu_tier, cpu_tier.tree, cpu_tier.hash_bytes
+        self.make_room, self.insert, self.seen = make_room, insert, seen
 
     def continuation(self, req: Request, ids: list[int], hits: int) -> Admit | None:
         """The CPU tier's reload (`PrefixCpuTier.continuation`) when the chain continues there;
         else a load of the store's run of blocks after the GPU hits (WAIT), or BLOCKED while the
         GPU has no room for them; None when neither holds a continuation."""
-        early = self.parts.cpu_tier.continuation(req, ids, hits)
+        early = self.cpu_tier.continuation(req, ids, hits)
         if early is not None or self.remote is None:
             return early
         num = self.remote.num_stored(ids, hits)
@@ -82,18 +79,17 @@ class OffGpuLoads:
         for b in chain:  # pinned first, so making room cannot evict the prefix being extended
             self.tree.pin(b)
         num_bytes = num * self.hash_bytes
-        parts = self.parts
-        if not parts.make_room(num_bytes):
+        if not self.make_room(num_bytes):
             for b in chain:
                 self.tree.unpin(b)
             return Admit.BLOCKED
         self.pool.start_reload(num_bytes)
-        parts.insert(chain, ids[hits : hits + num], req)  # appends the new blocks to chain
-        parts.seen.update(ids[hits : hits + num])  # cached here now: a later miss is a restore
+        self.insert(chain, ids[hits : hits + num], req)  # appends the new blocks to chain
+        self.seen.update(ids[hits : hits + num])  # cached here now: a later miss is a restore
         back = chain[hits:]
         for b in back:
             b.tier = Tier.FLIGHT_IN
-        parts.cpu_tier.held.setdefault(req.req_id, []).extend(chain)
+        self.cpu_tier.held.setdefault(req.req_id, []).extend(chain)
         self.env.process(self._land(req, back, self.remote.start_load(ids[hits : hits + num])))
         return Admit.WAIT
 
