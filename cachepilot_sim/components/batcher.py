@@ -284,10 +284,13 @@ class Batcher(DecodeGrowth):
         idx = np.flatnonzero((self.prefill_left[:n] > 0) & (self.order[:n] < self.held_from))
         if idx.size == 0 or tokens_left <= 0:
             return idx[:0], idx[:0]
+        if idx.size == 1:  # the common case: one prompt in prefill
+            want = self.prefill_left[idx]
+            return idx, np.minimum(want, tokens_left)
         idx = idx[np.argsort(self.order[idx], kind="stable")]
         want = self.prefill_left[idx]
         before = np.cumsum(want) - want
-        chunks = np.clip(tokens_left - before, 0, want)
+        chunks = np.minimum(np.maximum(tokens_left - before, 0), want)
         keep = chunks > 0
         return idx[keep], chunks[keep]
 
@@ -297,12 +300,16 @@ class Batcher(DecodeGrowth):
         """Cost-model time of one iteration (before rounding up to whole microseconds)."""
         idx = np.concatenate((decode, chunk_idx))
         g = self.ghost.shape[1]
+        if not g:  # the same arrays as before async scheduling existed: identical results
+            new = np.ones(idx.size)
+            new[decode.size :] = chunks
+            return self.step_cost.iteration_us(
+                new, self.ctx[idx], self.tok_bytes[idx], self.model[idx]
+            )
         new = np.concatenate((np.ones(decode.size + g), chunks.astype(np.float64)))
         ctx = np.concatenate((self.ctx[decode], self.ghost[0], self.ctx[chunk_idx]))
         tok = np.concatenate((self.tok_bytes[decode], self.ghost[1], self.tok_bytes[chunk_idx]))
         model = np.concatenate((self.model[decode], self.ghost[2], self.model[chunk_idx]))
-        if not g:  # the same arrays as before async scheduling existed: identical results
-            ctx, tok, model = self.ctx[idx], self.tok_bytes[idx], self.model[idx]
         return self.step_cost.iteration_us(new, ctx, tok, model)
 
     def _account(self, duration: int, steps: int) -> None:
