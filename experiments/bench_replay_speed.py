@@ -47,9 +47,11 @@ def main() -> None:
     register_configs()
     import cachepilot_sim.policies  # noqa: F401  (registers every policy)
 
-    policies = args.policies.split(",") if args.policies else [
-        p for p in POLICIES.names() if p not in EXCLUDED
-    ]
+    policies = (
+        args.policies.split(",")
+        if args.policies
+        else [p for p in POLICIES.names() if p not in EXCLUDED]
+    )
     conf = Path(__file__).resolve().parents[1] / "cachepilot_sim" / "conf"
     results: list[dict[str, Any]] = []
     for experiment in args.experiments.split(","):
@@ -120,9 +122,10 @@ def run_one(conf: Path, experiment: str, policy: str, limit: int) -> dict[str, A
 
 def markdown(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
     """The results as a markdown table (one row per trace and policy)."""
+    load = ", ".join(f"{x:.1f}" for x in meta["load_average_1_5_15_min_at_end"])
     lines = [
         f"Measured {meta['date_utc']} UTC, commit {meta['commit']}, replay.limit={meta['limit']}, "
-        f"load average at the end {', '.join(f'{x:.1f}' for x in meta['load_average_1_5_15_min_at_end'])}.",
+        f"load average at the end {load}.",
         "",
         "| trace | policy | key scope | requests | wall s | CPU s | req/wall-s | req/CPU-s | "
         f">= {TARGET_REQ_PER_S} | load |",
