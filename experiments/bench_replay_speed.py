@@ -64,6 +64,11 @@ def main() -> None:
                 f"{r['req_per_cpu_s']:.0f} req/CPU-s (load {r['load_1min']:.1f})",
                 flush=True,
             )
+            write(args, results)  # after every cell: a long sweep that is stopped keeps its rows
+
+
+def write(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
+    """The JSON and markdown outputs asked for, with the run's metadata."""
     meta = {
         "date_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"),
         "commit": _commit(),
