@@ -100,6 +100,7 @@ def make_step_cost(cfg: SimConfig, fit: ComputeFit) -> StepCostModel:
                 e.prefill_seqlen_us,
                 e.request_us,
                 e.q_pad_tokens,
+                tuple(float(v) for v in e.q_shape_us),
             )
         )
     return RooflineStepCost(fit, [float(m.weight_bytes) for m in cfg.models])

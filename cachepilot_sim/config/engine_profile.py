@@ -7,11 +7,11 @@ cost, its KV pool size in blocks, its asynchronous scheduling and its prefill sa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import ClassVar
 
-from cachepilot_sim.config.base import Sealed, bounded
+from cachepilot_sim.config.base import Sealed, bounded, join_key, require
 
 
 class StepCost(StrEnum):
@@ -49,6 +49,9 @@ class EngineConfig(Sealed):
     prefill_seqlen_us: float = bounded(0.0, ge=0)  # per 10^3 (prefill x longest sequence) pairs
     request_us: float = bounded(0.0, ge=0)
     q_pad_tokens: int = bounded(256, gt=0, integer=True)  # queries padded to a multiple of this
+    # Time of each padded query shape k x q_pad_tokens (k = 1..len), replacing const_us +
+    # q_padded_token_us x padded queries when given (cost.engine_step.EngineStepFit.q_shape_us).
+    q_shape_us: list[float] = field(default_factory=list)
     # KV pool in blocks of kv.block_tokens, as the engine allocated it; 0: from vram_gb.
     kv_pool_blocks: int = bounded(0, ge=0, integer=True)
     # Async batching: step n+1 is scheduled while step n runs, so a request that arrived during a
@@ -63,3 +66,12 @@ class EngineConfig(Sealed):
     # A queued request whose KV does not fit is passed over for later ones while a block is free
     # (transformers CB: `continue` in Scheduler._process_candidates); False: head-of-line order.
     admit_past_blocked: bool = False
+
+    def validate(self, prefix: str) -> None:
+        super().validate(prefix)
+        require(
+            all(v > 0 for v in self.q_shape_us),
+            join_key(prefix, "q_shape_us"),
+            list(self.q_shape_us),
+            "must hold positive step times (us), one per padded query shape",
+        )

@@ -14,6 +14,13 @@ the longest sequence over sqrt(requests) alone (the form fitted before the mixed
 cannot separate the longest sequence from the mean context on batches of equal contexts), and
 five other forms. The coefficients come from closed micro-runs only
 (`fit_engine_step`), never from the validation workloads.
+
+The padded query shape has a second form, `q_shape_us`: one measured time per launch shape (k x
+`q_pad_tokens` queries, k = 1..len) in place of `const_us + q_padded_token_us x padded queries`.
+The engine replays one CUDA graph per shape and its GEMMs are not linear in the row count (the
+512-query graph costs 5 % less than the line through 256 and 2048 predicts): with small-prefill
+micro-runs (microbench_small/) in the fit, the table form brings the fitted cost of the
+validation workloads' own mixed steps from 5.6-6.3 % to 1.7-2.4 % (p90 of |error|).
 """
 
 from __future__ import annotations
@@ -54,9 +61,26 @@ class EngineStepFit:
     prefill_seqlen_us: float
     request_us: float
     q_pad_tokens: int = 256
+    # Time of each padded query shape k x q_pad_tokens (k = 1..len; larger shapes take the last);
+    # when given, const_us and q_padded_token_us are 0 (the fit's table form).
+    q_shape_us: tuple[float, ...] = ()
 
     def coefficients(self) -> np.ndarray:
+        """Coefficients in the column order of `step_features(..., shapes=len(q_shape_us))`."""
+        if self.q_shape_us:
+            rest = [getattr(self, name) for name in FEATURES[2:]]
+            return np.array([*self.q_shape_us, *rest], dtype=np.float64)
         return np.array([getattr(self, name) for name in FEATURES], dtype=np.float64)
+
+    def shape_us(self, q_tokens: int | np.ndarray) -> float | np.ndarray:
+        """The padded query shape's part of a step: table lookup or the linear form."""
+        k = -(-np.asarray(q_tokens) // self.q_pad_tokens)
+        if self.q_shape_us:
+            table = np.asarray(self.q_shape_us)
+            out = table[np.clip(k, 1, table.size) - 1]
+        else:
+            out = self.const_us + self.q_padded_token_us * k * self.q_pad_tokens
+        return float(out) if np.ndim(out) == 0 else out
 
 
 def padded(num_tokens: int | np.ndarray, interval: int) -> int | np.ndarray:
@@ -71,15 +95,22 @@ def step_features(
     prefill_tokens: np.ndarray,
     num_requests: np.ndarray,
     q_pad_tokens: int,
+    shapes: int = 0,
 ) -> np.ndarray:
-    """One row per step, columns in `FEATURES` order (all inputs are per-step token counts)."""
+    """One row per step, columns in `FEATURES` order (all inputs are per-step token counts);
+    with `shapes`, the first two columns are replaced by one indicator column per padded query
+    shape (k = 1..shapes, larger shapes counted as the last)."""
     q = np.asarray(q_tokens, dtype=np.float64)
     kv = np.asarray(kv_read_tokens, dtype=np.float64)
     seqlen = np.asarray(max_seqlen_k, dtype=np.float64)
+    if shapes:
+        k = np.clip(np.ceil(q / q_pad_tokens).astype(np.int64), 1, shapes)
+        head = [(k == j).astype(np.float64) for j in range(1, shapes + 1)]
+    else:
+        head = [np.ones_like(q), np.ceil(q / q_pad_tokens) * q_pad_tokens]
     return np.stack(
         [
-            np.ones_like(q),
-            np.ceil(q / q_pad_tokens) * q_pad_tokens,
+            *head,
             kv,
             kv * kv / _KV2_SCALE,
             seqlen,
@@ -105,8 +136,7 @@ def engine_step_us(fit: EngineStepFit, new_tokens: np.ndarray, context_tokens: n
     prefill = float(new[new > 1].sum())
     c = fit
     return (
-        c.const_us
-        + c.q_padded_token_us * math.ceil(q / c.q_pad_tokens) * c.q_pad_tokens
+        float(c.shape_us(int(q)))
         + c.kv_read_token_us * kv
         + c.kv_read_token2_us * kv * kv / _KV2_SCALE
         + c.seqlen_us * seqlen
@@ -123,10 +153,8 @@ def decode_run_us(fit: EngineStepFit, context_tokens: np.ndarray, num_steps: int
     j = np.arange(num_steps, dtype=np.float64)
     kv = float(context_tokens.sum()) + n * j
     seqlen = float(context_tokens.max()) + 1.0 + j
-    q = math.ceil(n / fit.q_pad_tokens) * fit.q_pad_tokens
     return (
-        fit.const_us
-        + fit.q_padded_token_us * q
+        float(fit.shape_us(n))
         + fit.kv_read_token_us * kv
         + fit.kv_read_token2_us * kv * kv / _KV2_SCALE
         + fit.seqlen_us * seqlen
@@ -136,17 +164,23 @@ def decode_run_us(fit: EngineStepFit, context_tokens: np.ndarray, num_steps: int
 
 
 def fit_engine_step(
-    features: np.ndarray, step_us: np.ndarray, q_pad_tokens: int
+    features: np.ndarray, step_us: np.ndarray, q_pad_tokens: int, shapes: int = 0
 ) -> tuple[EngineStepFit, np.ndarray]:
     """Non-negative least squares of relative error: minimises sum ((model - y) / y)^2, so short
-    decode steps weigh as much as long prefills. Returns the fit and each step's relative residual
-    (model - measured) / measured."""
+    decode steps weigh as much as long prefills. `features` from `step_features` with the same
+    `shapes`. Returns the fit and each step's relative residual (model - measured) / measured."""
     y = np.asarray(step_us, dtype=np.float64)
     if y.size < features.shape[1] or (y <= 0).any():
         raise ValueError(f"need at least {features.shape[1]} steps with positive times")
     coef, _ = nnls(features / y[:, None], np.ones_like(y))
-    values = dict(zip(FEATURES, (float(c) for c in coef), strict=True))
-    fit = EngineStepFit(**values, q_pad_tokens=q_pad_tokens)  # type: ignore[arg-type]
+    if shapes:
+        table = tuple(float(c) for c in coef[:shapes])
+        values = dict(zip(FEATURES[2:], (float(c) for c in coef[shapes:]), strict=True))
+        values |= {"const_us": 0.0, "q_padded_token_us": 0.0}
+        fit = EngineStepFit(**values, q_pad_tokens=q_pad_tokens, q_shape_us=table)  # type: ignore[arg-type]
+    else:
+        values = dict(zip(FEATURES, (float(c) for c in coef), strict=True))
+        fit = EngineStepFit(**values, q_pad_tokens=q_pad_tokens)  # type: ignore[arg-type]
     residuals = (features @ coef - y) / y
     return fit, residuals
 

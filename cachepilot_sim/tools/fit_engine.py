@@ -6,7 +6,12 @@ left out. Writes the fit, the data file it came from and the residuals as JSON, 
     python -m cachepilot_sim.tools.fit_engine \\
         experiments/validation/hf_cb/2026-12-01/microbench/steps.parquet \\
         experiments/validation/hf_cb/2026-12-01/microbench_mixed/steps.parquet \\
-        --json experiments/validation/hf_cb/2026-12-01/step_fit.json
+        experiments/validation/hf_cb/2026-12-02-small/microbench_small/steps.parquet \\
+        --q-shapes 8 --json experiments/validation/hf_cb/2026-12-02-small/step_fit.json
+
+`--q-shapes N` fits one time per padded query shape (N = the engine's token budget over its
+query padding: 2048 / 256) instead of a line in the padded query count; the JSON reports the
+cross-validation of both forms.
 
 Several micro-run files are stacked (their configurations keep their own names, so the
 cross-validation still leaves one configuration out at a time).
@@ -51,20 +56,28 @@ def load_micro_steps(*paths: Path) -> pl.DataFrame:
     return pl.concat([f.select(common) for f in frames], how="vertical_relaxed")
 
 
-def fit_steps(steps: pl.DataFrame, q_pad_tokens: int) -> tuple[EngineStepFit, np.ndarray]:
-    """The fit over `steps` and each step's relative residual (model - measured) / measured."""
-    x = step_features(
+def features_of(steps: pl.DataFrame, q_pad_tokens: int, shapes: int = 0) -> np.ndarray:
+    """The step features (cost.engine_step.step_features) of a steps table."""
+    return step_features(
         steps["q_tokens"].to_numpy(),
         steps["kv_read_tokens"].to_numpy(),
         steps["max_seqlen_k"].to_numpy(),
         steps["prefill_tokens"].to_numpy(),
         steps["num_requests"].to_numpy(),
         q_pad_tokens,
+        shapes,
     )
-    return fit_engine_step(x, steps["gpu_us"].to_numpy(), q_pad_tokens)
 
 
-def cross_validate(steps: pl.DataFrame, q_pad_tokens: int) -> np.ndarray:
+def fit_steps(
+    steps: pl.DataFrame, q_pad_tokens: int, shapes: int = 0
+) -> tuple[EngineStepFit, np.ndarray]:
+    """The fit over `steps` and each step's relative residual (model - measured) / measured."""
+    x = features_of(steps, q_pad_tokens, shapes)
+    return fit_engine_step(x, steps["gpu_us"].to_numpy(), q_pad_tokens, shapes)
+
+
+def cross_validate(steps: pl.DataFrame, q_pad_tokens: int, shapes: int = 0) -> np.ndarray:
     """Leave-one-configuration-out: each micro-run configuration's steps predicted by a fit of
     all the others; returns every step's relative error. How the feature set was chosen."""
     keys = [
@@ -78,16 +91,9 @@ def cross_validate(steps: pl.DataFrame, q_pad_tokens: int) -> np.ndarray:
     errors = []
     for g in group.unique(maintain_order=True).to_list():
         held = group == g
-        fit, _ = fit_steps(steps.filter(~held), q_pad_tokens)
+        fit, _ = fit_steps(steps.filter(~held), q_pad_tokens, shapes)
         test = steps.filter(held)
-        x = step_features(
-            test["q_tokens"].to_numpy(),
-            test["kv_read_tokens"].to_numpy(),
-            test["max_seqlen_k"].to_numpy(),
-            test["prefill_tokens"].to_numpy(),
-            test["num_requests"].to_numpy(),
-            q_pad_tokens,
-        )
+        x = features_of(test, q_pad_tokens, shapes)
         y = test["gpu_us"].to_numpy().astype(np.float64)
         errors.append((x @ fit.coefficients() - y) / y)
     return np.concatenate(errors)
@@ -98,7 +104,9 @@ def report(
 ) -> dict[str, Any]:
     """The fit, its data and its residuals: overall and per micro-run configuration."""
     abs_r = np.abs(resid)
-    cv = cross_validate(steps, fit.q_pad_tokens)
+    shapes = len(fit.q_shape_us)
+    cv = cross_validate(steps, fit.q_pad_tokens, shapes)
+    cv_linear = cross_validate(steps, fit.q_pad_tokens) if shapes else cv
     frame = steps.with_columns(resid=pl.Series(resid))
     keys = [
         c
@@ -122,7 +130,8 @@ def report(
         "data": [str(p) for p in path] if isinstance(path, list) else str(path),
         "target": "gpu_us (device time of the step's forward)",
         "steps_used": int(steps.height),
-        "fit": {name: getattr(fit, name) for name in (*FEATURES, "q_pad_tokens")},
+        "fit": {name: getattr(fit, name) for name in (*FEATURES, "q_pad_tokens")}
+        | ({"q_shape_us": list(fit.q_shape_us)} if shapes else {}),
         "residual_abs_median": float(np.median(abs_r)),
         "residual_abs_mean": float(abs_r.mean()),
         "residual_abs_p90": float(np.percentile(abs_r, 90)),
@@ -130,6 +139,10 @@ def report(
         "residual_signed_mean": float(resid.mean()),
         "loco_cv_abs_mean": float(np.abs(cv).mean()) if cv.size else None,
         "loco_cv_abs_p90": float(np.percentile(np.abs(cv), 90)) if cv.size else None,
+        "loco_cv_linear_form_abs_mean": float(np.abs(cv_linear).mean()) if cv.size else None,
+        "loco_cv_linear_form_abs_p90": (
+            float(np.percentile(np.abs(cv_linear), 90)) if cv.size else None
+        ),
         "per_config": per_config,
     }
 
@@ -138,10 +151,13 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("steps", type=Path, nargs="+", help="the micro-runs' steps.parquet file(s)")
     ap.add_argument("--q-pad-tokens", type=int, default=256)
+    ap.add_argument(
+        "--q-shapes", type=int, default=0, help="fit a time per padded query shape (0: a line)"
+    )
     ap.add_argument("--json", type=Path, help="write the fit and its residuals here")
     args = ap.parse_args(argv)
     steps = load_micro_steps(*args.steps)
-    fit, resid = fit_steps(steps, args.q_pad_tokens)
+    fit, resid = fit_steps(steps, args.q_pad_tokens, args.q_shapes)
     out = report(args.steps if len(args.steps) > 1 else args.steps[0], steps, fit, resid)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1, default=float) + "\n")
@@ -151,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
         f"leave-one-configuration-out |error| mean {out['loco_cv_abs_mean']:.2%}, "
         f"p90 {out['loco_cv_abs_p90']:.2%}"
     )
-    for name in (*FEATURES, "q_pad_tokens"):
+    for name in out["fit"]:
         print(f"  {name}: {out['fit'][name]!r}")
 
 

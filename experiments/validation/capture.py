@@ -13,6 +13,9 @@ methods (no engine code is changed). Output: one ground-truth folder per workloa
     python3 capture.py --out $OUT --phase pressure     # small-cache workloads + cost micro-runs
     python3 capture.py --out /tmp/x --phase smoke --cpu-smoke   # tiny model on CPU, logic only
     python3 capture.py --out $OUT --phase mixed        # mixed-context decode cost micro-runs
+    python3 capture.py --out $OUT --phase small        # small prefills beside decodes: micro-runs
+    python3 capture.py --out $OUT --phase fresh        # multiturn run 2, pressure_soft_reset run 3
+    python3 capture.py --out $OUT --phase hashdiag     # multiturn + pressure_preempt, hashes logged
 
 Engine configuration (one, documented in the README next to the data): FA2-varlen attention through
 PyTorch's own FlashAttention-2 kernel, CUDA graphs + async batching on, every padded batch shape
@@ -39,6 +42,7 @@ from capture_workloads import (
     lognormal_lengths,
     microbench_mixed_plan,
     microbench_plan,
+    microbench_small_plan,
     rename,
     w_azure,
     w_burst,
@@ -338,6 +342,74 @@ def phase_mixed(s: Session, args: argparse.Namespace) -> None:
     microbench(s, args, lambda: microbench_mixed_plan(scale=8)[:3], "microbench_mixed", spec)
 
 
+def phase_small(s: Session, args: argparse.Namespace) -> None:
+    """Small-prefill mixed-step micro-runs (microbench_small_plan), on the micro-run engine."""
+    if not s.smoke:
+        microbench(s, args, microbench_small_plan, "microbench_small")
+        return
+    spec = EngineSpec(
+        "smoke_small",
+        num_blocks=256,
+        block_size=32,
+        max_batch_tokens=256,
+        use_cuda_graph=False,
+        use_async_batching=False,
+        precapture_max_seqlen_k=0,
+    )
+    microbench(s, args, lambda: microbench_small_plan(scale=8)[:3], "microbench_small", spec)
+
+
+def _capture_fresh(
+    s: Session, spec: EngineSpec, name: str, reqs: list[Req], meta: dict, **kw: object
+) -> None:
+    """One workload first on a freshly built engine (no prefix cache left by earlier ones)."""
+    rec = Recorder(use_cuda=not s.smoke)
+    mgr, info = make_engine(s.model, spec, rec, s.smoke)
+    s.capture(mgr, rec, spec, info, name, reqs, meta=meta, **kw)  # type: ignore[arg-type]
+    destroy_engine(mgr)
+
+
+def _pressure_workload(name: str, rate: float, seed: int, lengths: dict) -> tuple[list, dict]:
+    """A pressure workload with no safety margin (the engine soft-resets instead of queueing)."""
+    reqs = rename(w_poisson("pressure", 48, rate, seed=seed, lengths=lengths), name)
+    meta = {
+        "kind": "pressure",
+        "rate_rps": rate,
+        "num_blocks": PRESSURE_BLOCKS,
+        **lengths,
+        "safety_margin": 0.0,
+    }
+    return reqs, meta
+
+
+def phase_fresh(s: Session, args: argparse.Namespace) -> None:
+    """multiturn run 2 (its run-to-run spread) and pressure_soft_reset run 3 (captured before on
+    the engine that had just served pressure_queue), each on a fresh engine."""
+    plan = {name: (reqs, meta) for name, reqs, meta in main_plan(args)}
+    reqs, meta = plan["multiturn"]
+    _capture_fresh(s, MAIN_SPEC, "multiturn", reqs, meta, limit_s=90, run_ids=(2,))
+    reqs, meta = _pressure_workload("pressure_soft_reset", 3.0, 61, PRESSURE_LEN)
+    spec = EngineSpec("pressure_soft_reset", num_blocks=PRESSURE_BLOCKS, safety_margin=0.0)
+    _capture_fresh(s, spec, "pressure_soft_reset", reqs, meta, limit_s=45, run_ids=(3,))
+
+
+def phase_hashdiag(s: Session, args: argparse.Namespace) -> None:
+    """multiturn run 1 with the block manager's hash registrations and lookups logged
+    (hashdiag.py), then pressure_preempt: twice the rate, longer replies, no safety margin."""
+    import hashdiag
+
+    hashdiag.patch()
+    plan = {name: (reqs, meta) for name, reqs, meta in main_plan(args)}
+    reqs, meta = plan["multiturn"]
+    _capture_fresh(s, MAIN_SPEC, "multiturn", reqs, meta, limit_s=90, run_ids=(1,))
+    hashdiag.dump(args.out / "hashdiag.jsonl")
+    heavy = dict(PRESSURE_LEN, out_median=320, out_lo=128, out_hi=640)
+    reqs, meta = _pressure_workload("pressure_preempt", 5.0, 62, heavy)
+    spec = EngineSpec("pressure_preempt", num_blocks=PRESSURE_BLOCKS, safety_margin=0.0)
+    _capture_fresh(s, spec, "pressure_preempt", reqs, meta, limit_s=60, run_ids=(1, 2))
+    hashdiag.dump(args.out / "hashdiag_pressure.jsonl")
+
+
 def phase_smoke(s: Session, args: argparse.Namespace) -> None:
     rec = Recorder(use_cuda=False)
     spec = EngineSpec(
@@ -392,13 +464,23 @@ def phase_smoke(s: Session, args: argparse.Namespace) -> None:
     destroy_engine(mgr)
 
 
+PHASES = {
+    "mixed": phase_mixed,
+    "small": phase_small,
+    "fresh": phase_fresh,
+    "hashdiag": phase_hashdiag,
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument(
-        "--phase", required=True, choices=["explore", "main", "pressure", "smoke", "mixed"]
+        "--phase",
+        required=True,
+        choices=["explore", "main", "pressure", "smoke", "mixed", "small", "fresh", "hashdiag"],
     )
     ap.add_argument("--cpu-smoke", action="store_true")
     ap.add_argument("--explore-rate", type=float, default=6.0)
@@ -432,8 +514,8 @@ def main() -> None:
         phase_smoke(s, args)
     elif args.phase == "explore":
         phase_explore(s, args)
-    elif args.phase == "mixed":
-        phase_mixed(s, args)
+    elif args.phase in PHASES:
+        PHASES[args.phase](s, args)
     else:
         (phase_main if args.phase == "main" else phase_pressure)(s, args)
     print("[done] " + json.dumps(s.summaries), flush=True)

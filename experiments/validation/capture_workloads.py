@@ -253,3 +253,50 @@ def microbench_mixed_plan(scale: int = 1) -> list[tuple[dict, list[Req]]]:
             }
             plan.append((cfg, [primer, *batch]))
     return plan
+
+
+def microbench_small_plan(scale: int = 1) -> list[tuple[dict, list[Req]]]:
+    """Small prefills beside a running decode batch: the mixed steps of lightly loaded serving
+    (a 100-900-token prompt, or the new part of a later turn after a prefix hit, sharing a step
+    with 0-16 decoding sequences), which `microbench_plan` (prompts of 256-2048 tokens in batches)
+    and `microbench_mixed_plan` (decode only) leave to extrapolation. One primer computes a shared
+    prefix; at 0.3 s the decode batch arrives (the primer's first `context` tokens + 16 of its
+    own, 96 tokens each); at 0.6, 0.8, 1.0 and 1.2 s one prefill each (2 tokens out), fresh or
+    after a `hit`-token prefix hit on the primer. `scale` divides every length (CPU smoke)."""
+    plan = []
+    for hit in (0, 1024):
+        for ctx in (512, 1536):
+            for b in (0, 1, 8, 16):
+                for p in (96, 320, 640):
+                    tag = f"mb-small-h{hit}-c{ctx}-b{b}-p{p}"
+                    primer = Req(f"{tag}-primer", max(ctx, hit) // scale + 16, 1, send_s=0.0)
+                    batch = [
+                        Req(
+                            f"{tag}-d{i:02d}",
+                            (ctx + 16) // scale,
+                            96 // min(scale, 8),
+                            send_s=0.3,
+                            prefix_of=primer.request_id,
+                            prefix_tokens=ctx // scale,
+                        )
+                        for i in range(b)
+                    ]
+                    prefills = [
+                        Req(
+                            f"{tag}-p{j}",
+                            (hit + p) // scale,
+                            2,
+                            send_s=0.6 + 0.2 * j,
+                            prefix_of=primer.request_id if hit else None,
+                            prefix_tokens=hit // scale,
+                        )
+                        for j in range(4)
+                    ]
+                    cfg = {
+                        "bench": f"small_prefill_hit{hit}",
+                        "batch_size": b,
+                        "cfg_prompt_tokens": p,
+                        "context_tokens": ctx,
+                    }
+                    plan.append((cfg, [primer, *batch, *prefills]))
+    return plan

@@ -1,21 +1,15 @@
 #!/usr/bin/env python3
-"""Device diagnosis (fidelity issue): why transformers CB loses prefix hits on multiturn, and a
-heavier-preemption pressure workload. Reuses the capture code; logs every hash registration,
-lookup, eviction and batch update of the engine's own block manager to $OUT/hashdiag.jsonl."""
+"""Device diagnosis (fidelity issue): why transformers CB loses prefix hits on multiturn.
+
+`patch()` logs every hash registration, lookup, eviction and batch update of the engine's own
+block manager; `capture.py --phase hashdiag` runs the workloads and `dump`s the log to
+$OUT/hashdiag.jsonl (multiturn) and $OUT/hashdiag_pressure.jsonl (pressure_preempt)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
-
-from capture import MAIN_SPEC, PRESSURE_BLOCKS, main_plan
-from capture_client import Session
-from capture_workloads import PRESSURE_LEN, rename, w_poisson
-from hf_engine import EngineSpec, destroy_engine, make_engine
-from hf_instrument import Recorder
-from hf_model import build_model
 
 LOG: list[dict] = []
 T0 = time.perf_counter()
@@ -142,59 +136,7 @@ def patch() -> None:
     api.ContinuousBatchProcessor.update_batch = update
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument(
-        "--azure", type=Path, default=Path(__file__).with_name("azure_conv_window.json")
-    )
-    ap.add_argument("--azure-num", type=int, default=80)
-    ap.add_argument("--azure-rate", type=float, default=2.4)
-    ap.add_argument("--capacity-rps", type=float, default=11.7)
-    ap.add_argument("--skip", default="")
-    args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    stage = Path("/tmp/cp_hashdiag") / "gt"
-    stage.mkdir(parents=True, exist_ok=True)
-    model = build_model(False)
-    patch()
-    s = Session(out=args.out, stage=stage, model=model, smoke=False)
-    plan = {name: (reqs, meta) for name, reqs, meta in main_plan(args)}
-    rec = Recorder(use_cuda=True)
-    mgr, info = make_engine(model, MAIN_SPEC, rec, False)
-    reqs, meta = plan["multiturn"]
-    s.capture(mgr, rec, MAIN_SPEC, info, "multiturn", reqs, limit_s=90, meta=meta, run_ids=(3,))
-    destroy_engine(mgr)
-    (args.out / "hashdiag.jsonl").write_text("\n".join(json.dumps(e) for e in LOG))
+def dump(path: Path) -> None:
+    """Write the log gathered since the last dump as JSON lines and start a new one."""
+    path.write_text("\n".join(json.dumps(e) for e in LOG))
     LOG.clear()
-    # heavier preemption: twice the rate, longer replies, no safety margin (soft resets)
-    heavy = dict(PRESSURE_LEN, out_median=320, out_lo=128, out_hi=640)
-    reqs = w_poisson("pressure_preempt", 48, 5.0, seed=62, lengths=heavy)
-    meta = {
-        "kind": "pressure",
-        "rate_rps": 5.0,
-        "num_blocks": PRESSURE_BLOCKS,
-        **heavy,
-        "safety_margin": 0.0,
-    }
-    rec = Recorder(use_cuda=True)
-    spec = EngineSpec("pressure_preempt", num_blocks=PRESSURE_BLOCKS, safety_margin=0.0)
-    mgr, info = make_engine(model, spec, rec, False)
-    s.capture(
-        mgr,
-        rec,
-        spec,
-        info,
-        "pressure_preempt",
-        rename(reqs, "pressure_preempt"),
-        limit_s=60,
-        meta=meta,
-        run_ids=(1, 2),
-    )
-    destroy_engine(mgr)
-    (args.out / "hashdiag_pressure.jsonl").write_text("\n".join(json.dumps(e) for e in LOG))
-    print("[done] " + json.dumps(s.summaries), flush=True)
-
-
-if __name__ == "__main__":
-    main()
