@@ -43,8 +43,10 @@ install-vllm-policy: install-dev
 test-vllm: install-vllm-policy
 	$(PY) -m pytest tests/unit/test_vllm_real.py
 
+# The two tables of experiments/vllm_evictor/README.md (PERC, reuse_forecast, vLLM's LRU and ARC).
 bench-vllm-evictor: install-vllm-policy
-	$(PY) -m cachepilot_sim.integrations.vllm.evictor_bench --out experiments/vllm_evictor
+	for n in 1000 4000; do $(PY) -m cachepilot_sim.integrations.vllm.evictor_bench \
+		--decisions $$n --out experiments/vllm_evictor/decisions_$$n || exit 1; done
 
 clean:
 	rm -rf outputs multirun .pytest_cache .hypothesis

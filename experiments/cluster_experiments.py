@@ -1,13 +1,18 @@
-"""Beyond one GPU, measured (issue 17, experiments 6a and 6b); writes a markdown table.
+"""Beyond one GPU, measured (issue 17, experiments 6a, 6b and 6c); writes markdown tables.
 
 6a: every router on the Mooncake synthetic trace (multi-turn, shared 512-token prefix blocks) at
 4 and 16 replicas of one H200 each, the trace's arrival rate scaled with the replica count so that
 each GPU sees the same load (4 replicas: the recorded rate; 16: four times it).
 6b: co-located vs prefill/decode-disaggregated at an equal GPU count (4), across prompt/output
 ratios, on generated traces of fixed lengths without shared prefixes (Poisson arrivals).
+6c: 6a's 4-replica case with a shared KV tier (cluster/shared_tier.py) off and on, for round robin
+and prefix-aware routing: hit ratio (and the share the tier served), recompute and network seconds
+actually paid, prefill tokens computed, TTFT, goodput.
 
-    python experiments/cluster_experiments.py [--limit 1200] [--num 600]
+    python experiments/cluster_experiments.py [--limit 1200] [--num 600] [--parts 6a,6b,6c]
         [--out experiments/cluster_experiments.md]
+
+With `--out`, the sections run replace theirs in the file; the others are kept.
 """
 
 from __future__ import annotations
@@ -38,12 +43,15 @@ RATE_PER_S = 6.0
 
 
 def run(overrides: list[str]) -> dict[str, Any]:
-    """One simulation (one seed, perc) of the composed config; its metrics."""
+    """One simulation (one seed, the config's policy) of the composed config; its metrics, plus
+    `prefill_tokens` (tokens the replicas computed, summed over requests)."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = to_config(compose("config", overrides=[*overrides, "trace.enabled=false"]))
-    return make_simulation(cfg.sim_for(cfg.policy.name, cfg.seed)).run().metrics
+    sim = make_simulation(cfg.sim_for(cfg.policy.name, cfg.seed))
+    metrics = sim.run().metrics
+    return metrics | {"prefill_tokens": sum(r.prefill_tokens for r in sim.clients.requests)}
 
 
 def routing(limit: int) -> list[str]:
@@ -64,6 +72,36 @@ def routing(limit: int) -> list[str]:
                 f"| {replicas} | {router} | {m['cluster_hit_ratio']:.3f} | {m['ttft_p50_s']:.2f} "
                 f"| {m['ttft_p99_s']:.2f} | {m['e2e_p99_s']:.2f} | {m['goodput_req_s']:.2f} "
                 f"| {m['load_imbalance']:.2f} |"
+            )
+            print(rows[-1], flush=True)
+    return rows
+
+
+def shared_tier(limit: int) -> list[str]:
+    """6c rows: 4 replicas, router x shared tier (off; 1000 GB LRU; 300 and 100 GB by LRU,
+    S3-FIFO, PERC); the GPUs evict by LRU throughout."""
+    rows = [
+        "| router | shared tier | hit ratio (GPU + tier) | of it from the tier | prefill Mtok "
+        "| recompute s | tier load s | tier write s | TTFT p50 (s) | TTFT p99 (s) "
+        "| goodput (req/s) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    tiers = [("off", 0, "lru"), ("1000 GB lru", 1000, "lru")]
+    tiers += [(f"{gb} GB {p}", gb, p) for gb in (300, 100) for p in ("lru", "s3fifo", "perc")]
+    for router in ("round_robin", "prefix_aware"):
+        for name, gb, policy in tiers:
+            m = run([
+                "+experiment=mooncake_synthetic", f"replay.path={MOONCAKE}",
+                f"replay.limit={limit}", "replay.time_scale=1", "cluster=shared_tier",
+                f"cluster.shared_tier.capacity_gb={gb}", f"cluster.shared_tier.policy={policy}",
+                f"router={router}", "policy=lru",
+            ])  # fmt: skip
+            rows.append(
+                f"| {router} | {name} | {m['cluster_hit_ratio']:.3f} "
+                f"| {m.get('shared_hit_ratio', 0.0):.3f} | {m['prefill_tokens'] / 1e6:.2f} "
+                f"| {m['realized_recompute_s']:.1f} | {m.get('shared_load_s', 0.0):.1f} "
+                f"| {m.get('shared_write_s', 0.0):.1f} | {m['ttft_p50_s']:.2f} "
+                f"| {m['ttft_p99_s']:.2f} | {m['goodput_req_s']:.2f} |"
             )
             print(rows[-1], flush=True)
     return rows
@@ -116,24 +154,54 @@ def disaggregation(num: int) -> list[str]:
     return rows
 
 
+SECTIONS = {"6a": "### 6a: routers", "6b": "### 6b: P/D", "6c": "### 6c: shared KV tier"}
+
+
+def merge_sections(old: str, new: dict[str, list[str]]) -> str:
+    """`old` (a file of `### ` sections) with the sections in `new` replaced or added."""
+    parts: dict[str, list[str]] = {}
+    current = None
+    for line in old.splitlines():
+        if line.startswith("### "):
+            current = next((k for k, h in SECTIONS.items() if line == h), line)
+            parts[current] = []
+        elif current is not None:
+            parts[current].append(line)
+    parts |= new
+    out: list[str] = []
+    for key in sorted(parts, key=lambda k: (k not in SECTIONS, k)):
+        body = parts[key]
+        out += [""] if out and out[-1] else []
+        out += [SECTIONS.get(key, key), *([""] if body and body[0] else []), *body]
+    return "\n".join(out).rstrip() + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--limit", type=int, default=1200, help="6a: first N trace requests")
+    parser.add_argument("--limit", type=int, default=1200, help="6a, 6c: first N trace requests")
     parser.add_argument("--num", type=int, default=600, help="6b: requests per generated trace")
+    parser.add_argument("--parts", default="6a,6b,6c", help="comma-separated sections to run")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     register_configs()
-    start = time.perf_counter()
-    a, b = routing(args.limit), disaggregation(args.num)
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
-    head = (
-        f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, commit {commit}, "
-        f"{time.perf_counter() - start:.0f} s wall, load average {os.getloadavg()[0]:.1f}; "
-        f"`python experiments/cluster_experiments.py --limit {args.limit} --num {args.num}`."
-    )
-    text = "\n".join([head, "", "### 6a: routers", "", *a, "", "### 6b: P/D", "", *b, ""])
+    makers = {"6a": lambda: routing(args.limit), "6b": lambda: disaggregation(args.num)}
+    makers["6c"] = lambda: shared_tier(args.limit)
+    sections: dict[str, list[str]] = {}
+    for part in args.parts.split(","):
+        start = time.perf_counter()
+        rows = makers[part]()
+        head = (
+            f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, commit {commit}, "
+            f"{time.perf_counter() - start:.0f} s wall, load average {os.getloadavg()[0]:.1f}; "
+            f"`python experiments/cluster_experiments.py --limit {args.limit} --num {args.num} "
+            f"--parts {part}`."
+        )
+        sections[part] = [head, "", *rows, ""]
+    old = args.out.read_text() if args.out is not None and args.out.exists() else ""
+    text = merge_sections(old, sections)
     print(text)
     if args.out is not None:
         args.out.write_text(text)

@@ -37,16 +37,9 @@ from cachepilot_sim.tools.figures import (
 
 run_dir = os.environ.get("CACHEPILOT_RUN_DIR")
 if run_dir is None:
-    from dataclasses import fields
+    from cachepilot_sim.tools.examples import tiny_run
 
-    from cachepilot_sim.config import RunConfig, SimConfig
-    from cachepilot_sim.experiment.runner import run_experiment
-
-    base = SimConfig(vram_gb=10.0)
-    values = {f.name: getattr(base, f.name) for f in fields(SimConfig)}
-    values["workload"] = type(base.workload)(num_requests=80, max_active_sessions=8)
-    run_dir = tempfile.mkdtemp(prefix="cachepilot_nb_")
-    run_experiment(RunConfig(**values, compare_policies=["perc", "lru"]), Path(run_dir))
+    run_dir = tiny_run(Path(tempfile.mkdtemp(prefix="cachepilot_nb_")), num_requests=80)
 run_dir = Path(run_dir)
 traces, requests, gaps = load_runs(run_dir)
 print(f"{len(traces)} traces, {requests.height} requests under {run_dir}")

@@ -17,35 +17,18 @@
 
 # %%
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import polars as pl
 
 from cachepilot_sim.tools.collect import collect, default_param
+from cachepilot_sim.tools.examples import tiny_sweep
 from cachepilot_sim.tools.sweep_figures import fig_metric_vs_param
 
 sweep_dir = os.environ.get("CACHEPILOT_SWEEP_DIR")
 if sweep_dir is None:
-    sweep_dir = str(Path(tempfile.mkdtemp(prefix="cachepilot_sweep_")) / "sweep")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cachepilot_sim",
-            "--multirun",
-            "policy=perc,lru",
-            "vram_gb=10,16",
-            "seed=0,1",
-            "seeds=1",
-            "workload.num_requests=40",
-            f"hydra.sweep.dir={sweep_dir}",
-        ],
-        check=False,
-        capture_output=True,
-    )
+    sweep_dir = tiny_sweep(Path(tempfile.mkdtemp(prefix="cachepilot_sweep_")) / "sweep")
 sweep_dir = Path(sweep_dir)
 result = collect(sweep_dir, Path(tempfile.mkdtemp(prefix="cachepilot_collect_")))
 table = result["table"]

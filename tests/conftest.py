@@ -170,3 +170,22 @@ def make_replay_requests(env: Any, workload: Any, priority: int = 1) -> list[Any
         req.parent = out[parent] if parent >= 0 else None
         out.append(req)
     return out
+
+
+@pytest.fixture(scope="session")
+def installed_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """bin/ of a fresh venv holding this checkout's wheel and only its declared dependencies
+    (tests/install.py): the `cachepilot-sim` a user gets. Built once per session."""
+    from tests.install import install
+
+    root = tmp_path_factory.mktemp("installed")
+    return install(root / "venv", root / "wheel")
+
+
+@pytest.fixture(scope="session")
+def tour(installed_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The README's quick commands run once, in README order, by the installed `cachepilot-sim`
+    in an empty folder outside the checkout (tests/readme.py); several tests read the result."""
+    from tests.readme import take_the_tour
+
+    return take_the_tour(installed_bin, tmp_path_factory.mktemp("tour") / "work")

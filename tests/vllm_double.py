@@ -15,8 +15,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cachepilot_sim.integrations.vllm.chunks import Clock, PercChunkPolicy
+from cachepilot_sim.integrations.vllm.chunks import Clock
+from cachepilot_sim.integrations.vllm.forecast_chunks import ForecastChunkPolicy
 from cachepilot_sim.integrations.vllm.params import PercParams
+from cachepilot_sim.integrations.vllm.perc_chunks import PercChunkPolicy
 
 
 class ChunkStatus:
@@ -95,3 +97,12 @@ class DoublePercCachePolicy(PercChunkPolicy, CachePolicy):
         self, cache_capacity: int, params: PercParams | None = None, clock: Clock | None = None
     ) -> None:
         PercChunkPolicy.__init__(self, cache_capacity, params, clock)
+
+
+class DoubleForecastCachePolicy(ForecastChunkPolicy, CachePolicy):
+    """reuse_forecast on the restated base class, built as vLLM's factory builds it."""
+
+    def __init__(
+        self, cache_capacity: int, params: PercParams | None = None, clock: Clock | None = None
+    ) -> None:
+        ForecastChunkPolicy.__init__(self, cache_capacity, params, clock)

@@ -1,4 +1,5 @@
-"""The network between replicas that carries a KV handover (prefill -> decode).
+"""The network between replicas that carries a KV handover (prefill -> decode) and the traffic to
+a shared KV store (`shared_tier.py`).
 
 Each GPU has an NVLink port (to GPUs of its node) and a NIC (to other nodes), one direction each
 way, each a `simpy.Resource` of capacity 1: a handover holds the sender's egress and the
@@ -68,13 +69,24 @@ class Network:
         Yields two lane requests and one timeout; returns the service time (µs).
         """
         kind = self.fabric(src, dst)
-        duration = handover_us(self.fits[kind], num_bytes)
-        with self.egress[kind][src].request() as out:
-            yield out
-            with self.ingress[kind][dst].request() as into:
-                yield into
-                yield self.env.timeout(duration)
+        duration = yield from self.move(
+            kind, self.egress[kind][src], self.ingress[kind][dst], num_bytes
+        )
         self.bytes_moved[kind] += num_bytes
         self.busy_us[kind] += duration
         self.num_transfers += 1
+        return duration
+
+    def move(
+        self, kind: LinkKind, out: simpy.Resource, into: simpy.Resource, num_bytes: int
+    ) -> Generator[simpy.Event, object, int]:
+        """Process body: hold lane `out` (an egress), then `into` (an ingress), for the transfer
+        time over fabric `kind`; returns it (µs). The caller keeps its own byte counts (a shared
+        KV store's lanes are its own Resources, the GPU's are these)."""
+        duration = handover_us(self.fits[kind], num_bytes)
+        with out.request() as lane_out:
+            yield lane_out
+            with into.request() as lane_in:
+                yield lane_in
+                yield self.env.timeout(duration)
         return duration

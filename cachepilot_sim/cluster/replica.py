@@ -13,6 +13,7 @@ import simpy
 from cachepilot_sim.clock import SimEnvironment, s_to_us
 from cachepilot_sim.components.batcher import Batcher
 from cachepilot_sim.components.kv import KvDeps, make_kv_manager
+from cachepilot_sim.components.kv.remote import RemoteKv
 from cachepilot_sim.components.pcie_link import PcieLink
 from cachepilot_sim.components.ports import EnginePorts
 from cachepilot_sim.components.request import Request
@@ -33,7 +34,14 @@ class Replica:
     each gets the ports it talks through, nothing is wired afterwards. Requests enter through
     `scheduler.inbox`; `processes()` are started by the owner, after its clients."""
 
-    def __init__(self, env: SimEnvironment, cfg: SimConfig, events: TraceEvents) -> None:
+    def __init__(
+        self,
+        env: SimEnvironment,
+        cfg: SimConfig,
+        events: TraceEvents,
+        remote: RemoteKv | None = None,
+    ) -> None:
+        """`remote`: this replica's port to the cluster's shared KV tier (None: none)."""
         self.env, self.events = env, events
         # The GPU type and TP degree's hardware (one H200: cfg.hardware itself, unchanged).
         hw, fit = run_hardware(cfg)
@@ -48,8 +56,9 @@ class Replica:
         wake = Signal(env)
         self.queue = RequestQueue(env, cfg.scheduler, wake)
         deps = KvDeps(
-            env, self.pool, self.link, self.policy, self.estimator, fit, events, self.queue, wake
-        )
+            env, self.pool, self.link, self.policy, self.estimator, fit, events, self.queue, wake,
+            remote,
+        )  # fmt: skip
         self.kv = make_kv_manager(cfg if hw is cfg.hardware else replace(cfg, hardware=hw), deps)
         self.scheduler = Scheduler(env, self.queue, self.kv, events)
         ports = EnginePorts(

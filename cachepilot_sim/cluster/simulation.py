@@ -17,6 +17,7 @@ from cachepilot_sim.cluster.network import Network
 from cachepilot_sim.cluster.replica import Replica
 from cachepilot_sim.cluster.router import ReplicaPort, RequestRouter
 from cachepilot_sim.cluster.routers import make_router
+from cachepilot_sim.cluster.shared_tier import SharedKvTier
 from cachepilot_sim.components.clients import Clients
 from cachepilot_sim.components.replay_clients import ReplayClients
 from cachepilot_sim.components.request import Outcome
@@ -48,13 +49,21 @@ class ClusterSimulation:
         t = cfg.trace
         self.recorder = make_recorder(trace_dir, t.enabled, t.chunk_rows, t.session_every)
         self.events = TraceEvents(self.recorder)
-        self.replicas = [Replica(env, cfg, self.events) for _ in range(cfg.cluster.num_gpus)]
+        c = cfg.cluster
+        network = Network(env, c, c.num_gpus) if c.disaggregated or c.shared_tier.enabled else None
+        self.shared: SharedKvTier | None = None  # one network carries handovers and the tier's
+        if network is not None and c.shared_tier.enabled:
+            self.shared = SharedKvTier(env, cfg, network)
+        tier = self.shared
+        self.replicas = [
+            Replica(env, cfg, self.events, None if tier is None else tier.port(i))
+            for i in range(c.num_gpus)
+        ]
         # Co-located: the router places on every replica. P/D: on the prefill replicas, whose
         # ports start each request's journey through the network to a decode replica.
         self.pd: Disaggregation | None = None
         ports: list[ReplicaPort] = list(self.replicas)
-        if cfg.cluster.disaggregated:
-            network = Network(env, cfg.cluster, len(self.replicas))
+        if cfg.cluster.disaggregated and network is not None:
             self.pd = Disaggregation(env, cfg, self.replicas, network)
             ports = list(self.pd.ports)
         self.router = RequestRouter(env, make_router(cfg.router, len(ports)), ports)
@@ -105,6 +114,8 @@ class ClusterSimulation:
         broken = [i for i, r in enumerate(self.replicas) if not r.pool.conserved()]
         if broken:
             raise SimulationError(f"VRAM pool accounting broken on replicas {broken}")
+        if self.shared is not None and not self.shared.conserved():
+            raise SimulationError("shared KV tier accounting broken")
         self.events.run_end(int(self.env.now))
         self.recorder.close(self.trace_meta())
         requests = self.requests()
@@ -168,6 +179,8 @@ class ClusterSimulation:
         )
         if self.pd is not None:
             out |= self.pd.metrics()
+        if self.shared is not None:
+            out |= self.shared.metrics(int(out.get("prefix_lookup_blocks", 0)))
         if self.replay is not None:
             out |= {
                 "trace_rows_skipped": self.replay.table.num_skipped,

@@ -19,6 +19,7 @@ from cachepilot_sim.config.cluster import (
     ClusterConfig,
     LinkKind,
     RouterConfig,
+    SharedTierConfig,
     known_routers,
     router_config,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "BatchMode",
     "BatcherConfig",
     "ClusterConfig",
+    "SharedTierConfig",
     "ConfigError",
     "EngineConfig",
     "GpuSpecConfig",

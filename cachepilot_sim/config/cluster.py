@@ -9,11 +9,12 @@ disaggregated cluster, `cluster.prefill_replicas=P cluster.decode_replicas=D`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar
 
 from cachepilot_sim.config.base import Sealed, bounded, require
+from cachepilot_sim.config.policy import POLICIES
 from cachepilot_sim.config.registry import Registry
 
 
@@ -23,6 +24,40 @@ class LinkKind(StrEnum):
     NVLINK = "nvlink"
     RDMA = "rdma"
     TCP = "tcp"
+
+
+@dataclass
+class SharedTierConfig(Sealed):
+    """A KV store shared by every replica (Mooncake Store, LMCache's remote backend): prefix blocks
+    a replica computed are written to it when the request that computed them finishes, and a
+    replica's prefix miss that the store holds is loaded over the network instead of recomputed.
+
+    `capacity_gb` 0 (the default) is no shared tier: the cluster runs exactly as without one.
+    """
+
+    section: ClassVar[str | None] = "cluster.shared_tier"
+    capacity_gb: float = bounded(0.0, ge=0)
+    # The store's own eviction policy, any registered name (policy=...'s registry), with that
+    # policy's default knobs; the run's reuse estimator fields (policy.delta_s, ...) apply to it.
+    policy: str = bounded("lru", nonempty=True)
+    # The fabric between a GPU and the store: the GPU's lane of it (the NIC for rdma/tcp) is the
+    # same one P/D handovers use, so they contend. The store side serves `store_ports` transfers
+    # each way at once (Mooncake Store spreads objects over many nodes' DRAM and NICs).
+    link: LinkKind = LinkKind.RDMA
+    store_ports: int = bounded(8, ge=1, integer=True)
+
+    @property
+    def enabled(self) -> bool:
+        return self.capacity_gb > 0
+
+    def validate(self, prefix: str) -> None:
+        super().validate(prefix)
+        require(
+            self.policy in POLICIES,
+            f"{prefix}.policy",
+            self.policy,
+            f"unknown eviction policy; known: {POLICIES.names()}",
+        )
 
 
 @dataclass
@@ -58,6 +93,8 @@ class ClusterConfig(Sealed):
     # replica's KV pool is at least this full, re-checking every handover_retry_ms.
     decode_max_kv_fraction: float = bounded(0.9, gt=0, le=1)
     handover_retry_ms: float = bounded(5.0, gt=0)
+    # Out of repr (the run id) while off, so cluster runs keep the ids they had before it existed.
+    shared_tier: SharedTierConfig = field(default_factory=SharedTierConfig, repr=False)
 
     @property
     def disaggregated(self) -> bool:
@@ -65,8 +102,8 @@ class ClusterConfig(Sealed):
 
     @property
     def single(self) -> bool:
-        """One co-located replica: the single-GPU simulation, unchanged."""
-        return self.replicas == 1 and not self.disaggregated
+        """One co-located replica without a shared tier: the single-GPU simulation, unchanged."""
+        return self.replicas == 1 and not self.disaggregated and not self.shared_tier.enabled
 
     @property
     def num_gpus(self) -> int:
@@ -126,4 +163,7 @@ def router_config(name: str, **values: Any) -> RouterConfig:
 def cluster_id_suffix(cluster: ClusterConfig, router: RouterConfig) -> str:
     """What a run id adds for the cluster: nothing for one replica (whose runs keep the ids they
     had before clusters existed), else both sections."""
-    return "" if cluster.single else f"{cluster!r}{router!r}"
+    if cluster.single:
+        return ""
+    shared = f"{cluster.shared_tier!r}" if cluster.shared_tier.enabled else ""
+    return f"{cluster!r}{router!r}{shared}"

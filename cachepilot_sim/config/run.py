@@ -132,7 +132,14 @@ class SimConfig(Sealed):
     def _check_router(self) -> None:
         """The session KV manager (synthetic workloads) keys KV by session id, not content: a
         session that moved replica would find a stale record of an earlier turn there, so on
-        several replicas its turns must stay on one."""
+        several replicas its turns must stay on one; nor can it use a cluster's shared tier,
+        which holds blocks by prefix hash."""
+        require(
+            not self.cluster.shared_tier.enabled or self.replay.format != TraceFormat.NONE,
+            "cluster.shared_tier.capacity_gb",
+            self.cluster.shared_tier.capacity_gb,
+            "the shared tier holds prefix-hash blocks: it needs a trace replay (replay.format)",
+        )
         if self.cluster.single or self.replay.format != TraceFormat.NONE:
             return
 

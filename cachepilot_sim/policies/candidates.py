@@ -3,7 +3,12 @@
 A KV manager adds an entry when it becomes idle, refreshes it after a hook that may change its key
 and discards it when it is used or evicted. For a policy whose key reads only the entry
 (`KeyScope.ENTRY`) a decision takes the smallest items: O(log n) per victim, amortized over the
-stale items it skips. Any other policy gets every candidate, as `select_victims` always did.
+stale items it skips. A `KeyScope.DECISION` policy that offers an exact index of its decaying key
+(`time_index`: PERC, `policies/perc_index.py`) gets one per restore regime the manager names: when
+the manager says every candidate's restore estimate is fixed while it is idle (`restore_mode` True
+or False: `static_restore` gives it), a decision pops from that index; when the estimate moves with
+time (a CPU store whose residency is below δ), the decision keys every candidate (`num_full`).
+Any other policy gets every candidate, as `select_victims` always did.
 
 The order is a `SortedList` rather than a binary heap: both are O(log n), but taking the smallest
 item touches one short list at the front instead of a root-to-leaf path through n scattered
@@ -14,6 +19,7 @@ decision 5x slower than at 10^3 (`experiments/bench_eviction.md`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 from sortedcontainers import SortedList
 
@@ -21,6 +27,22 @@ from cachepilot_sim.policies.base import CacheEntry, EvictionPolicy, KeyScope
 
 # Rebuild the order when stale items outnumber live ones by this factor (bounds memory; amortized).
 _COMPACT_FACTOR = 2
+
+# The manager's restore estimate of an idle entry in a regime where it does not change while the
+# entry is idle: (entry, offload) -> µs; offload False: every victim is dropped (recompute).
+StaticRestore = Callable[[CacheEntry, bool], float]
+
+
+class TimeIndex(Protocol):
+    """An exact index of a time-dependent key (a policy's `time_index()`)."""
+
+    def __len__(self) -> int: ...
+
+    def add(self, entry: CacheEntry, restore_us: float, gap_ema_us: float) -> None: ...
+
+    def discard(self, entry_id: int) -> None: ...
+
+    def pop_min(self, now_us: int) -> int | None: ...
 
 
 class CandidateIndex:
@@ -31,13 +53,32 @@ class CandidateIndex:
     `refresh` and `discard` make the older items stale, and a decision skips them.
     """
 
-    __slots__ = ("policy", "entries", "indexed", "num_visits", "_order", "_stamp", "_next_stamp")
+    __slots__ = (
+        "policy",
+        "entries",
+        "indexed",
+        "num_visits",
+        "num_full",
+        "static_restore",
+        "reads_restore",
+        "_timed",
+        "_order",
+        "_stamp",
+        "_next_stamp",
+    )
 
-    def __init__(self, policy: EvictionPolicy) -> None:
+    def __init__(self, policy: EvictionPolicy, static_restore: StaticRestore | None = None) -> None:
         self.policy = policy
         self.entries: dict[int, CacheEntry] = {}  # entry id -> entry, in the order they went idle
-        self.indexed = getattr(policy, "key_scope", KeyScope.SET) == KeyScope.ENTRY
+        scope = getattr(policy, "key_scope", KeyScope.SET)
+        self.indexed = scope == KeyScope.ENTRY
         self.num_visits = 0  # items looked at by decisions (a complexity probe for tests)
+        self.num_full = 0  # DECISION decisions that keyed every candidate (restore moves with time)
+        timed = scope == KeyScope.DECISION and static_restore is not None
+        self.static_restore = static_restore if timed and hasattr(policy, "time_index") else None
+        self._timed: dict[bool, TimeIndex] = {}  # restore regime (offload?) -> index, made on use
+        # A key that reads no restore estimate: one index (regime False) serves every decision.
+        self.reads_restore = getattr(policy, "time_index_reads_restore", True)
         self._order: SortedList = SortedList()  # of (key, stamp, entry)
         self._stamp: dict[int, int] = {}
         self._next_stamp = 0
@@ -56,16 +97,65 @@ class CandidateIndex:
         self.entries[entry.entry_id] = entry
         if self.indexed:
             self._push(entry, now_us)
+        elif self._timed:
+            assert self.static_restore is not None
+            for offload, index in self._timed.items():
+                index.add(entry, self.static_restore(entry, offload), entry.gap_ema_us)
 
     def refresh(self, entry: CacheEntry, now_us: int) -> None:
         """A hook may have changed an idle entry's key: index it again (no-op when not idle)."""
-        if self.indexed and entry.entry_id in self.entries:
-            self._push(entry, now_us)
+        if entry.entry_id in self.entries and (self.indexed or self._timed):
+            self.add(entry, now_us)
 
     def discard(self, entry_id: int) -> None:
         """The entry is in use or evicted: no longer a candidate."""
         self.entries.pop(entry_id, None)
         self._stamp.pop(entry_id, None)
+        for index in self._timed.values():
+            index.discard(entry_id)
+
+    def _timed_index(self, offload: bool) -> TimeIndex:
+        """The index for a restore regime; built from every idle entry on first use."""
+        index = self._timed.get(offload)
+        if index is None:
+            assert self.static_restore is not None
+            index = self.policy.time_index()  # type: ignore[attr-defined]
+            for entry in self.entries.values():
+                index.add(entry, self.static_restore(entry, offload), entry.gap_ema_us)
+            self._timed[offload] = index
+        return index
+
+    def _select_timed(
+        self,
+        offload: bool,
+        bytes_needed: int,
+        now_us: int,
+        prepare: Callable[[CacheEntry], CacheEntry],
+        exclude_id: int,
+    ) -> list[CacheEntry]:
+        """Smallest keys first from an exact time index; victims leave it, `exclude_id` stays."""
+        index, restore = self._timed_index(offload), self.static_restore
+        assert restore is not None
+        victims: list[CacheEntry] = []
+        freed = 0
+        excluded = False
+        while freed < bytes_needed:
+            entry_id = index.pop_min(now_us)
+            if entry_id is None:
+                break
+            self.num_visits += 1
+            if entry_id == exclude_id:
+                excluded = True
+                continue
+            victims.append(self.entries[entry_id])
+            freed += self.entries[entry_id].num_bytes
+        if excluded:
+            entry = self.entries[exclude_id]
+            index.add(entry, restore(entry, offload), entry.gap_ema_us)
+        out = [prepare(e) for e in victims]
+        for e in out:  # the index's restore is the manager's estimate now, or it is not exact
+            assert not self.reads_restore or e.restore_us == restore(e, offload), e.entry_id
+        return out
 
     def _push(self, entry: CacheEntry, now_us: int) -> None:
         stamp = self._next_stamp
@@ -84,13 +174,23 @@ class CandidateIndex:
         now_us: int,
         prepare: Callable[[CacheEntry], CacheEntry],
         exclude_id: int = -1,
+        restore_mode: bool | None = None,
     ) -> list[CacheEntry]:
         """The policy's victims among the candidates but `exclude_id`, each passed through
         `prepare` (the manager's restore estimate) before the policy sees it.
 
         Indexed: the smallest keys until `bytes_needed` are covered (greedy by key, as
         `RankingPolicy.select_victims`); victims leave the order, the caller discards them.
+        `restore_mode` (True: offload regime, False: drop regime, None: the estimate moves with
+        time) says whether `prepare` gives `static_restore` for this decision.
         """
+        if self.static_restore is not None and bytes_needed > 0 and self.entries:
+            if not self.reads_restore:
+                restore_mode = False
+            if restore_mode is None:
+                self.num_full += 1
+            else:
+                return self._select_timed(restore_mode, bytes_needed, now_us, prepare, exclude_id)
         if not self.indexed:
             candidates = [prepare(e) for e in self.entries.values() if e.entry_id != exclude_id]
             if not candidates:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from cachepilot_sim.config import PolicyConfig, bounded
 from cachepilot_sim.policies.base import CacheEntry, KeyScope, RankingPolicy, register
+from cachepilot_sim.policies.decision_indexes import GdsfIndex
 from cachepilot_sim.policies.reuse import GapEstimator
 
 
@@ -226,3 +227,7 @@ class GdsfPolicy(_TracksEvictions):
 
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
         return (self.h_value(entry), entry.entry_id)
+
+    def time_index(self) -> GdsfIndex:
+        """An exact index of H for a fixed restore estimate (`policies/decision_indexes.py`)."""
+        return GdsfIndex(self)

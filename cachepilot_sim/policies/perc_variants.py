@@ -14,6 +14,7 @@ import numpy as np
 
 from cachepilot_sim.config import PolicyConfig, bounded
 from cachepilot_sim.policies.base import CacheEntry, Chains, KeyScope, RankingPolicy, register
+from cachepilot_sim.policies.decision_indexes import ClairvoyantIndex
 from cachepilot_sim.policies.knapsack import CoverProblem
 from cachepilot_sim.policies.knapsack_greedy import greedy_by_ratio, greedy_plus_one
 from cachepilot_sim.policies.oracle import cover_problem, expected_costs
@@ -194,3 +195,7 @@ class PercClairvoyantPolicy(RankingPolicy):
         until = max(entry.next_arrival_us - now_us, 0)
         p = 1.0 if until <= self.estimator.delta_us else 0.0
         return (p * entry.restore_us / max(entry.num_bytes, 1), -float(until), entry.entry_id)
+
+    def time_index(self) -> ClairvoyantIndex:
+        """An exact index by true next arrival (`policies/decision_indexes.py`)."""
+        return ClairvoyantIndex(self)

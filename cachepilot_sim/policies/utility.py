@@ -29,6 +29,7 @@ from cachepilot_sim.policies.base import (
     greedy_on_chains,
     register,
 )
+from cachepilot_sim.policies.decision_indexes import WildIndex
 from cachepilot_sim.policies.reuse import GapEstimator
 
 
@@ -122,6 +123,13 @@ class WildPolicy(RankingPolicy):
 
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
         return (self.reuse_probability(entry, now_us), entry.last_used_us, entry.entry_id)
+
+    # Its key reads neither the restore estimate nor the gap EMA: one index serves every regime.
+    time_index_reads_restore = False
+
+    def time_index(self) -> WildIndex:
+        """An exact index: per class, longest idle first (`policies/decision_indexes.py`)."""
+        return WildIndex(self)
 
 
 @dataclass

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -180,29 +181,40 @@ def _selected_traces(runs: list[Run], keys: list[str]) -> tuple:
     return traces, pl.concat(requests, how="diagonal_relaxed"), pl.concat(gaps)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def write_and_list(prog: str, folder: Path, write: Callable[[], list[Path]]) -> int:
+    """The tail of `plot` and `report`: refuse a missing folder, run `write` and print the paths
+    it wrote (exit 0), or say in one line what was wrong, naming the file (exit 2)."""
     matplotlib.use("Agg")  # files only: no display needed on servers and CI
-    out = args.out or args.dir / "plots"
     try:
-        if not args.dir.is_dir():
-            raise RunSetError(f"{args.dir}: no such folder")
-        if args.report and (args.dir / "metrics.json").is_file():
-            raise RunSetError(f"--report: {args.dir} is a run folder (the run wrote its report)")
-        paths = draw(args, out)
-        if args.report:
-            from cachepilot_sim.experiment.sweep_report import write_sweep_report
-
-            paths += write_sweep_report(args.dir)[:2]
+        if not folder.is_dir():
+            raise RunSetError(f"{folder}: no such folder")
+        paths = write()
     except (RunSetError, TraceError) as err:
-        print(f"{PROG}: {err}", file=sys.stderr)
+        print(f"{prog}: {err}", file=sys.stderr)
         return 2
     except OSError as err:
-        print(f"{PROG}: {err.filename}: cannot write ({err.strerror})", file=sys.stderr)
+        print(f"{prog}: {err.filename}: cannot write ({err.strerror})", file=sys.stderr)
         return 2
     for p in paths:
         print(p)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    return write_and_list(PROG, args.dir, lambda: plot_and_report(args))
+
+
+def plot_and_report(args: argparse.Namespace) -> list[Path]:
+    """The figures of `args.dir`, then with `--report` the sweep report's first two files."""
+    if args.report and (args.dir / "metrics.json").is_file():
+        raise RunSetError(f"--report: {args.dir} is a run folder (the run wrote its report)")
+    paths = draw(args, args.out or args.dir / "plots")
+    if args.report:
+        from cachepilot_sim.experiment.sweep_report import write_sweep_report
+
+        paths += write_sweep_report(args.dir)[:2]
+    return paths
 
 
 if __name__ == "__main__":

@@ -11,8 +11,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from cachepilot_sim.experiment.runset import RunSetError
-
 PROG = "cachepilot-sim report"
 
 
@@ -20,24 +18,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__)
     ap.add_argument("dir", type=Path, help="a sweep folder, or any folder of run folders")
     args = ap.parse_args(argv)
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display needed on servers and CI
     from cachepilot_sim.experiment.sweep_report import write_sweep_report
+    from cachepilot_sim.tools.plot import write_and_list
 
-    try:
-        if not args.dir.is_dir():
-            raise RunSetError(f"{args.dir}: no such folder")
-        paths = write_sweep_report(args.dir)
-    except RunSetError as err:
-        print(f"{PROG}: {err}", file=sys.stderr)
-        return 2
-    except OSError as err:
-        print(f"{PROG}: {err.filename}: cannot write ({err.strerror})", file=sys.stderr)
-        return 2
-    for p in paths:
-        print(p)
-    return 0
+    return write_and_list(PROG, args.dir, lambda: write_sweep_report(args.dir))
 
 
 if __name__ == "__main__":

@@ -79,7 +79,10 @@ def test_a_stopped_sweep_leaves_no_orphan_no_partial_file_and_a_rerun_heals(
     assert proc.returncode == status, err[-3000:]
     name = signal.Signals(signum).name
     assert f"stopped by {name}" in err and "Traceback" not in err, err[-3000:]
-    time.sleep(2.0)  # a worker's watchdog polls its parent every 0.5 s
+    # A worker's watchdog polls its parent every 0.5 s: every process is gone within 2 s.
+    gone_by = time.monotonic() + 2.0
+    while any(_alive(p) for p in started) and time.monotonic() < gone_by:
+        time.sleep(0.1)
     assert sorted(p for p in started if _alive(p)) == []
     # Whole files only: every JSON parses, every parquet reads (a cut file can only be *.tmp).
     for path in sweep_dir.rglob("*.json"):

@@ -4,7 +4,8 @@ The reference is the path every policy took before the index: the session manage
 candidate and calling `select_victims`, the prefix manager building the candidate forest and
 cutting what greedy-on-chains picked. Forcing a policy's `key_scope` to SET (the `WholeSet`
 wrapper) sends its decisions down that path; the same stream then runs on a manager that uses the
-index (ENTRY: a persistent heap; DECISION: the prefix manager's tails keyed per decision). Same
+index (ENTRY: a persistent heap; DECISION: PERC's exact time index, `policies/perc_index.py`, or
+the prefix manager's tails keyed per decision). Same
 victims in the same order at the same times, same admission results, same stats: the index changes
 nothing but the cost. The complexity test counts heap visits per decision.
 """
@@ -57,6 +58,9 @@ class Logged:
     def __init__(self, inner: Any, scope: KeyScope) -> None:
         self.inner, self.key_scope, self.name = inner, scope, inner.name
         self.log: list[tuple[int, int]] = []
+        if hasattr(inner, "time_index"):  # an exact index of a DECISION key (PERC's, say)
+            self.time_index = inner.time_index
+            self.time_index_reads_restore = getattr(inner, "time_index_reads_restore", True)
 
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
         return self.inner.key(entry, now_us)  # type: ignore[no-any-return]
@@ -325,7 +329,7 @@ def test_indexed_policies_rank_by_key_alone() -> None:
     for name in INDEXED:
         cls = type(make_policy(policy_config(name), GapEstimator(0.3, 1e6, 1e6)))
         assert cls.select_victims is RankingPolicy.select_victims, name
-        assert cls.prepare is RankingPolicy.prepare, name
+        assert getattr(cls, "prepare", None) is RankingPolicy.prepare, name
 
 
 def test_a_hook_that_rekeys_an_idle_entry_reorders_the_index() -> None:

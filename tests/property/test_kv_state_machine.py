@@ -5,10 +5,13 @@ prefix block) sits on exactly one tier and the indexes agree with it; pinned wei
 the CPU store's bytes match what sits on it (in its quantized form for an INT8 tier). Liveness: a
 request at the head of the queue is never BLOCKED while nothing runs and nothing is in flight, since
 then no event could ever free memory. Each machine draws its configuration (pool and CPU store
-size, watermark, policy, offload on/off, KV tier) in its `initialize` rule.
+size, watermark, policy, offload on/off, KV tier) in its `initialize` rule, the policy from the
+list that the test is parametrized with: every registered policy but the oracle, and the
+caching-literature baselines again on their own, so that each of them gets a whole step budget
+rather than a share of the draw over every policy.
 
-Steps: `CACHEPILOT_FUZZ_STEPS` per machine (default 50,000: 10^5 in all, which CI runs);
-`make test-fuzz` runs 10^6 per machine (a nightly-size run, about half an hour on 2 cores).
+Steps: `CACHEPILOT_FUZZ_STEPS` per machine and policy list (default 50,000, which CI runs);
+`make test-fuzz` runs 10^6 each (a nightly-size run).
 """
 
 from __future__ import annotations
@@ -16,9 +19,17 @@ from __future__ import annotations
 import os
 from collections import deque
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from cachepilot_sim.components.kv import Admit, PrefixKvManager, SessionKvManager, Tier
 from cachepilot_sim.components.request import Request
@@ -38,9 +49,13 @@ from tests.property.prefix_checks import check
 STEPS = int(os.environ.get("CACHEPILOT_FUZZ_STEPS", "50000"))
 STEPS_PER_EXAMPLE = 100
 NUM_SESSIONS = 12
-# Every registered policy but the exact oracle (a MILP per decision; its liveness is covered by the
-# whole-simulation tests in tests/scenario/test_liveness.py).
-POLICIES = [p for p in known_policies() if p != "oracle"]
+POLICY_LISTS = {
+    # Every registered policy but the exact oracle (a MILP per decision; its liveness is covered
+    # by the whole-simulation tests in tests/scenario/test_liveness.py).
+    "all": [p for p in known_policies() if p != "oracle"],
+    # The caching-literature baselines on their own: a whole budget each, not a share of "all".
+    "baselines": ["s3fifo", "sieve", "lrb"],
+}
 MODEL = ModelConfig(weight_bytes=1_000_000_000, num_layers=4, max_context_tokens=65_536)
 
 
@@ -58,6 +73,10 @@ class QueueMachine(RuleBasedStateMachine):
     arrivals in order; a BLOCKED head stops admission until something changes."""
 
     kv: SessionKvManager | PrefixKvManager
+
+    def __init__(self, policies: list[str]) -> None:
+        super().__init__()
+        self.policies = policies
 
     def setup(self, cfg: SimConfig) -> None:
         self.kv = make_kv(cfg)
@@ -141,7 +160,7 @@ class SessionKvMachine(QueueMachine):
         pool_blocks=st.sampled_from([66, 100, 200]),
         cpu_blocks=st.sampled_from([0, 10, 40, 400]),
         watermark=st.sampled_from([0.0, 0.05, 0.2, 0.45]),
-        policy=st.sampled_from(POLICIES),
+        data=st.data(),
         offload=st.booleans(),
         int8_cpu=st.booleans(),
         lru_store=st.booleans(),
@@ -151,7 +170,7 @@ class SessionKvMachine(QueueMachine):
         pool_blocks: int,
         cpu_blocks: int,
         watermark: float,
-        policy: str,
+        data: st.DataObject,
         offload: bool,
         int8_cpu: bool,
         lru_store: bool,
@@ -169,7 +188,7 @@ class SessionKvMachine(QueueMachine):
             make_sim_config(
                 model=MODEL,
                 kv=kv,
-                policy=policy_config(policy),
+                policy=policy_config(data.draw(st.sampled_from(self.policies), "policy")),
                 vram_gb=(1e9 + pool_blocks * block) / 1e9,
             )
         )
@@ -238,10 +257,6 @@ class SessionKvMachine(QueueMachine):
         assert kv.num_active == sum(s.active for s in kv.sessions.values()) == len(self.running)
 
 
-SessionKvMachine.TestCase.settings = machine_settings()
-TestSessionKvManager = SessionKvMachine.TestCase
-
-
 HASH_TOKENS = 512
 CHAINS = [
     [1, 2, 3, 4],
@@ -260,7 +275,7 @@ class PrefixKvMachine(QueueMachine):
         pool_hash_blocks=st.sampled_from([10, 16, 40]),
         cpu_blocks=st.sampled_from([0, 2, 6, 100]),
         watermark=st.sampled_from([0.0, 0.05, 0.2, 0.45]),
-        policy=st.sampled_from(POLICIES),
+        data=st.data(),
         offload=st.booleans(),
         int8_cpu=st.booleans(),
         lru_store=st.booleans(),
@@ -271,7 +286,7 @@ class PrefixKvMachine(QueueMachine):
         pool_hash_blocks: int,
         cpu_blocks: int,
         watermark: float,
-        policy: str,
+        data: st.DataObject,
         offload: bool,
         int8_cpu: bool,
         lru_store: bool,
@@ -293,7 +308,7 @@ class PrefixKvMachine(QueueMachine):
             make_sim_config(
                 model=MODEL,
                 kv=kv,
-                policy=policy_config(policy),
+                policy=policy_config(data.draw(st.sampled_from(self.policies), "policy")),
                 trace=TraceConfig(enabled=False),
                 replay=replay,
                 vram_gb=(1e9 + pool_hash_blocks * hash_bytes) / 1e9,
@@ -333,5 +348,7 @@ class PrefixKvMachine(QueueMachine):
         check(self.kv)
 
 
-PrefixKvMachine.TestCase.settings = machine_settings()
-TestPrefixKvManager = PrefixKvMachine.TestCase
+@pytest.mark.parametrize("policies", list(POLICY_LISTS.values()), ids=list(POLICY_LISTS))
+@pytest.mark.parametrize("machine", [SessionKvMachine, PrefixKvMachine], ids=["session", "prefix"])
+def test_kv_manager_keeps_its_invariants(machine: type[QueueMachine], policies: list[str]) -> None:
+    run_state_machine_as_test(lambda: machine(policies), settings=machine_settings())

@@ -6,7 +6,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cachepilot_sim.integrations.vllm.chunks import SessionChunkPolicy
 from cachepilot_sim.integrations.vllm.params import PercParams
+from cachepilot_sim.integrations.vllm.perc_chunks import PercChunkPolicy
 from tests.vllm_double import ChunkStatus, DoublePercCachePolicy, ReqContext
 
 op = st.tuples(
@@ -57,3 +59,64 @@ def test_evict_is_exact_or_atomic(ops: list[tuple[str, int, int]]) -> None:
                 for key, status in result:
                     assert status is resident.pop(key) and policy.get(key) is None
         assert all(policy.get(k) is s for k, s in resident.items())
+
+
+step = st.tuples(
+    st.sampled_from(["store", "reuse", "pin", "unpin", "evict", "tick"]),
+    st.integers(0, 5),  # session
+    st.integers(1, 6),  # chunk count, n, or a tick's size
+)
+TPC_LONG = 2048
+TICKS_US = (0, 1, 700_000, 5_000_000, 20_000_001, 61_000_000, 300_000_000)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(step, max_size=60), st.sampled_from([5.0, 30.0]), st.sampled_from([512, 0]))
+def test_array_ranked_perc_evicts_exactly_what_the_full_sort_evicts(
+    ops: list[tuple[str, int, int]], delta_s: float, sort_up_to: int
+) -> None:
+    """PercChunkPolicy (key inputs in arrays, re-put per decision; sorted, or one minimum per
+    victim) against SessionChunkPolicy (a CacheEntry per session sorted by the simulator's
+    PercPolicy at every decision): same victims, same order, through returns (gaps learned),
+    pins, protected keys and idle times across the horizon."""
+    now = [0]
+    # Long chunks at session-dependent depths: restore per byte differs between sessions.
+    params = PercParams(tokens_per_chunk=TPC_LONG, delta_s=delta_s, prior_gap_s=10.0)
+    perc = PercChunkPolicy(64, params, lambda: now[0])
+    perc.sort_up_to_sessions = sort_up_to  # 0: one minimum per victim session
+    policies = [perc, SessionChunkPolicy(64, params, lambda: now[0])]
+    resident: dict[tuple[int, int], list[ChunkStatus]] = {}
+    length = [0] * 6
+    for i, (kind, session, count) in enumerate(ops):
+        keys = [k for k in resident if k[0] == session]
+        if kind == "tick":
+            now[0] += TICKS_US[count] + i
+        elif kind in ("store", "reuse"):
+            new = range(length[session], length[session] + (count if kind == "store" else 0))
+            for policy in policies:
+                ctx = ReqContext(f"r{i}", {"session_id": session})
+                policy.on_request_access(keys, ctx)
+                for j in new:
+                    ctx.set_offload_key_position((session, j), (j + 1 + 4 * session) * TPC_LONG)
+                    status = ChunkStatus(j)
+                    resident.setdefault((session, j), []).append(status)
+                    policy.insert((session, j), status, ctx)
+                    status.ref_cnt = 0
+                    policy.mark_evictable((session, j))
+                policy.on_request_finished((tuple(keys),), set(), set(keys), ctx)
+            length[session] += len(new)
+        elif kind in ("pin", "unpin") and keys:
+            pin = kind == "pin"
+            statuses = resident[keys[0]]
+            if statuses[0].ref_cnt == (0 if pin else 1):
+                for policy, status in zip(policies, statuses, strict=True):
+                    status.ref_cnt = 1 if pin else 0
+                    (policy.mark_non_evictable if pin else policy.mark_evictable)(keys[0])
+        elif kind == "evict":
+            protected = set(keys[-count:])
+            results = [policy.evict(count, protected) for policy in policies]
+            victims = [None if r is None else [k for k, _ in r] for r in results]
+            assert victims[0] == victims[1]
+            for key in victims[0] or ():
+                del resident[key]
+        now[0] += 1

@@ -1,43 +1,17 @@
 """The README's quick commands work as written (issue 16): every command in a fenced block whose
-info string is `bash quick` runs, in README order, in an empty folder, through an executable
-`cachepilot-sim` on the PATH (as pip's console script), and exits 0; every `outputs/tour/...`
-file that the 5-minute tour names then exists. The README also keeps its runs out of the
-committed folders: no command writes into `experiments/` or `docs/` unless marked as a maintainer
-command."""
+info string is `bash quick` runs, in README order, in an empty folder, through the
+`cachepilot-sim` console script of a fresh install of the wheel (the `tour` fixture), and exits
+0; every `outputs/tour/...` file that the 5-minute tour names then exists. The README also keeps
+its runs out of the committed folders: no command writes into `experiments/` or `docs/` unless
+marked as a maintainer command."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
-QUICK_BLOCK = re.compile(r"^```bash quick\n(.*?)^```", re.S | re.M)
-
-
-def quick_commands(text: str) -> list[str]:
-    """The commands of every `bash quick` block, in order; `\\` continuations joined."""
-    commands: list[str] = []
-    for block in QUICK_BLOCK.findall(text):
-        joined = block.replace("\\\n", " ")
-        commands += [ln.strip() for ln in joined.splitlines() if ln.strip() and ln[0] != "#"]
-    return commands
-
-
-def tour_section(text: str) -> str:
-    start = text.index("## 5-minute tour")
-    return text[start : text.index("\n## ", start + 1)]
-
-
-def tour_files(text: str) -> list[str]:
-    """Files the tour says a run writes: backticked `outputs/tour/...` paths with a suffix."""
-    paths = re.findall(r"`(outputs/tour/[^`\s<>]+\.[a-z]+)`", tour_section(text))
-    return sorted(set(paths))
+from tests.readme import README, Tour, quick_commands, tour_files, tour_section
 
 
 def test_the_tour_has_quick_commands_and_names_its_files() -> None:
@@ -71,30 +45,9 @@ def test_no_readme_command_writes_into_committed_folders() -> None:
 
 
 @pytest.mark.slow
-def test_every_quick_command_runs_in_an_empty_folder(tmp_path: Path) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    exe = bin_dir / "cachepilot-sim"
-    exe.write_text(
-        "#!/bin/sh\n"
-        f'exec {sys.executable} -c \'import sys; sys.argv[0] = "{exe}"; '
-        'from cachepilot_sim.tools.cli import main; main()\' "$@"\n'
-    )
-    exe.chmod(0o755)
-    work = tmp_path / "work"
-    work.mkdir()
-    env = {
-        **os.environ,
-        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-        "PYTHONPATH": str(ROOT),
-        "MPLBACKEND": "Agg",
-    }
-    env.pop("CACHEPILOT_TRACES_DIR", None)  # the tour needs only what the package ships
-    for command in quick_commands(README):
-        proc = subprocess.run(
-            ["bash", "-c", command], cwd=work, env=env, capture_output=True, text=True,
-            timeout=300,
-        )  # fmt: skip
-        assert proc.returncode == 0, f"{command}\n{proc.stderr[-2000:]}"
-    missing = [f for f in tour_files(README) if not (work / f).is_file()]
+def test_every_quick_command_runs_in_an_empty_folder(tour: Tour) -> None:
+    failed = [f"{r.args[-1]}\n{r.stderr[-2000:]}" for r in tour.runs if r.returncode != 0]
+    assert failed == []
+    assert [r.args[-1] for r in tour.runs] == quick_commands(README)
+    missing = [f for f in tour_files(README) if not (tour.work / f).is_file()]
     assert missing == []

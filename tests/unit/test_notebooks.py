@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import jupytext
 import pytest
 from nbclient import NotebookClient
 
-from cachepilot_sim.config import RunConfig
-from cachepilot_sim.experiment.runner import run_experiment
-from tests.conftest import make_sim_config, make_workload
+from cachepilot_sim.tools.examples import tiny_run, tiny_sweep
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.py"))
 # notebook -> (figures it draws, text that proves it read the folder it was given)
@@ -24,30 +20,9 @@ EXPECT = {
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The run and sweep that the notebooks simulate by themselves when given no folder."""
     root = tmp_path_factory.mktemp("nb")
-    sim = make_sim_config(vram_gb=10.0, workload=make_workload(num_requests=50))
-    values = {k: getattr(sim, k) for k in ("seed", "vram_gb", "model", "workload", "kv")}
-    run_experiment(RunConfig(**values, compare_policies=["perc", "lru"]), root / "run")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cachepilot_sim",
-            "--multirun",
-            "policy=perc,lru",
-            "vram_gb=10,16",
-            "seed=0,1",
-            "seeds=1",
-            "workload.num_requests=20",
-            "workload.max_active_sessions=4",
-            "hydra.launcher.n_jobs=2",
-            f"hydra.sweep.dir={root / 'sweep'}",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return {"run": root / "run", "sweep": root / "sweep"}
+    return {"run": tiny_run(root / "run"), "sweep": tiny_sweep(root / "sweep")}
 
 
 def test_every_notebook_is_listed_with_what_it_draws() -> None:

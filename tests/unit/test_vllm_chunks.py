@@ -6,8 +6,9 @@ import numpy as np
 
 from cachepilot_sim.config import HardwareConfig, policy_config
 from cachepilot_sim.cost import compute_fit, recompute_us
-from cachepilot_sim.integrations.vllm.chunks import session_key
+from cachepilot_sim.integrations.vllm.chunks import SessionChunkPolicy, _Session, session_key
 from cachepilot_sim.integrations.vllm.params import PercParams
+from cachepilot_sim.integrations.vllm.perc_chunks import SessionArrays
 from cachepilot_sim.policies import CacheEntry, GapEstimator, make_policy
 from tests.vllm_double import (
     ChunkStatus,
@@ -156,7 +157,7 @@ def test_clear_forgets_every_chunk_and_request() -> None:
 
 def test_history_of_sessions_without_chunks_is_bounded_oldest_first() -> None:
     policy, clock = make_policy_under_test(prior_gap_s=20.0, ema_weight=1.0)
-    policy.max_history_sessions = 3
+    policy.max_history_sessions = 4  # past 4 sessions, trimmed to 3 at once (one scan per trim)
     run_request(policy, "kept", range(1), "k0")  # has a chunk: never trimmed
     for i in range(4):
         clock.now_us = (i + 1) * S
@@ -169,3 +170,39 @@ def test_history_of_sessions_without_chunks_is_bounded_oldest_first() -> None:
     run_request(policy, "empty3", range(0), "again3")  # still remembered: its gap is observed
     assert policy.estimator.population_gap_us == 96 * S
     assert policy.get(("kept", 0)) is not None
+
+
+def test_a_session_is_ranked_by_its_unprotected_idle_chunks_only() -> None:
+    """`a` costs more per byte than `b` over all its chunks, less without its protected deep one:
+    the decision ranks it on what it may lose, as the full sort does."""
+    policies = [
+        make_policy_under_test()[0],
+        SessionChunkPolicy(100, PercParams(tokens_per_chunk=TPC)),
+    ]
+    for policy in policies:
+        policy._clock = lambda: 0
+        shallow = run_request(policy, "a", range(1), "a0")
+        deep = run_request(policy, "a", range(1, 2), "a1", first_token=65_536)
+        medium = run_request(policy, "b", range(1), "b0", first_token=8_192)
+        evicted = policy.evict(1, set(deep))
+        assert evicted is not None and [k for k, _ in evicted] == shallow
+        evicted = policy.evict(1, set())  # unprotected, a's deep chunk is the dearer one
+        assert evicted is not None and [k for k, _ in evicted] == medium
+
+
+def test_session_arrays_grow_and_refill_holes_without_losing_a_slot() -> None:
+    arrays = SessionArrays(capacity=4)
+    sessions = [_Session(CacheEntry(i, i, 0, 0, 0, 0, 0, 0, 100 + i)) for i in range(150)]
+    for s in sessions:  # past the capacity several times
+        arrays.put(s, float(s.entry.entry_id), 16.0)
+    for sid in range(0, 150, 3):  # holes filled from the end
+        arrays.drop(sid)
+    arrays.drop(999)  # absent: no-op
+    arrays.put(sessions[1], 7.0, 32.0)  # an update keeps its slot
+    last_used, _, cost, size, ids = (v[: arrays.num_slots] for v in arrays.views)
+    kept = [i for i in range(150) if i % 3]
+    assert arrays.num_slots == len(kept) and sorted(ids.tolist()) == kept
+    for slot, sid in enumerate(ids.tolist()):
+        assert arrays.of[slot] is sessions[sid] and arrays.slot[sid] == slot
+        assert last_used[slot] == 100 + sid
+        assert (cost[slot], size[slot]) == ((7.0, 32.0) if sid == 1 else (float(sid), 16.0))

@@ -1,5 +1,6 @@
-"""Our policy inside vLLM 0.33's own classes: loaded by module path through CachePolicyFactory,
-driven with vLLM's ChunkStatus and ReqContext, next to vLLM's LRU and ARC on the same scripts.
+"""Our policies (PERC, reuse_forecast) inside vLLM 0.33's own classes: loaded by module path through
+CachePolicyFactory, driven with vLLM's ChunkStatus and ReqContext, next to vLLM's LRU and ARC on the
+same scripts.
 
 Skipped when vLLM is not installed (the default suite). To run:
     pip install --no-deps 'vllm==0.33.*' && pip install -e '.[vllm-policy]'
@@ -23,7 +24,11 @@ from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus  # noq
 
 from cachepilot_sim.integrations.vllm import evictor_bench  # noqa: E402
 from cachepilot_sim.integrations.vllm.params import ENV_VAR  # noqa: E402
-from cachepilot_sim.integrations.vllm.policy import MODULE_PATH, POLICY_NAME  # noqa: E402
+from cachepilot_sim.integrations.vllm.policy import (  # noqa: E402
+    FORECAST_POLICY_NAME,
+    MODULE_PATH,
+    POLICY_NAME,
+)
 
 Factory = factory_mod.CachePolicyFactory
 S = 1_000_000
@@ -34,6 +39,9 @@ def build(name: str, capacity: int = 64) -> Any:
     """As CPUOffloadingManager does: resolve by name (and module path), construct with capacity."""
     if name == "perc":
         return Factory.get_cache_policy_cls(POLICY_NAME, MODULE_PATH)(cache_capacity=capacity)
+    if name == "reuse_forecast":
+        cls = Factory.get_cache_policy_cls(FORECAST_POLICY_NAME, MODULE_PATH)
+        return cls(cache_capacity=capacity)
     return Factory.get_cache_policy_cls(name)(cache_capacity=capacity)
 
 
@@ -62,9 +70,12 @@ def test_vllm_factory_loads_our_policy_by_module_path(monkeypatch: pytest.Monkey
     policy = build("perc", capacity=8)
     assert isinstance(policy, CachePolicy) and policy.cache_capacity == 8
     assert (policy.params.delta_s, policy.params.tokens_per_chunk) == (12.5, 32)
+    forecast = build("reuse_forecast", capacity=8)
+    assert isinstance(forecast, CachePolicy) and type(forecast).__name__ == FORECAST_POLICY_NAME
+    assert forecast.ranking.name == "reuse_forecast"
 
 
-@pytest.mark.parametrize("name", ["perc", "lru", "arc"])
+@pytest.mark.parametrize("name", ["perc", "reuse_forecast", "lru", "arc"])
 def test_every_policy_evicts_exactly_n_or_nothing(name: str) -> None:
     policy = build(name)
     a = store(policy, "a", range(3), "r0")
@@ -103,16 +114,17 @@ def test_perc_keeps_the_frequently_returning_session_that_lru_evicts() -> None:
     assert victims == {"perc": {"slow"}, "lru": {"fast"}}
 
 
-def test_evictor_benchmark_runs_all_three_on_one_op_stream() -> None:
+def test_evictor_benchmark_runs_all_four_on_one_op_stream() -> None:
     args = evictor_bench.parse_args(
         ["--capacity", "150", "--decisions", "20", "--seeds", "1", "--sessions", "150"]
     )
     result = evictor_bench.run(args)
     cells = {c["policy"]: c for c in result["cells"]}
-    assert set(cells) == {"perc", "lru", "arc"}
+    assert set(cells) == {"perc", "reuse_forecast", "lru", "arc"}
     assert cells["lru"]["decisions"] == 20  # the trace is cut at LRU's 20th decision
     assert len({c["turns"] for c in cells.values()}) == 1  # identical op stream
     for c in cells.values():
         assert c["restore_s"] == pytest.approx(c["reload_s"] + c["recompute_s"])
-    assert "| perc |" in evictor_bench.to_markdown(result)
+    table = evictor_bench.to_markdown(result)
+    assert "| perc |" in table and "| reuse_forecast |" in table
     assert isinstance(args, Namespace)

@@ -17,6 +17,7 @@ from cachepilot_sim.components.kv.cpu_store import CpuStore
 from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
 from cachepilot_sim.components.kv.prefix_tier import PrefixCpuTier
 from cachepilot_sim.components.kv.protocol import Admit, KvDeps, KvStats
+from cachepilot_sim.components.kv.remote import OffGpuLoads
 from cachepilot_sim.components.kv.room import RoomRule
 from cachepilot_sim.components.kv.tails import TailIndex
 from cachepilot_sim.components.kv.transfers import Transfers, cpu_kv_bytes_per_token
@@ -68,7 +69,7 @@ class PrefixKvManager:
             self.hash_bytes, self.cpu_hash_bytes
         )
         self.tree = PrefixTree()
-        self.tails = TailIndex(self.tree, self.policy)
+        self.tails = TailIndex(self.tree, self.policy, self)
         self.cpu_tier = PrefixCpuTier(
             deps,
             self.tree,
@@ -85,6 +86,7 @@ class PrefixKvManager:
         # the policy (its uses, its ghost-list record), as a returning session is.
         self.hash_entries: dict[int, CacheEntry] = {}
         self._next_entry_id = 0
+        self.off_gpu = OffGpuLoads(deps, self.cpu_tier, self._make_room, self._insert, self.seen)
 
     def blocks_for(self, num_tokens: int) -> int:
         """Pages of `kv.block_tokens` that hold `num_tokens` tokens."""
@@ -111,6 +113,7 @@ class PrefixKvManager:
         parent = req.parent
         if parent is not None and parent.outcome == Outcome.COMPLETED:
             self.estimator.observe(self._group_entry(req.group_id), now - parent.finish_us)
+            self.tails.regroup(req.group_id)
         blocks = self.tree.blocks
         for h in req.hash_ids:
             entry = self.hash_entries.get(h)
@@ -140,7 +143,7 @@ class PrefixKvManager:
         hits = 0
         while hits < len(ids) and tree.on_gpu(ids[hits]):
             hits += 1
-        early = self.cpu_tier.continuation(req, ids, hits)
+        early = self.off_gpu.continuation(req, ids, hits)
         if early is not None:
             return early
         chain = [tree.blocks[h] for h in ids[:hits]]
@@ -262,7 +265,7 @@ class PrefixKvManager:
         the tail index; one that needs the chains (the oracle) sees the whole candidate forest."""
         if self.tails.enabled:
             return self.tails.select(
-                num_blocks, now, lambda b: self._prepare(b, now, allow_offload)
+                num_blocks, now, lambda b: self._prepare(b, now, allow_offload), allow_offload
             )
         forest = self.tree.forest()
         entries = [self._prepare(b, now, allow_offload) for b in forest.blocks]
@@ -352,6 +355,7 @@ class PrefixKvManager:
             self.tree.unpin(b)
             if b.refcount == 0:  # idle now: a reuse gap starts
                 self.policy.on_release(b.entry, now)
+        self.off_gpu.write_through(req, r.chain)
         self._enforce_cap()
 
     def preempt(self, req: Request, num_tokens: int) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from cachepilot_sim.clock import SimEnvironment
 from cachepilot_sim.components.pcie_link import PcieLink
@@ -20,6 +20,9 @@ from cachepilot_sim.components.vram_pool import VramPool
 from cachepilot_sim.cost import ComputeFit
 from cachepilot_sim.policies import EvictionPolicy, GapEstimator
 from cachepilot_sim.trace.events import TraceEvents
+
+if TYPE_CHECKING:  # remote.py imports this module
+    from cachepilot_sim.components.kv.remote import RemoteKv
 
 
 class Tier(IntEnum):
@@ -91,6 +94,9 @@ class KvDeps:
     events: TraceEvents
     queue: EngineQueue  # hands back a request whose reload (or wait for a copy) is over
     wake: Signal  # memory was freed (an offload landed): the engine may admit again
+    # A cluster's shared KV store (kv/remote.py's `RemoteKv`; None: none). The prefix manager
+    # loads misses from it and writes finished blocks to it; the session manager ignores it.
+    remote: RemoteKv | None = None
 
 
 class KvManager(Protocol):

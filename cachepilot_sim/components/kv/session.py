@@ -83,7 +83,8 @@ class SessionKvManager:
         )
         self.sessions: dict[int, SessionKV] = {}
         self.idle: dict[int, SessionKV] = {}  # GPU-resident, not attached: eviction candidates
-        self.candidates = CandidateIndex(self.policy)  # their entries, in the policy's order
+        # Their entries in the policy's order (PERC: an exact index per restore regime).
+        self.candidates = CandidateIndex(self.policy, self._static_restore)
         self.idle_bytes = 0
         self.num_active = 0
         self._next_entry_id = 0
@@ -224,6 +225,22 @@ class SessionKvManager:
 
         return self.cpu.make_room(num_bytes, drop)
 
+    def _static_restore(self, e: CacheEntry, offload: bool) -> float:
+        """`evict`'s restore estimate for idle `e` in a regime where it stays fixed while `e` is
+        idle (`_restore_mode`): a reload if the store can take it, else a recompute."""
+        if offload and self._can_offload(self.idle[e.entry_id].cpu_bytes):
+            return min(e.reload_us, e.recompute_us)
+        return e.recompute_us
+
+    def _restore_mode(self, allow_offload: bool) -> bool | None:
+        """Whether this decision's restore estimates are `_static_restore(e, mode)`; None when
+        they move with idle time (store residency below δ) or with the store's fill."""
+        if not (allow_offload and self.offload_enabled):
+            return False
+        if self.cpu.evicts_lru and self.cpu.residency_us >= self.estimator.delta_us:
+            return True
+        return None
+
     def evict(self, bytes_needed: int, exclude: SessionKV | None, allow_offload: bool) -> int:
         """Ask the policy for idle victims covering `bytes_needed`; returns bytes evicted."""
         now = self.env.now
@@ -241,7 +258,8 @@ class SessionKvManager:
             return e
 
         exclude_id = exclude.entry.entry_id if exclude is not None else -1
-        victims = self.candidates.select(bytes_needed, now, prepare, exclude_id)
+        mode = self._restore_mode(allow_offload)
+        victims = self.candidates.select(bytes_needed, now, prepare, exclude_id, mode)
         for e in victims:  # every victim below is evicted (offloaded or dropped)
             self.policy.on_evict(e, now)
         evicted = 0

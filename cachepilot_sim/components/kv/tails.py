@@ -6,21 +6,28 @@ current tails, step by step; a heap of the tails does the same. For a policy who
 the entry (`KeyScope.ENTRY`) the tails stay ordered between decisions (a `SortedList`, whose front
 stays in cache where a heap's root-to-leaf paths do not; `policies/candidates.py`) and the tree
 reports the tails it exposes (`PrefixTree.exposed`): a decision costs O(log n) per victim. For
-`KeyScope.DECISION` (PERC: the key decays with idle time) the tails are keyed at each decision:
-O(tails), not O(blocks). Policies that need the chains (`KeyScope.SET`: the oracle) keep the
-forest path.
+`KeyScope.DECISION` the tails are keyed at each decision: O(tails), not O(blocks), except for a
+policy with an exact index of its decaying key (PERC's `time_index`, `policies/perc_index.py`):
+its tails stay in that index (one per restore regime, fed by `PrefixTree.exposed`, re-keyed when
+their group's gap EMA moves: `regroup`) and a decision pops from it, whenever every tail's restore
+estimate is fixed while it is idle (no offload, or a store whose residency is at least δ; else
+the decision keys every tail, counted in `num_full`). Policies that need the chains
+(`KeyScope.SET`: the oracle) keep the forest path.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from typing import Protocol
 
 from sortedcontainers import SortedList
 
+from cachepilot_sim.components.kv.cpu_store import CpuStore
 from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
 from cachepilot_sim.components.kv.protocol import Tier
-from cachepilot_sim.policies import CacheEntry, EvictionPolicy, KeyScope
+from cachepilot_sim.policies import CacheEntry, EvictionPolicy, GapEstimator, KeyScope
+from cachepilot_sim.policies.candidates import TimeIndex
 
 # Rebuild the persistent order when stale items outnumber the tails by this factor (amortized).
 _COMPACT_FACTOR = 2
@@ -28,21 +35,160 @@ _COMPACT_FACTOR = 2
 Item = tuple[tuple[float | int, ...], int, HashBlock]
 
 
+class Pricing(Protocol):
+    """What the prefix manager prices a tail with (`PrefixKvManager._prepare` reads the same)."""
+
+    group_entries: dict[int, CacheEntry]
+    reload_block_us: float
+    offload_enabled: bool
+    cpu: CpuStore
+    cpu_hash_bytes: int
+    estimator: GapEstimator
+
+
 class TailIndex:
     """The idle tails of `tree` in the order `policy` evicts them (ENTRY and DECISION scopes)."""
 
-    def __init__(self, tree: PrefixTree, policy: EvictionPolicy) -> None:
+    def __init__(
+        self, tree: PrefixTree, policy: EvictionPolicy, pricing: Pricing | None = None
+    ) -> None:
         self.tree = tree
         self.policy = policy
         scope = getattr(policy, "key_scope", KeyScope.SET)
         self.persistent = scope == KeyScope.ENTRY
         self.enabled = scope in (KeyScope.ENTRY, KeyScope.DECISION)
         self.num_visits = 0  # heap items looked at by decisions (a complexity probe for tests)
+        self.num_full = 0  # decisions of a time-indexed policy that keyed every tail
         self._order: SortedList = SortedList()  # of Item, when persistent
         self._stamp: dict[int, int] = {}  # hash id -> stamp of its live heap item
         self._next_stamp = 0
-        if self.persistent:
+        self.pricing = pricing
+        self.timed = scope == KeyScope.DECISION and pricing is not None
+        self.timed = self.timed and hasattr(policy, "time_index")
+        self._timed: dict[bool, TimeIndex] = {}  # restore regime (offload?) -> index, on use
+        self._blocks: dict[int, HashBlock] = {}  # entry id -> block, as last indexed
+        self._groups: dict[int, dict[int, None]] = {}  # group -> entry ids indexed with its gap
+        self._group_of: dict[int, int] = {}  # entry id -> its group when indexed
+        self._dirty: dict[int, None] = {}  # groups whose gap EMA moved since
+        # A key that reads no restore estimate: one index (regime False) serves every decision.
+        self.reads_restore = getattr(policy, "time_index_reads_restore", True)
+        if self.persistent or self.timed:
             tree.exposed = {}  # the tree records every block that becomes (or is again) a tail
+
+    # -- the exact time index (PERC) -------------------------------------------------------
+    def regroup(self, group: int) -> None:
+        """`group`'s gap EMA moved: its indexed tails are re-keyed at the next decision."""
+        if self.timed:
+            self._dirty[group] = None
+
+    def static_restore(self, b: HashBlock, offload: bool) -> tuple[float, float]:
+        """(restore, gap EMA) of tail `b` as `PrefixKvManager._prepare` gives them in a regime
+        where they stay fixed while `b` is idle (`restore_mode`)."""
+        p = self.pricing
+        assert p is not None
+        e = b.entry
+        s = p.group_entries.get(e.session_id)
+        restore = min(p.reload_block_us, e.recompute_us) if offload else e.recompute_us
+        return restore, (s.gap_ema_us if s is not None else -1.0)
+
+    def restore_mode(self, allow_offload: bool) -> bool | None:
+        """True/False: this decision's estimates are `static_restore(b, mode)`; None: the
+        estimate moves with idle time (a store whose residency is below δ)."""
+        p = self.pricing
+        assert p is not None
+        if not (allow_offload and p.offload_enabled and p.cpu.can_take(p.cpu_hash_bytes)):
+            return False
+        return True if p.cpu.residency_us >= p.estimator.delta_us else None
+
+    def _index(self, b: HashBlock, only: TimeIndex | None = None) -> None:
+        eid = b.entry.entry_id
+        for offload, index in self._timed.items():
+            if only is None or index is only:
+                restore, gap = self.static_restore(b, offload)
+                index.add(b.entry, restore, gap)
+        self._blocks[eid] = b
+        group, old = b.entry.session_id, self._group_of.get(eid)
+        if old != group:
+            if old is not None:
+                self._groups[old].pop(eid, None)
+            self._groups.setdefault(group, {})[eid] = None
+            self._group_of[eid] = group
+
+    def _forget(self, eid: int) -> None:
+        for index in self._timed.values():
+            index.discard(eid)
+        self._blocks.pop(eid, None)
+        group = self._group_of.pop(eid, None)
+        if group is not None:
+            self._groups[group].pop(eid, None)
+
+    def _drain_timed(self) -> None:
+        """Index the tails exposed since the last decision and re-key dirty groups' tails."""
+        exposed = self.tree.exposed
+        assert exposed is not None
+        evictable = self.tree.evictable
+        for b in exposed.values():
+            if evictable.get(b.hash_id) is b:
+                self._index(b)
+        exposed.clear()
+        for group in self._dirty:
+            for eid in list(self._groups.get(group, ())):
+                b = self._blocks[eid]
+                if evictable.get(b.hash_id) is b:
+                    self._index(b)
+                else:
+                    self._forget(eid)
+        self._dirty.clear()
+        if len(self._blocks) > _COMPACT_FACTOR * len(evictable) + 64:
+            for eid, b in list(self._blocks.items()):
+                if evictable.get(b.hash_id) is not b:
+                    self._forget(eid)
+
+    def _select_timed(
+        self,
+        offload: bool,
+        num_blocks: int,
+        now_us: int,
+        prepare: Callable[[HashBlock], CacheEntry],
+    ) -> list[HashBlock]:
+        """Smallest keys first from the exact time index of this regime (see `select`)."""
+        index = self._timed.get(offload)
+        if index is None:
+            index = self._timed[offload] = self.policy.time_index()  # type: ignore[attr-defined]
+            for b in self.tree.evictable.values():
+                self._index(b, only=index)
+        evictable, blocks = self.tree.evictable, self._blocks
+        local: dict[int, None] = {}  # parents exposed by this decision's own cuts
+        cut_children: dict[int, int] = {}
+        victims: list[HashBlock] = []
+        while len(victims) < num_blocks:
+            eid = index.pop_min(now_us)
+            if eid is None:
+                break
+            self.num_visits += 1
+            got = blocks.get(eid)
+            if got is None or (eid not in local and evictable.get(got.hash_id) is not got):
+                self._forget(eid)  # stale: used, evicted or no longer a tail
+                continue
+            victims.append(got)
+            p = got.parent
+            if (
+                p is None
+                or p.refcount
+                or p.tier != Tier.GPU
+                or self.tree.blocks.get(p.hash_id) is not p
+            ):
+                continue
+            done = cut_children.get(p.hash_id, 0) + 1
+            cut_children[p.hash_id] = done
+            if done == p.num_children:  # every GPU child is cut: the parent is a tail now
+                self._index(p, only=index)
+                local[p.entry.entry_id] = None
+        for b in victims:  # the index's estimates are the manager's now, or it is not exact
+            e = prepare(b)
+            if self.reads_restore:
+                assert (e.restore_us, e.gap_ema_us) == self.static_restore(b, offload)
+        return victims
 
     def _item(self, b: HashBlock, key: tuple[float | int, ...]) -> Item:
         stamp = self._next_stamp
@@ -68,11 +214,24 @@ class TailIndex:
             )
 
     def select(
-        self, num_blocks: int, now_us: int, prepare: Callable[[HashBlock], CacheEntry]
+        self,
+        num_blocks: int,
+        now_us: int,
+        prepare: Callable[[HashBlock], CacheEntry],
+        allow_offload: bool | None = None,
     ) -> list[HashBlock]:
         """Up to `num_blocks` tails in the order the forest path would cut them; each victim (and,
         for DECISION keys, each tail ranked) is passed through `prepare` before the policy reads
-        it, and before anything is evicted. The caller evicts all of them, in this order."""
+        it, and before anything is evicted. The caller evicts all of them, in this order.
+        `allow_offload` (what `prepare` was built with) lets a time-indexed policy use its index."""
+        if self.timed and allow_offload is not None:
+            self._drain_timed()
+            mode = self.restore_mode(allow_offload) if num_blocks > 0 else None
+            if num_blocks > 0 and not self.reads_restore:
+                mode = False
+            if mode is not None:
+                return self._select_timed(mode, num_blocks, now_us, prepare)
+            self.num_full += num_blocks > 0
         key = self.policy.key
         main: SortedList | list[Item]
         if self.persistent:

@@ -32,7 +32,7 @@ from cachepilot_sim.integrations.vllm.replay import (
     replay,
 )
 
-POLICIES = ("perc", "lru", "arc")
+POLICIES = ("perc", "reuse_forecast", "lru", "arc")
 PolicyFactory = Callable[[int, list[int]], Any]
 
 
@@ -57,7 +57,13 @@ def vllm_setup(params: PercParams) -> tuple[VllmTypes, dict[str, PolicyFactory]]
     from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
     from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
 
-    from cachepilot_sim.integrations.vllm.policy import MODULE_PATH, POLICY_NAME, PercCachePolicy
+    from cachepilot_sim.integrations.vllm.policy import (
+        FORECAST_POLICY_NAME,
+        MODULE_PATH,
+        POLICY_NAME,
+        PercCachePolicy,
+        ReuseForecastCachePolicy,
+    )
 
     def builtin(name: str) -> PolicyFactory:
         return lambda cap, clock: CachePolicyFactory.get_cache_policy_cls(name)(cache_capacity=cap)
@@ -67,8 +73,14 @@ def vllm_setup(params: PercParams) -> tuple[VllmTypes, dict[str, PolicyFactory]]
         assert CachePolicyFactory.get_cache_policy_cls(POLICY_NAME, MODULE_PATH) is PercCachePolicy
         return PercCachePolicy(cache_capacity=cap, params=params, clock=lambda: clock[0])
 
+    def forecast(cap: int, clock: list[int]) -> Any:
+        cls = CachePolicyFactory.get_cache_policy_cls(FORECAST_POLICY_NAME, MODULE_PATH)
+        assert cls is ReuseForecastCachePolicy
+        return cls(cache_capacity=cap, params=params, clock=lambda: clock[0])
+
     return VllmTypes(ChunkStatus, ReqContext), {
         "perc": perc,
+        "reuse_forecast": forecast,
         "lru": builtin("lru"),
         "arc": builtin("arc"),
     }

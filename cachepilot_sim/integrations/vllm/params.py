@@ -23,6 +23,7 @@ ENV_VAR = "CACHEPILOT_PERC"
 EXTRA_CONFIG_KEY = "cachepilot_perc"
 # kv_connector_extra_config's eviction_policy and cache_policy_module_path for our policy.
 POLICY_NAME = "PercCachePolicy"
+FORECAST_POLICY_NAME = "ReuseForecastCachePolicy"
 POLICY_MODULE = "cachepilot_sim.integrations.vllm.policy"
 
 
@@ -35,6 +36,10 @@ class PercParams:
     tokens_per_chunk: tokens in one offloaded chunk (block size x blocks per chunk); used for a
         chunk's token span when vLLM gives no key position, and as its size for the per-byte score.
     session_field: key of the session id in kv_transfer_params or in a kv hint's payload.
+    class_field: key of the session's workload class index in kv_transfer_params (read by
+        reuse_forecast's features; absent: unknown class, the forecast backs off to the
+        population curve).
+    forecast_model: reuse_forecast's survival table (a shipped table's name or a .json path).
     """
 
     delta_s: float = 30.0
@@ -43,6 +48,8 @@ class PercParams:
     hardware_file: str = ""
     tokens_per_chunk: int = 16
     session_field: str = "session_id"
+    class_field: str = "session_class"
+    forecast_model: str = "mixed_spike"
 
     def __post_init__(self) -> None:
         self.policy_config()  # validates delta_s, ema_weight, prior_gap_s
@@ -56,6 +63,12 @@ class PercParams:
             bool(self.session_field),
             f"{EXTRA_CONFIG_KEY}.session_field",
             self.session_field,
+            "must not be empty",
+        )
+        require(
+            bool(self.class_field),
+            f"{EXTRA_CONFIG_KEY}.class_field",
+            self.class_field,
             "must not be empty",
         )
 

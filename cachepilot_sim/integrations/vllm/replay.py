@@ -33,13 +33,15 @@ from cachepilot_sim.workloads.synthetic import SessionFactory
 @dataclass(frozen=True, slots=True)
 class Turn:
     """One request: session `session` sends at t_us; its prompt's first `prior_chunks` chunks are
-    the previous turn's stored prompt; `num_chunks` full chunks of this prompt are stored."""
+    the previous turn's stored prompt; `num_chunks` full chunks of this prompt are stored;
+    `class_index` is the session's workload class (sent in kv_transfer_params)."""
 
     t_us: int
     end_us: int
     session: int
     prior_chunks: int
     num_chunks: int
+    class_index: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +67,8 @@ def make_turns(workload: WorkloadConfig, cfg: ReplayConfig) -> list[Turn]:
             prompt = context + int(spec.prompt_tokens[k])
             end = t + ms_to_us(cfg.decode_token_ms * int(spec.output_tokens[k]))
             stored = prompt // cfg.tokens_per_chunk
-            turns.append((t, spec.session_id, k, Turn(t, end, spec.session_id, prior, stored)))
+            turn = Turn(t, end, spec.session_id, prior, stored, spec.class_index)
+            turns.append((t, spec.session_id, k, turn))
             context, prior = prompt + int(spec.output_tokens[k]), stored
             t = end + int(spec.think_us[k])
     turns.sort(key=lambda x: x[:3])
@@ -133,7 +136,8 @@ class Replayer:
         self.stats.num_turns += 1
         keys = [chunk_key(turn.session, i) for i in range(turn.num_chunks)]
         ctx = self.types.req_context(
-            f"s{turn.session}-t{turn.t_us}", kv_transfer_params={"session_id": turn.session}
+            f"s{turn.session}-t{turn.t_us}",
+            kv_transfer_params={"session_id": turn.session, "session_class": turn.class_index},
         )
         for i, key in enumerate(keys):
             ctx.set_offload_key_position(key, (i + 1) * self.tpc)
