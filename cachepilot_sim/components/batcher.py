@@ -230,14 +230,15 @@ class Batcher(DecodeGrowth):
         if not self._grow_decode():
             return
         n = self.n
-        decode = np.flatnonzero(self.prefill_left[:n] == 0)
+        decoding = self.prefill_left[:n] == 0
+        decode = np.flatnonzero(decoding)
         chunk_idx, chunks = self._plan_prefill(budget - decode.size)
         duration = ceil_us(self._raw_duration_us(decode, chunk_idx, chunks))
         self.ghost = self.ghost[:, :0]
         self._account(duration, 1)
         self.step_start_us = self.env.now
         yield self.env.timeout(duration)
-        self._advance(decode, chunk_idx, chunks)
+        self._advance(decoding, chunk_idx, chunks)
 
     def _decode_run(self) -> Generator[simpy.Event, object, None]:
         """Up to k pure-decode steps as one timeout; blocks for all k steps are reserved first.
@@ -284,10 +285,13 @@ class Batcher(DecodeGrowth):
         idx = np.flatnonzero((self.prefill_left[:n] > 0) & (self.order[:n] < self.held_from))
         if idx.size == 0 or tokens_left <= 0:
             return idx[:0], idx[:0]
+        if idx.size == 1:  # the common case: one prompt in prefill
+            want = self.prefill_left[idx]
+            return idx, np.minimum(want, tokens_left)
         idx = idx[np.argsort(self.order[idx], kind="stable")]
         want = self.prefill_left[idx]
         before = np.cumsum(want) - want
-        chunks = np.clip(tokens_left - before, 0, want)
+        chunks = np.minimum(np.maximum(tokens_left - before, 0), want)
         keep = chunks > 0
         return idx[keep], chunks[keep]
 
@@ -297,12 +301,16 @@ class Batcher(DecodeGrowth):
         """Cost-model time of one iteration (before rounding up to whole microseconds)."""
         idx = np.concatenate((decode, chunk_idx))
         g = self.ghost.shape[1]
+        if not g:  # the same arrays as before async scheduling existed: identical results
+            new = np.ones(idx.size)
+            new[decode.size :] = chunks
+            return self.step_cost.iteration_us(
+                new, self.ctx[idx], self.tok_bytes[idx], self.model[idx]
+            )
         new = np.concatenate((np.ones(decode.size + g), chunks.astype(np.float64)))
         ctx = np.concatenate((self.ctx[decode], self.ghost[0], self.ctx[chunk_idx]))
         tok = np.concatenate((self.tok_bytes[decode], self.ghost[1], self.tok_bytes[chunk_idx]))
         model = np.concatenate((self.model[decode], self.ghost[2], self.model[chunk_idx]))
-        if not g:  # the same arrays as before async scheduling existed: identical results
-            ctx, tok, model = self.ctx[idx], self.tok_bytes[idx], self.model[idx]
         return self.step_cost.iteration_us(new, ctx, tok, model)
 
     def _account(self, duration: int, steps: int) -> None:
@@ -317,29 +325,38 @@ class Batcher(DecodeGrowth):
         if st.iterations // self.trace_every > before // self.trace_every:
             self.events.iteration(self.env.now, self.n, held, duration)
 
-    def _advance(self, decode: np.ndarray, chunk_idx: np.ndarray, chunks: np.ndarray) -> None:
+    def _advance(self, decoding: np.ndarray, chunk_idx: np.ndarray, chunks: np.ndarray) -> None:
+        """One mixed step done: a token for each of columns 0..n-1 where `decoding`, the chunks
+        for `chunk_idx`, and the first token of every prompt whose prefill it finished."""
         now = self.env.now
-        self.stats.add_gaps(now - self.step_start_us, decode.size)
-        self.ctx[decode] += 1
-        self.decode_left[decode] -= 1
-        self.generated[decode] += 1
+        n = decoding.size
+        num_decode = int(np.count_nonzero(decoding))
+        self.stats.add_gaps(now - self.step_start_us, num_decode)
+        # Whole-row arithmetic with the mask: faster than scattering into the decoding columns.
+        self.ctx[:n] += decoding
+        self.decode_left[:n] -= decoding
+        self.generated[:n] += decoding
+        st = self.stats
+        st.tokens_decoded += num_decode
+        if not chunk_idx.size:
+            self._finish_done()
+            return
         self.ctx[chunk_idx] += chunks
         self.prefill_left[chunk_idx] -= chunks
-        st = self.stats
-        st.tokens_decoded += decode.size
         st.tokens_prefilled += int(chunks.sum())
         # The iteration that finishes a prefill also produces the first output token.
         first = chunk_idx[self.prefill_left[chunk_idx] == 0]
-        self.stats.resumed(first, self.generated, self.slot_req, now)
-        self.decode_left[first] -= 1
-        self.generated[first] += 1
-        st.tokens_decoded += first.size
-        for i in first.tolist():
-            req = self.slot_req[i]
-            assert req is not None
-            if req.first_token_us < 0:
-                req.first_token_us = now
-                self.events.first_token(now, req)
+        if first.size:
+            self.stats.resumed(first, self.generated, self.slot_req, now)
+            self.decode_left[first] -= 1
+            self.generated[first] += 1
+            st.tokens_decoded += first.size
+            for i in first.tolist():
+                req = self.slot_req[i]
+                assert req is not None
+                if req.first_token_us < 0:
+                    req.first_token_us = now
+                    self.events.first_token(now, req)
         self._finish_done()
 
     def _advance_decode(self, n: int, ends: np.ndarray, finished: bool) -> None:
@@ -355,7 +372,10 @@ class Batcher(DecodeGrowth):
 
     def _finish_done(self) -> None:
         n = self.n
-        done = np.flatnonzero((self.prefill_left[:n] == 0) & (self.decode_left[:n] <= 0))
+        ended = self.decode_left[:n] <= 0
+        if not self.async_scheduling and not ended.any():
+            return
+        done = np.flatnonzero((self.prefill_left[:n] == 0) & ended)
         if self.async_scheduling:  # they were scheduled into the next step before finishing
             self.ghost = self.state[[CTX, TOKEN_BYTES, MODEL]][:, done]
         if done.size:

@@ -76,6 +76,8 @@ class DecodeGrowth:
         need = np.flatnonzero(
             (self.prefill_left[:n] == 0) & (self.ctx[:n] >= self.blocks[:n] * self.block_tokens)
         )
+        if need.size <= 1:
+            return need
         return need[np.argsort(self.order[need], kind="stable")]
 
     def _grow_decode(self) -> bool:

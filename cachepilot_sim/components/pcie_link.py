@@ -1,17 +1,64 @@
-"""The PCIe link to the CPU store: one SimPy resource per direction.
+"""The PCIe link to the CPU store: one FIFO lane per direction.
 
 Transfers in one direction queue behind each other (one DMA stream each way); the two directions and
 the GPU's compute run concurrently, as with separate copy engines.
+
+A lane is `simpy.Resource(capacity=1)` without its objects: a request is an event triggered when the
+lane is granted, a release grants the next waiter through an event, at the same points of SimPy's
+event order as the Resource (so runs are unchanged). `transfer_then` is the copy for a caller that
+would only wait for it in a process of its own: the same events, without a generator per copy
+(an eviction storm starts one copy per evicted block).
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections import deque
+from collections.abc import Callable, Generator
 
 import simpy
+from simpy.core import NORMAL
 
 from cachepilot_sim.clock import SimEnvironment
 from cachepilot_sim.cost import TransferFit, transfer_us
+
+
+def triggered(env: SimEnvironment, then: Callable[[simpy.Event], None]) -> simpy.Event:
+    """A succeeded event with one callback, not yet scheduled (the caller schedules it)."""
+    event = simpy.Event(env)
+    event._ok, event._value = True, None
+    event.callbacks.append(then)  # type: ignore[union-attr]
+    return event
+
+
+class FifoLane:
+    """One DMA lane: serves one transfer at a time, in request order."""
+
+    __slots__ = ("env", "busy", "waiting")
+
+    def __init__(self, env: SimEnvironment) -> None:
+        self.env = env
+        self.busy = False
+        self.waiting: deque[simpy.Event] = deque()
+
+    def request(self) -> simpy.Event:
+        """An event triggered when this request holds the lane (at once when it is free)."""
+        grant = simpy.Event(self.env)
+        self.waiting.append(grant)
+        self._grant(grant)
+        return grant
+
+    def _grant(self, _: simpy.Event) -> None:
+        if not self.busy and self.waiting:
+            self.busy = True
+            grant = self.waiting.popleft()
+            grant._ok, grant._value = True, None
+            self.env.schedule(grant, NORMAL)
+
+    def release(self) -> None:
+        """The holder is done; the next waiter is granted by an event (as a Resource release)."""
+        self.busy = False
+        if self.waiting:  # with nobody waiting, the Resource's release event grants nothing
+            self.env.schedule(triggered(self.env, self._grant), NORMAL)
 
 
 class PcieLink:
@@ -20,10 +67,7 @@ class PcieLink:
     def __init__(self, env: SimEnvironment, h2d: TransferFit, d2h: TransferFit) -> None:
         self.env = env
         self.fits = {"h2d": h2d, "d2h": d2h}
-        self.lanes = {
-            "h2d": simpy.Resource(env, capacity=1),
-            "d2h": simpy.Resource(env, capacity=1),
-        }
+        self.lanes = {"h2d": FifoLane(env), "d2h": FifoLane(env)}
         self.busy_us = {"h2d": 0, "d2h": 0}
         self.bytes_moved = {"h2d": 0, "d2h": 0}
 
@@ -37,9 +81,27 @@ class PcieLink:
         Yields the lane request and one timeout; returns the service time in microseconds.
         """
         duration = self.duration_us(direction, num_bytes)
-        with self.lanes[direction].request() as lane:
-            yield lane
-            yield self.env.timeout(duration)
+        lane = self.lanes[direction]
+        yield lane.request()
+        yield self.env.timeout(duration)
+        lane.release()
         self.busy_us[direction] += duration
         self.bytes_moved[direction] += num_bytes
         return duration
+
+    def transfer_then(self, direction: str, num_bytes: int, done: Callable[[int], None]) -> None:
+        """`transfer` without a process: queue now, then `done(service time in µs)` when the
+        copy lands, where a process running `transfer` would continue."""
+        duration = self.duration_us(direction, num_bytes)
+        lane = self.lanes[direction]
+
+        def landed(_: simpy.Event) -> None:
+            lane.release()
+            self.busy_us[direction] += duration
+            self.bytes_moved[direction] += num_bytes
+            done(duration)
+
+        def hold(_: simpy.Event) -> None:
+            self.env.timeout(duration).callbacks.append(landed)  # type: ignore[union-attr]
+
+        lane.request().callbacks.append(hold)  # type: ignore[union-attr]

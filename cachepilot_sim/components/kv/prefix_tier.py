@@ -55,7 +55,9 @@ class PrefixCpuTier:
         self.transfers.start_offload(self.hash_bytes)
         self.cpu.reserve(self.cpu_hash_bytes)
         self.tree.leave_gpu(b)
-        self.env.process(self._offload_block(b))
+        self.transfers.offload_then(
+            self.hash_bytes, self.cpu_hash_bytes, lambda duration: self._offloaded(b, duration)
+        )
 
     def continuation(self, req: Request, ids: list[int], hits: int) -> Admit | None:
         """Reload the CPU-resident continuation of the hits (WAIT), or wait for a block in
@@ -123,9 +125,8 @@ class PrefixCpuTier:
         if b.tier == Tier.CPU and not b.children:
             self.cpu.push(b.entry.last_used_us, b.entry.entry_id, b.hash_id)
 
-    def _offload_block(self, b: HashBlock) -> Generator[simpy.Event, object, None]:
-        """Process: copy one block out; its GPU bytes are free when the copy lands."""
-        duration = yield from self.transfers.offload(self.hash_bytes, self.cpu_hash_bytes)
+    def _offloaded(self, b: HashBlock, duration: int) -> None:
+        """One block's copy landed (`duration` µs paid): it is on the CPU, its GPU bytes free."""
         if self.tree.blocks.get(b.hash_id) is b:
             b.tier = Tier.CPU
             b.cpu_since_us = int(self.env.now)

@@ -297,11 +297,10 @@ class SessionKvManager:
         self.transfers.start_offload(num_bytes)
         self.cpu.reserve(s.cpu_bytes)
         s.tier = Tier.FLIGHT_OUT
-        self.env.process(self._offload(s, num_bytes))
+        self.transfers.offload_then(num_bytes, s.cpu_bytes, lambda d: self._offloaded(s, d))
 
-    def _offload(self, s: SessionKV, num_bytes: int) -> Generator[simpy.Event, object, None]:
-        """Process: copy a victim's blocks to the CPU store, then free them on the GPU."""
-        duration = yield from self.transfers.offload(num_bytes, s.cpu_bytes)
+    def _offloaded(self, s: SessionKV, duration: int) -> None:
+        """A victim's copy to the CPU store landed (`duration` µs paid): its GPU bytes are free."""
         s.tier = Tier.CPU
         s.cpu_seq, s.cpu_since_us = self._next_cpu_seq, self.env.now
         self._next_cpu_seq += 1

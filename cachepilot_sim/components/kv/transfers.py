@@ -7,13 +7,14 @@ the conversion is charged at the calibrated quantize rate.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 
 import simpy
+from simpy.core import URGENT
 
 from cachepilot_sim.clock import SimEnvironment
 from cachepilot_sim.components.kv.protocol import KvStats
-from cachepilot_sim.components.pcie_link import PcieLink
+from cachepilot_sim.components.pcie_link import PcieLink, triggered
 from cachepilot_sim.components.vram_pool import VramPool
 from cachepilot_sim.config import ModelConfig
 from cachepilot_sim.cost import quantize_us
@@ -66,17 +67,32 @@ class Transfers:
         self.pool.start_offload(gpu_bytes)
         self.pending_free_bytes += gpu_bytes
 
-    def offload(self, gpu_bytes: int, cpu_bytes: int) -> Generator[simpy.Event, object, int]:
-        """Process body: convert (if quantizing), copy out, free the GPU bytes. Returns the time
-        paid (conversion + copy, µs)."""
-        convert = self.convert_us(gpu_bytes, cpu_bytes)
-        if convert:
-            self.stats.convert_us += convert
-            yield self.env.timeout(convert)
-        duration = convert + (yield from self.link.transfer("d2h", cpu_bytes))
-        self.pool.finish_offload(gpu_bytes)
-        self.pending_free_bytes -= gpu_bytes
-        return duration
+    def offload_then(self, gpu_bytes: int, cpu_bytes: int, done: Callable[[int], None]) -> None:
+        """Convert (if quantizing), copy out, free the GPU bytes, then `done(time paid, µs)`.
+
+        No process per copy, but the events of one, in the same order: its start (urgent, now),
+        the conversion's timeout, the lane's grant and the copy's timeout (`PcieLink`)."""
+        env = self.env
+
+        def copy_out(convert: int) -> None:
+            def landed(copy_us: int) -> None:
+                self.pool.finish_offload(gpu_bytes)
+                self.pending_free_bytes -= gpu_bytes
+                done(convert + copy_us)
+
+            self.link.transfer_then("d2h", cpu_bytes, landed)
+
+        def start(_: simpy.Event) -> None:
+            convert = self.convert_us(gpu_bytes, cpu_bytes)
+            if convert:
+                self.stats.convert_us += convert
+                env.timeout(convert).callbacks.append(  # type: ignore[union-attr]
+                    lambda _: copy_out(convert)
+                )
+            else:
+                copy_out(0)
+
+        env.schedule(triggered(env, start), URGENT)
 
     def reload(self, gpu_bytes: int, cpu_bytes: int) -> Generator[simpy.Event, object, int]:
         """Process body: copy back into blocks already held in flight (`pool.start_reload`),
