@@ -86,3 +86,18 @@ def test_an_unknown_policy_is_a_one_line_error(
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert "belady9" in err and "known" in err and len(err.strip().splitlines()) == 1
+
+
+def test_no_ratio_where_lru_paid_no_restore(frontier: ModuleType) -> None:
+    base = "azure_conv|24|on"
+    cells = {
+        f"{base}|lru|0": cell(f"{base}|lru|0", 0.0),
+        f"{base}|perc|0": cell(f"{base}|perc|0", 0.5),
+    }
+    assert frontier.paired_ratio(cells, base, "perc", [0]) is None
+    base = "mixed_spike|16|on"
+    cells = {f"{base}|{p}|{s}": cell(f"{base}|{p}|{s}", v)
+             for p, vals in (("lru", [0.0, 2.0, 4.0]), ("perc", [1.0, 1.0, 3.0]))
+             for s, v in enumerate(vals)}  # fmt: skip
+    mean, _, _, n = frontier.paired_ratio(cells, base, "perc", [0, 1, 2])
+    assert n == 2 and np.isclose(mean, (0.5 + 0.75) / 2)
