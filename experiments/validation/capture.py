@@ -325,13 +325,16 @@ def microbench(
     destroy_engine(mgr)
 
 
-def phase_mixed(s: Session, args: argparse.Namespace) -> None:
-    """Mixed-context decode micro-runs (microbench_mixed_plan), on the micro-run engine."""
+def _micro_phase(
+    s: Session, args: argparse.Namespace, plan: Callable[..., list], name: str
+) -> None:
+    """Micro-runs of `plan` on the micro-run engine; on the CPU smoke check a tiny engine runs the
+    first three configurations at 1/8 of every length."""
     if not s.smoke:
-        microbench(s, args, microbench_mixed_plan, "microbench_mixed")
+        microbench(s, args, plan, name)
         return
     spec = EngineSpec(
-        "smoke_mixed",
+        f"smoke_{name}",
         num_blocks=256,
         block_size=32,
         max_batch_tokens=256,
@@ -339,24 +342,17 @@ def phase_mixed(s: Session, args: argparse.Namespace) -> None:
         use_async_batching=False,
         precapture_max_seqlen_k=0,
     )
-    microbench(s, args, lambda: microbench_mixed_plan(scale=8)[:3], "microbench_mixed", spec)
+    microbench(s, args, lambda: plan(scale=8)[:3], name, spec)
+
+
+def phase_mixed(s: Session, args: argparse.Namespace) -> None:
+    """Mixed-context decode micro-runs (microbench_mixed_plan)."""
+    _micro_phase(s, args, microbench_mixed_plan, "microbench_mixed")
 
 
 def phase_small(s: Session, args: argparse.Namespace) -> None:
-    """Small-prefill mixed-step micro-runs (microbench_small_plan), on the micro-run engine."""
-    if not s.smoke:
-        microbench(s, args, microbench_small_plan, "microbench_small")
-        return
-    spec = EngineSpec(
-        "smoke_small",
-        num_blocks=256,
-        block_size=32,
-        max_batch_tokens=256,
-        use_cuda_graph=False,
-        use_async_batching=False,
-        precapture_max_seqlen_k=0,
-    )
-    microbench(s, args, lambda: microbench_small_plan(scale=8)[:3], "microbench_small", spec)
+    """Small-prefill mixed-step micro-runs (microbench_small_plan)."""
+    _micro_phase(s, args, microbench_small_plan, "microbench_small")
 
 
 def _capture_fresh(

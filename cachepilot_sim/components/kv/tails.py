@@ -171,17 +171,8 @@ class TailIndex:
                 self._forget(eid)  # stale: used, evicted or no longer a tail
                 continue
             victims.append(got)
-            p = got.parent
-            if (
-                p is None
-                or p.refcount
-                or p.tier != Tier.GPU
-                or self.tree.blocks.get(p.hash_id) is not p
-            ):
-                continue
-            done = cut_children.get(p.hash_id, 0) + 1
-            cut_children[p.hash_id] = done
-            if done == p.num_children:  # every GPU child is cut: the parent is a tail now
+            p = self._exposed_parent(got, cut_children)
+            if p is not None:
                 self._index(p, only=index)
                 local[p.entry.entry_id] = None
         for b in victims:  # the index's estimates are the manager's now, or it is not exact
@@ -212,6 +203,21 @@ class TailIndex:
                 for it in order
                 if stamps.get(it[2].hash_id) == it[1] and evictable.get(it[2].hash_id) is it[2]
             )
+
+    def _exposed_parent(self, b: HashBlock, cut_children: dict[int, int]) -> HashBlock | None:
+        """`b`'s parent when cutting `b` makes it a tail (every GPU child of it now cut), else
+        None; `cut_children` counts the children cut so far in this decision."""
+        p = b.parent
+        if (
+            p is None
+            or p.refcount
+            or p.tier != Tier.GPU
+            or self.tree.blocks.get(p.hash_id) is not p
+        ):
+            return None
+        done = cut_children.get(p.hash_id, 0) + 1
+        cut_children[p.hash_id] = done
+        return p if done == p.num_children else None
 
     def select(
         self,
@@ -258,17 +264,8 @@ class TailIndex:
             if not from_local:
                 del stamps[b.hash_id]
             victims.append(b)
-            p = b.parent
-            if (
-                p is None
-                or p.refcount
-                or p.tier != Tier.GPU
-                or self.tree.blocks.get(p.hash_id) is not p
-            ):
-                continue
-            done = cut_children.get(p.hash_id, 0) + 1
-            cut_children[p.hash_id] = done
-            if done == p.num_children:  # every GPU child is cut: the parent is a tail now
+            p = self._exposed_parent(b, cut_children)
+            if p is not None:
                 entry = prepare(p) if not self.persistent else p.entry
                 heapq.heappush(local, (key(entry, now_us), -1, p))
         if self.persistent:
