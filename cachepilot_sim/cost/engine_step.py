@@ -18,9 +18,10 @@ five other forms. The coefficients come from closed micro-runs only
 The padded query shape has a second form, `q_shape_us`: one measured time per launch shape (k x
 `q_pad_tokens` queries, k = 1..len) in place of `const_us + q_padded_token_us x padded queries`.
 The engine replays one CUDA graph per shape and its GEMMs are not linear in the row count (the
-512-query graph costs 5 % less than the line through 256 and 2048 predicts): with small-prefill
-micro-runs (microbench_small/) in the fit, the table form brings the fitted cost of the
-validation workloads' own mixed steps from 5.6-6.3 % to 1.7-2.4 % (p90 of |error|).
+linear fit priced the 512-query graph 5.8 % high): with small-prefill micro-runs
+(microbench_small/) in the fit, the table form brings the fitted cost of six validation
+workloads' own mixed steps from 4.4-7.3 % to 1.7-2.7 % (p90 of |error|;
+experiments/validation/diagnose.py, commands in hf_cb/2026-12-02-small/README.md).
 """
 
 from __future__ import annotations
