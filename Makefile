@@ -20,8 +20,11 @@ install-dev: $(PY)
 run: install
 	$(PY) -m cachepilot_sim +experiment=$(EXPERIMENT)
 
+# Two pytest-xdist workers (CI has 2 cores); tests sharing a module- or session-scoped fixture
+# run on one worker, and `exclusive` tests alone (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: install-dev
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # Nightly-size fuzzing: 10^6 state-machine steps per KV manager (CI runs 5 x 10^4 each).
 test-fuzz: install-dev

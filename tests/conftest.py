@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +176,23 @@ def make_replay_requests(env: Any, workload: Any, priority: int = 1) -> list[Any
 
 
 @pytest.fixture(scope="session")
+def smoke_cli_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """`python -m cachepilot_sim +experiment=smoke` into a new folder, as a user runs it (no
+    terminal, so no progress bar), run once: its folder and the finished process. Several tests
+    read what it wrote and printed; none writes into it."""
+    out = tmp_path_factory.mktemp("smoke") / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "cachepilot_sim", "+experiment=smoke", f"hydra.run.dir={out}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return out, proc
+
+
+@pytest.fixture(scope="session")
 def installed_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """bin/ of a fresh venv holding this checkout's wheel and only its declared dependencies
     (tests/install.py): the `cachepilot-sim` a user gets. Built once per session."""
@@ -189,3 +209,83 @@ def tour(installed_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     from tests.readme import take_the_tour
 
     return take_the_tour(installed_bin, tmp_path_factory.mktemp("tour") / "work")
+
+
+# --- Running on pytest-xdist workers (`make test` runs `-n 2 --dist loadgroup`) ----------------
+# A fixture wider than one test (module or session scope, defined under tests/) is built once per
+# worker that runs a test using it: the tests sharing one are put in one xdist group, so that the
+# fixture (a sweep, the installed venv, the README tour) is built once, as in a serial run. A test
+# marked `exclusive` (it times how soon processes stop after a signal) runs while no other test
+# does: a gate lock and a shared/exclusive lock on files that all workers of the run open.
+
+
+def _shared_fixtures(item: pytest.Item) -> list[str]:
+    """Names of the module- and session-scoped fixtures from tests/ that `item` uses
+    (`module.fixture` for a module's own)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return []
+    here = Path(__file__).resolve().parent
+    found = []
+    for name in info.names_closure:
+        for fixturedef in info.name2fixturedefs.get(name, ()):
+            code = getattr(getattr(fixturedef, "func", None), "__code__", None)
+            source = Path(code.co_filename if code else "/")
+            if fixturedef.scope != "function" and source.is_relative_to(here):
+                found.append(name if fixturedef.scope == "session" else f"{source.stem}.{name}")
+    return found
+
+
+def _group_by_shared_fixtures(items: list[pytest.Item]) -> None:
+    """Mark each test that uses a shared fixture with one xdist group per connected set of such
+    fixtures (tests sharing any of them, directly or through other tests, land on one worker)."""
+    parent: dict[str, str] = {}
+
+    def find(key: str) -> str:
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
+    uses = {item.nodeid: _shared_fixtures(item) for item in items}
+    for names in uses.values():
+        for other in names[1:]:
+            parent[find(other)] = find(names[0])
+    for item in items:
+        if uses[item.nodeid]:
+            item.add_marker(pytest.mark.xdist_group(find(uses[item.nodeid][0])))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Any:
+    """Group the tests before xdist reads the groups into the node ids (`@group`), then make
+    those ids stick: pytest-xdist 3.8 writes them to `item._nodeid`, which pytest 9.2 no longer
+    reads (it keeps a parsed `item._id`), so that loadgroup would schedule each test on its own
+    and build a shared fixture once per worker. A no-op where `_nodeid` is still the id."""
+    grouping = getattr(config.option, "loadgroup", False)  # on workers of `--dist loadgroup`
+    if grouping:
+        _group_by_shared_fixtures(items)
+    result = yield
+    if grouping:
+        from _pytest.nodeid import NodeId
+
+        for item in items:
+            grouped = item.__dict__.get("_nodeid")
+            if isinstance(grouped, str) and grouped != item.nodeid and hasattr(item, "_id"):
+                item._id = NodeId.parse(grouped)
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """On an xdist worker, hold the run lock shared (exclusive for an `exclusive` test) through
+    the test's setup, call and teardown."""
+    if not hasattr(item.config, "workerinput"):  # a plain run: nothing runs beside this test
+        return (yield)
+    exclusive = item.get_closest_marker("exclusive") is not None
+    locks = Path(item.config.option.basetemp).parent  # the run's basetemp, shared by workers
+    with open(locks / "gate.lock", "a") as gate, open(locks / "run.lock", "a") as run:
+        fcntl.flock(gate, fcntl.LOCK_EX)  # an exclusive test waiting here keeps new tests out
+        fcntl.flock(run, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        if not exclusive:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        return (yield)

@@ -169,6 +169,7 @@ def _stop_mid_run(out: Path, signum: int) -> tuple[int, str]:
     return proc.returncode, err
 
 
+@pytest.mark.exclusive
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc")
 @pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 143), (signal.SIGKILL, -9)])
 def test_a_rerun_stopped_by_a_signal_leaves_the_earlier_results_whole(

@@ -49,6 +49,7 @@ def _start(out: Path) -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.exclusive
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc")
 @pytest.mark.parametrize(
     ("signum", "status"),

@@ -53,6 +53,7 @@ def _running_jobs(sweep_dir: Path) -> int:
     return sum('"running"' in p.read_text() for p in sweep_dir.glob("*/job.json") if p.is_file())
 
 
+@pytest.mark.exclusive
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc")
 @pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])

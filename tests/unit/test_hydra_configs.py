@@ -67,9 +67,10 @@ def run_cli(*overrides: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_cli_writes_metrics_and_requests(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    proc = run_cli("+experiment=smoke", f"hydra.run.dir={out}")
+def test_cli_writes_metrics_and_requests(
+    smoke_cli_run: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    out, proc = smoke_cli_run  # `python -m cachepilot_sim +experiment=smoke hydra.run.dir=...`
     assert proc.returncode == 0, proc.stderr
     report = json.loads((out / "metrics.json").read_text())
     assert set(report["summary"]) == {"perc", "lru", "priority"}

@@ -6,6 +6,7 @@ from dataclasses import fields
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from cachepilot_sim.config import RunConfig, SimConfig
 from cachepilot_sim.experiment.runner import run_experiment
@@ -21,26 +22,32 @@ def tiny_run(out: Path) -> None:
     run_experiment(RunConfig(**values, compare_policies=["perc", "lru"]), out)
 
 
-def test_plot_writes_every_run_figure(tmp_path: Path, capsys) -> None:  # noqa: ANN001
-    tiny_run(tmp_path / "run")
-    assert main([str(tmp_path / "run"), "--format", "svg"]) == 0
-    names = {p.name for p in (tmp_path / "run" / "plots").iterdir()}
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One tiny run that the tests below read (the plot test draws into its plots/)."""
+    out = tmp_path_factory.mktemp("plot") / "run"
+    tiny_run(out)
+    return out
+
+
+def test_plot_writes_every_run_figure(run_dir: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    assert main([str(run_dir), "--format", "svg"]) == 0
+    names = {p.name for p in (run_dir / "plots").iterdir()}
     figures = ["headline_by_config", "vram_by_tier_p1of2", "vram_by_tier_p2of2",
                "latency_cdfs", "restore_by_class", "gap_estimates"]  # fmt: skip
     assert names == {f"{f}.{ext}" for f in figures for ext in ("svg", "csv")}  # 10 traces, 6 a page
     # one run: one configuration, each policy its own curve over the run's 5 seeds
-    cdf = pl.read_csv(tmp_path / "run" / "plots" / "latency_cdfs.csv")
+    cdf = pl.read_csv(run_dir / "plots" / "latency_cdfs.csv")
     assert set(cdf["config"]) == {"one configuration"} and set(cdf["n_seeds"]) == {5}
     assert set(cdf["policy"]) == {"perc", "lru"}
     assert "vram_by_tier_p2of2.svg" in capsys.readouterr().out
-    one = tmp_path / "run" / "trace" / "lru_seed0"  # a single trace folder works too
+    one = run_dir / "trace" / "lru_seed0"  # a single trace folder works too
     assert main([str(one), "--out", str(tmp_path / "one")]) == 0
     assert (tmp_path / "one" / "gap_estimates.png").stat().st_size > 5000
 
 
-def test_tier_timeline_ends_with_every_copy_landed(tmp_path: Path) -> None:
-    tiny_run(tmp_path)
-    lf, _ = load_trace(tmp_path / "trace" / "perc_seed0")
+def test_tier_timeline_ends_with_every_copy_landed(run_dir: Path) -> None:
+    lf, _ = load_trace(run_dir / "trace" / "perc_seed0")
     line = tier_timeline(lf)
     flight = line.filter(pl.col("tier") == "flight")["bytes"]
     assert flight.len() > 0 and flight[-1] == 0 and flight.min() >= 0

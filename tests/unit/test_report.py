@@ -7,7 +7,6 @@ import base64
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,14 +17,9 @@ from scipy import stats
 from cachepilot_sim.experiment.report import mean_ci
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("report") / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "cachepilot_sim", "+experiment=smoke", f"hydra.run.dir={out}",
-         "telemetry.progress=false"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+@pytest.fixture
+def run_dir(smoke_cli_run: tuple[Path, subprocess.CompletedProcess[str]]) -> Path:
+    out, proc = smoke_cli_run  # `python -m cachepilot_sim +experiment=smoke`, run once
     assert proc.returncode == 0, proc.stderr
     return out
 
