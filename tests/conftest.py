@@ -247,6 +247,9 @@ def _group_by_shared_fixtures(items: list[pytest.Item]) -> None:
         return key
 
     uses = {item.nodeid: _shared_fixtures(item) for item in items}
+    for item in items:  # the exclusive tests one after another: the others wait for them once
+        if item.get_closest_marker("exclusive") is not None:
+            uses[item.nodeid].insert(0, "exclusive")
     for names in uses.values():
         for other in names[1:]:
             parent[find(other)] = find(names[0])
@@ -275,17 +278,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     return result
 
 
+_gate: dict[str, Any] = {}  # the gate lock file, held across consecutive exclusive tests
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
     """On an xdist worker, hold the run lock shared (exclusive for an `exclusive` test) through
-    the test's setup, call and teardown."""
+    the test's setup, call and teardown. A test takes the gate first: an exclusive test keeps it
+    until the last of a row of exclusive tests ends, so that no other test starts meanwhile."""
     if not hasattr(item.config, "workerinput"):  # a plain run: nothing runs beside this test
         return (yield)
-    exclusive = item.get_closest_marker("exclusive") is not None
     locks = Path(item.config.option.basetemp).parent  # the run's basetemp, shared by workers
-    with open(locks / "gate.lock", "a") as gate, open(locks / "run.lock", "a") as run:
-        fcntl.flock(gate, fcntl.LOCK_EX)  # an exclusive test waiting here keeps new tests out
+    exclusive = item.get_closest_marker("exclusive") is not None
+    if "file" not in _gate:
+        _gate["file"] = open(locks / "gate.lock", "a")  # held across tests
+        fcntl.flock(_gate["file"], fcntl.LOCK_EX)
+    with open(locks / "run.lock", "a") as run:
         fcntl.flock(run, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        if not exclusive:
-            fcntl.flock(gate, fcntl.LOCK_UN)
+        if not (exclusive and nextitem and nextitem.get_closest_marker("exclusive")):
+            _gate.pop("file").close()  # closing the file releases the gate
         return (yield)
