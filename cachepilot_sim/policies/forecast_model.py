@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -159,3 +160,87 @@ class SurvivalTable:
             raise ForecastModelError(f"{path}: {err}") from None
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise ForecastModelError(f"{path}: not a reuse-forecast table ({err!r})") from err
+
+
+class OnlineCurves:
+    """A table's curves refit while the simulation runs: the product-limit (Kaplan-Meier) form
+    with the shipped curve as `prior_weight` pseudo-releases.
+
+    Each release opens an observation in the bucket (table row) it was keyed into; the entry's
+    next access closes it with the observed gap; an observation still open (idle, or evicted
+    and not back yet: the policy sees a return after eviction too) is right-censored at its age
+    now. Per grid interval j = (g_{j-1}, g_j]: hazard_j = (n0 dS_j + d_j) / (n0 S_{j-1} + r_j),
+    d_j the observed gaps in it, r_j the observations at risk at its start (a censored one counts
+    half in the interval it leaves, the actuarial rule); S = prod (1 - hazard). Without data the
+    prior is returned exactly. Only the last `window` releases of a bucket count, so the data's
+    weight is bounded: an all-censored stream shrinks each hazard at most by n0 S / (n0 S +
+    window), never to 0 (the floor). A bucket is refit after every `every` of its observations
+    (opened or closed), in place in the table, so a decision reads the curve as cheaply as before.
+    Reads only what the hooks gave up to now.
+    """
+
+    def __init__(self, table: SurvivalTable, prior_weight: float, window: int, every: int) -> None:
+        self.table = table
+        self.window = window
+        self.every = every
+        self.grid_us = table.grid_us()
+        prior = table.curves.copy()
+        s_prev = np.concatenate([np.ones((len(prior), 1)), prior[:, :-1]], axis=1)
+        self.prior_risk = prior_weight * s_prev
+        self.prior_events = prior_weight * np.maximum(s_prev - prior, 0.0)
+        # Per row: its window of observations [release_us, gap_us (-1: open)], oldest first.
+        self.windows: dict[int, deque[list[int]]] = {}
+        self.open: dict[int, tuple[int, list[int]]] = {}  # entry id -> (row, its observation)
+        self.since_refit: dict[int, int] = {}
+        self.num_refits = 0
+        self.num_gaps = 0
+
+    def release(self, entry_id: int, row: int, now_us: int) -> None:
+        """The entry became idle now, its next gap forecast by `row`: open an observation."""
+        self.open.pop(entry_id, None)  # released again unseen: the old one has no known end
+        obs = [now_us, -1]
+        win = self.windows.setdefault(row, deque())
+        win.append(obs)
+        self.open[entry_id] = (row, obs)
+        if len(win) > self.window:
+            old = win.popleft()
+            if old[1] < 0:  # still open: forget it (its entry's next access closes nothing)
+                old[1] = -2
+        self._count(row, now_us)
+
+    def access(self, entry_id: int, now_us: int) -> None:
+        """The entry is used again now: its open observation (if any) is a gap."""
+        row_obs = self.open.pop(entry_id, None)
+        if row_obs is None:
+            return
+        row, obs = row_obs
+        if obs[1] != -1:  # dropped from the window meanwhile
+            return
+        obs[1] = now_us - obs[0]
+        self.num_gaps += 1
+        self._count(row, now_us)
+
+    def _count(self, row: int, now_us: int) -> None:
+        n = self.since_refit.get(row, 0) + 1
+        if n >= self.every:
+            self.refit(row, now_us)
+            n = 0
+        self.since_refit[row] = n
+
+    def refit(self, row: int, now_us: int) -> None:
+        """Row's curve from its prior and its window's observations as of now."""
+        num = len(self.grid_us)
+        win = self.windows.get(row, ())
+        gaps = np.array([o[1] for o in win if o[1] >= 0], dtype=np.float64)
+        ages = np.array([now_us - o[0] for o in win if o[1] == -1], dtype=np.float64)
+        # Bin k: the first grid time >= x (num: past the grid's end, at risk throughout).
+        d = np.bincount(np.searchsorted(self.grid_us, gaps), minlength=num + 1).astype(float)
+        c = np.bincount(np.searchsorted(self.grid_us, ages), minlength=num + 1).astype(float)
+        leaving = d + c
+        at_risk = np.cumsum(leaving[::-1])[::-1][:num] - 0.5 * c[:num]
+        den = self.prior_risk[row] + at_risk
+        hazard = np.divide(self.prior_events[row] + d[:num], den, out=np.zeros(num), where=den > 0)
+        curve = np.cumprod(1.0 - np.minimum(hazard, 1.0))
+        self.table.curves[row] = curve
+        self.table._rows[row] = [float(v) for v in curve]
+        self.num_refits += 1
