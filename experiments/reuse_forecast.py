@@ -104,11 +104,11 @@ def evaluate(
 
 def cmd_eval(only_baselines: bool) -> None:
     names = [*ONLINE, *REFERENCE] + ([] if only_baselines else ["reuse_forecast"])
-    variants = {p: (p, {}) for p in names}
+    variants: dict[str, tuple[str, dict]] = {p: (p, {}) for p in names}
     evaluate(variants, base("mixed_spike", []), "mixed_spike", {"reuse_forecast"})
 
 
-ONLINE_KNOBS = {"forecast_online": True}
+ONLINE_KNOBS: dict[str, object] = {"forecast_online": True}
 
 
 def cmd_online() -> None:
@@ -196,13 +196,14 @@ def cmd_mooncake(limit: int, online: bool) -> None:
     arrivals = None
     path = OUT / f"mooncake{limit or ''}.json"
     out = json.loads(path.read_text()) if online else {}
-    table = {"forecast_model": "mooncake_synthetic"}
-    for label, name, knobs in [
+    table: dict[str, object] = {"forecast_model": "mooncake_synthetic"}
+    runs: list[tuple[str, str, dict[str, object]]] = [
         ("lru", "lru", {}),
         ("lfu", "lfu", {}),
         ("reuse_forecast", "reuse_forecast", table),
         ("reuse_forecast online", "reuse_forecast", {**table, **ONLINE_KNOBS}),
-    ]:
+    ]
+    for label, name, knobs in runs:
         if label in out or (label.endswith("online") and not online):
             continue
         sim = build(replace(cfg, seed=0, policy=policy_config(name, **knobs)))
