@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +161,17 @@ class SurvivalTable:
             raise ForecastModelError(f"{path}: not a reuse-forecast table ({err!r})") from err
 
 
+class _Window:
+    """A bucket's last `size` observations, a ring: release time and gap (-1 open, -2 none)."""
+
+    __slots__ = ("release_us", "gap_us", "count")
+
+    def __init__(self, size: int) -> None:
+        self.release_us = np.zeros(size, dtype=np.int64)
+        self.gap_us = np.full(size, -2, dtype=np.int64)
+        self.count = 0  # observations ever opened; the next goes to slot count % size
+
+
 class OnlineCurves:
     """A table's curves refit while the simulation runs: the product-limit (Kaplan-Meier) form
     with the shipped curve as `prior_weight` pseudo-releases.
@@ -188,35 +198,45 @@ class OnlineCurves:
         s_prev = np.concatenate([np.ones((len(prior), 1)), prior[:, :-1]], axis=1)
         self.prior_risk = prior_weight * s_prev
         self.prior_events = prior_weight * np.maximum(s_prev - prior, 0.0)
-        # Per row: its window of observations [release_us, gap_us (-1: open)], oldest first.
-        self.windows: dict[int, deque[list[int]]] = {}
-        self.open: dict[int, tuple[int, list[int]]] = {}  # entry id -> (row, its observation)
+        self.windows: dict[int, _Window] = {}
+        self.open: dict[int, tuple[int, int]] = {}  # entry id -> (row, number of its observation)
         self.since_refit: dict[int, int] = {}
         self.num_refits = 0
         self.num_gaps = 0
 
+    def _slot(self, entry_id: int) -> tuple[int, _Window, int] | None:
+        """The entry's open observation (row, window, slot), unless it left the window."""
+        row_seq = self.open.pop(entry_id, None)
+        if row_seq is None:
+            return None
+        row, seq = row_seq
+        win = self.windows[row]
+        if win.count - seq > self.window:  # overwritten by a later release
+            return None
+        return row, win, seq % self.window
+
     def release(self, entry_id: int, row: int, now_us: int) -> None:
         """The entry became idle now, its next gap forecast by `row`: open an observation."""
-        self.open.pop(entry_id, None)  # released again unseen: the old one has no known end
-        obs = [now_us, -1]
-        win = self.windows.setdefault(row, deque())
-        win.append(obs)
-        self.open[entry_id] = (row, obs)
-        if len(win) > self.window:
-            old = win.popleft()
-            if old[1] < 0:  # still open: forget it (its entry's next access closes nothing)
-                old[1] = -2
+        old = self._slot(entry_id)
+        if old is not None:  # released again without an access seen: its end is unknown
+            old[1].gap_us[old[2]] = -2
+        win = self.windows.get(row)
+        if win is None:
+            win = self.windows[row] = _Window(self.window)
+        slot = win.count % self.window
+        win.release_us[slot] = now_us
+        win.gap_us[slot] = -1
+        self.open[entry_id] = (row, win.count)
+        win.count += 1
         self._count(row, now_us)
 
     def access(self, entry_id: int, now_us: int) -> None:
         """The entry is used again now: its open observation (if any) is a gap."""
-        row_obs = self.open.pop(entry_id, None)
-        if row_obs is None:
+        found = self._slot(entry_id)
+        if found is None:
             return
-        row, obs = row_obs
-        if obs[1] != -1:  # dropped from the window meanwhile
-            return
-        obs[1] = now_us - obs[0]
+        row, win, slot = found
+        win.gap_us[slot] = now_us - win.release_us[slot]
         self.num_gaps += 1
         self._count(row, now_us)
 
@@ -230,17 +250,20 @@ class OnlineCurves:
     def refit(self, row: int, now_us: int) -> None:
         """Row's curve from its prior and its window's observations as of now."""
         num = len(self.grid_us)
-        win = self.windows.get(row, ())
-        gaps = np.array([o[1] for o in win if o[1] >= 0], dtype=np.float64)
-        ages = np.array([now_us - o[0] for o in win if o[1] == -1], dtype=np.float64)
-        # Bin k: the first grid time >= x (num: past the grid's end, at risk throughout).
-        d = np.bincount(np.searchsorted(self.grid_us, gaps), minlength=num + 1).astype(float)
-        c = np.bincount(np.searchsorted(self.grid_us, ages), minlength=num + 1).astype(float)
-        leaving = d + c
-        at_risk = np.cumsum(leaving[::-1])[::-1][:num] - 0.5 * c[:num]
+        d = np.zeros(num + 1)
+        c = np.zeros(num + 1)
+        win = self.windows.get(row)
+        if win is not None:
+            g = win.gap_us
+            gaps = g[g >= 0]
+            ages = now_us - win.release_us[g == -1]
+            # Bin k: the first grid time >= x (num: past the grid's end, at risk throughout).
+            d = np.bincount(np.searchsorted(self.grid_us, gaps), minlength=num + 1).astype(float)
+            c = np.bincount(np.searchsorted(self.grid_us, ages), minlength=num + 1).astype(float)
+        at_risk = np.cumsum((d + c)[::-1])[::-1][:num] - 0.5 * c[:num]
         den = self.prior_risk[row] + at_risk
         hazard = np.divide(self.prior_events[row] + d[:num], den, out=np.zeros(num), where=den > 0)
         curve = np.cumprod(1.0 - np.minimum(hazard, 1.0))
         self.table.curves[row] = curve
-        self.table._rows[row] = [float(v) for v in curve]
+        self.table._rows[row] = curve.tolist()
         self.num_refits += 1
