@@ -263,3 +263,22 @@ def test_a_run_with_online_updates_is_deterministic_and_adapts(tmp_path: Path) -
     policy: Any = sim.policy
     assert not np.array_equal(policy.table.curves, make().table.curves)
     assert math.isfinite(a["realized_restore_s"])
+
+
+def test_an_observation_leaves_with_its_window_or_a_release_without_access() -> None:
+    """A gap is counted only for an observation still in the window, and an entry released again
+    without an access in between (its use was not seen) closes nothing: no gap, no censoring."""
+    table = exp_table(100.0)
+    online = OnlineCurves(table, prior_weight=1.0, window=3, every=10**9)
+    online.release(0, 1, 0)
+    for i in range(1, 4):  # three later releases push entry 0 out of the window
+        online.release(i, 1, i)
+    online.access(0, 5_000_000)
+    assert online.num_gaps == 0
+    again = OnlineCurves(table, prior_weight=1.0, window=10, every=10**9)
+    again.release(7, 1, 0)
+    again.release(7, 1, 10)  # again, its use unseen: the first observation is dropped
+    again.access(7, 20_000_000)
+    gaps = again.windows[1].gap_us
+    assert again.num_gaps == 1 and gaps[0] == -2 and gaps[1] == 19_999_990
+    assert np.count_nonzero(gaps == -1) == 0
