@@ -217,6 +217,8 @@ def test_session_arrays_grow_and_refill_holes_without_losing_a_slot() -> None:
         assert last_used[slot] == 100 + sid
         assert (cost[slot], size[slot]) == ((7.0, 32.0) if sid == 1 else (float(sid), 16.0))
         assert base[slot] == (999.0 if sid % 2 else 1.0)
+    unused = [v[arrays.num_slots :].tolist() for v in arrays.views]  # dropped slots: padding again
+    assert [set(col) for col in unused] == [{np.inf}, {1.0}, {np.inf}, {1.0}, {-1}]
 
 
 def test_both_key_paths_are_the_keys_of_the_simulators_perc_score() -> None:
@@ -239,7 +241,9 @@ def test_both_key_paths_are_the_keys_of_the_simulators_perc_score() -> None:
     expected = [ranking.score(entries[sid], now) for sid in arrays.views[4][:40].tolist()]
     keys = arrays.keys(now, estimator.delta_us)
     assert [k for k, _, _ in keys] == expected and [s for _, _, s in keys] == list(range(40))
-    assert (-arrays.negated_keys(now, estimator.delta_us)).tolist() == expected
+    neg, ids = arrays.negated_keys(now, estimator.delta_us)  # over 64 slots, 24 of them unused
+    assert (-neg[:40]).tolist() == expected and ids[:40].tolist() == arrays.views[4][:40].tolist()
+    assert neg.shape == (64,) and (neg[40:] == -np.inf).all()
 
 
 def test_equal_keys_go_by_session_id_whatever_the_slot_order() -> None:

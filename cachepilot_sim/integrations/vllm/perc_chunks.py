@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -44,10 +44,14 @@ class SessionArrays:
         "of",
         "scratch",
         "population_base",
+        "_windows",
     )
 
     # last use (µs), base gap (µs), idle restore (µs), idle bytes, session id
     _TYPES: tuple[tuple[str, type], ...] = (("d", np.float64),) * 4 + (("q", np.int64),)
+    # A slot past the last holds inputs whose negated key is -inf (gap 1, restore +inf), so that
+    # a decision computes over a power-of-two window of slots without slicing to the count.
+    _PAD: tuple[float | int, ...] = (math.inf, 1.0, math.inf, 1.0, -1)
 
     def __init__(self, capacity: int = 64) -> None:
         self.num_slots = 0
@@ -63,12 +67,22 @@ class SessionArrays:
         self.views = []  # release the old buffers before they are dropped
         self.cols = []
         for i, (code, dtype) in enumerate(self._TYPES):
-            col = array(code, bytes(capacity * array(code).itemsize))
+            col = array(code, [self._PAD[i]]) * capacity
             if old:
                 col[:n] = old[i][:n]
             self.cols.append(col)
             self.views.append(np.frombuffer(col, dtype=dtype))
         self.scratch = np.empty(capacity, dtype=np.float64)  # a decision's keys
+        self._windows: dict[int, list[np.ndarray]] = {}
+
+    def window(self) -> list[np.ndarray]:
+        """The views and the scratch over the first 2^k >= num_slots slots (at least 64)."""
+        n = self.num_slots
+        width = 64 if n <= 64 else 1 << (n - 1).bit_length()
+        views = self._windows.get(width)
+        if views is None:
+            views = self._windows[width] = [v[:width] for v in (*self.views, self.scratch)]
+        return views
 
     def refresh_population(self, population_gap_us: float) -> None:
         """Rewrite the base gap of the sessions without a gap EMA of their own when the
@@ -134,22 +148,23 @@ class SessionArrays:
         last = self.num_slots - 1
         if slot != last:
             self._move(last, slot)
+        for col, pad in zip(self.cols, self._PAD, strict=True):
+            col[last] = pad
         self.of.pop()
         self.num_slots = last
 
-    def negated_keys(self, now_us: int, delta_us: float) -> np.ndarray:
-        """-key of every slot, computed as PercPolicy.order computes the key, then negated: IEEE
-        products and quotients are sign-symmetric, so these are the keys' exact negatives."""
-        n = self.num_slots
-        last_used, base, cost, size = (v[:n] for v in self.views[:4])
-        out = self.scratch[:n]
+    def negated_keys(self, now_us: int, delta_us: float) -> tuple[np.ndarray, np.ndarray]:
+        """-key of every slot of the window (-inf past the last), computed as PercPolicy.order
+        computes the key, then negated: IEEE products and quotients are sign-symmetric, so these
+        are the keys' exact negatives; and the window's session ids."""
+        last_used, base, cost, size, ids, out = self.window()
         np.subtract(now_us, last_used, out=out)  # idle
         np.maximum(out, base, out=out)  # gap = max(base, idle, 1): base holds the 1
         np.divide(-delta_us, out, out=out)
         np.expm1(out, out=out)  # -P(resume within delta)
         np.multiply(out, cost, out=out)
         np.divide(out, size, out=out)
-        return out
+        return out, ids
 
     def keys(self, now_us: int, delta_us: float) -> list[tuple[float, int, int]]:
         """(key, session id, slot) of every slot, computed as PercPolicy.score computes it."""
@@ -208,18 +223,16 @@ class PercChunkPolicy(SessionChunkPolicy):
         n = arrays.num_slots
         if n == 0:
             return
-        delta_us = self.estimator.delta_us
+        of = arrays.of
         if n < self.vectorise_from:
-            keyed = arrays.keys(now, delta_us)
+            keyed = arrays.keys(now, self.estimator.delta_us)
             keyed.sort()  # by key, then session id (unique: the slot is never compared)
-            yield from self._in_order(slot for _, _, slot in keyed)
-        else:
-            yield from self._in_order(self._by_maximum(arrays.negated_keys(now, delta_us), n))
-
-    def _by_maximum(self, neg: np.ndarray, n: int) -> Iterator[int]:
-        """Slots by key then session id: the maximum of `neg` (its first slot; the other slots
-        holding the same value ordered by id), `sort_after_picks` times, then the rest sorted."""
-        ids = self.arrays.views[4][:n]
+            for _, _, slot in keyed:
+                yield of[slot]
+            return
+        # The rest, one maximum of the negated key at a time (its first slot; the other slots
+        # holding the same value ordered by id), `sort_after_picks` times, then sorted.
+        neg, ids = arrays.negated_keys(now, self.estimator.delta_us)
         slot = int(neg.argmax())
         for _ in range(self.sort_after_picks):
             top = neg[slot]
@@ -228,18 +241,14 @@ class PercChunkPolicy(SessionChunkPolicy):
             neg[slot] = _TAKEN
             after = int(neg.argmax())  # the next maximum; also tells whether `top` is tied
             if neg[after] != top:
-                yield slot
+                yield of[slot]
             else:  # exact ties: by session id, as the sort breaks them
                 tied = np.append(np.flatnonzero(neg == top), slot)
                 neg[tied] = _TAKEN
-                yield from tied[np.argsort(ids[tied])].tolist()
+                for tie in tied[np.argsort(ids[tied])].tolist():
+                    yield of[tie]
                 after = int(neg.argmax())
             slot = after
         rest = np.flatnonzero(neg != _TAKEN)
-        yield from rest[np.lexsort((ids[rest], np.negative(neg[rest])))].tolist()
-
-    def _in_order(self, slots: Iterable[int]) -> Iterator[_Session]:
-        for slot in slots:
-            session = self.arrays.of[slot]
-            self._changed[session.entry.entry_id] = session  # what is left of it is re-put
-            yield session
+        for slot in rest[np.lexsort((ids[rest], np.negative(neg[rest])))].tolist():
+            yield of[slot]
