@@ -217,8 +217,7 @@ def test_session_arrays_grow_and_refill_holes_without_losing_a_slot() -> None:
         assert last_used[slot] == 100 + sid
         assert (cost[slot], size[slot]) == ((7.0, 32.0) if sid == 1 else (float(sid), 16.0))
         assert base[slot] == (999.0 if sid % 2 else 1.0)
-    unused = [v[arrays.num_slots :].tolist() for v in arrays.views]  # dropped slots: padding again
-    assert [set(col) for col in unused] == [{np.inf}, {1.0}, {np.inf}, {1.0}, {-1}]
+    assert set(arrays.views[2][arrays.num_slots :].tolist()) == {np.inf}  # restore past the last
 
 
 def test_both_key_paths_are_the_keys_of_the_simulators_perc_score() -> None:

@@ -49,8 +49,9 @@ class SessionArrays:
 
     # last use (µs), base gap (µs), idle restore (µs), idle bytes, session id
     _TYPES: tuple[tuple[str, type], ...] = (("d", np.float64),) * 4 + (("q", np.int64),)
-    # A slot past the last holds inputs whose negated key is -inf (gap 1, restore +inf), so that
-    # a decision computes over a power-of-two window of slots without slicing to the count.
+    # A slot past the last holds inputs whose negated key is -inf, so that a decision computes
+    # over a power-of-two window of slots without slicing to the count: restore +inf is enough
+    # (any finite gap >= 1 gives -P < 0, times +inf), the rest are a fresh slot's safe values.
     _PAD: tuple[float | int, ...] = (math.inf, 1.0, math.inf, 1.0, -1)
 
     def __init__(self, capacity: int = 64) -> None:
@@ -90,8 +91,8 @@ class SessionArrays:
         base = population_gap_us if population_gap_us > 1.0 else 1.0
         if base != self.population_base:
             self.population_base = base
-            if self.num_without_gap:
-                self.views[1][: self.num_without_gap].fill(base)
+            if self.num_without_gap:  # array slice assignment: cheaper than a NumPy call
+                self.cols[1][: self.num_without_gap] = array("d", (base,)) * self.num_without_gap
 
     def _move(self, src: int, dst: int) -> None:
         """Slot `src`'s session and inputs into slot `dst` (whose contents are overwritten)."""
@@ -133,6 +134,11 @@ class SessionArrays:
         cols[2][slot] = cost_us
         cols[3][slot] = size
 
+    def exclude(self, session: _Session) -> None:
+        """Keep the session's slot out of this decision: restore +inf, a -inf negated key (the
+        next `put` restores it)."""
+        self.cols[2][session.slot] = math.inf
+
     def drop(self, session: _Session) -> None:
         """Forget a session (no-op when absent)."""
         slot = session.slot
@@ -148,8 +154,7 @@ class SessionArrays:
         last = self.num_slots - 1
         if slot != last:
             self._move(last, slot)
-        for col, pad in zip(self.cols, self._PAD, strict=True):
-            col[last] = pad
+        self.cols[2][last] = math.inf  # the padding's restore: a -inf negated key (see _PAD)
         self.of.pop()
         self.num_slots = last
 
@@ -211,6 +216,7 @@ class PercChunkPolicy(SessionChunkPolicy):
     def _ranked(self, now: int, held: Held) -> Iterator[_Session]:
         self._flush()
         arrays, tpc = self.arrays, self.params.tokens_per_chunk
+        num_excluded = 0
         for sid, (count, restore) in held.items():
             # Ranked on their unprotected chunks for this decision only; re-put at the next.
             session = self._evictable_sessions[sid]
@@ -218,13 +224,12 @@ class PercChunkPolicy(SessionChunkPolicy):
             if session.num_evictable > count:
                 unheld_us = session.evictable_restore_us - restore
                 arrays.put(session, unheld_us, float((session.num_evictable - count) * tpc))
-            else:
-                arrays.drop(session)
-        n = arrays.num_slots
-        if n == 0:
-            return
+            else:  # all protected: ranked last (+inf), never reached (evict counted the chunks)
+                arrays.exclude(session)
+                num_excluded += 1
         of = arrays.of
-        if n < self.vectorise_from:
+        # PercPolicy.order's switch, on the sessions it would rank (those with a key < +inf).
+        if arrays.num_slots - num_excluded < self.vectorise_from:
             keyed = arrays.keys(now, self.estimator.delta_us)
             keyed.sort()  # by key, then session id (unique: the slot is never compared)
             for _, _, slot in keyed:
@@ -233,14 +238,15 @@ class PercChunkPolicy(SessionChunkPolicy):
         # The rest, one maximum of the negated key at a time (its first slot; the other slots
         # holding the same value ordered by id), `sort_after_picks` times, then sorted.
         neg, ids = arrays.negated_keys(now, self.estimator.delta_us)
+        value = neg.item  # a Python float: cheaper to compare than a NumPy scalar
         slot = int(neg.argmax())
         for _ in range(self.sort_after_picks):
-            top = neg[slot]
+            top = value(slot)
             if top == _TAKEN:
                 return
             neg[slot] = _TAKEN
             after = int(neg.argmax())  # the next maximum; also tells whether `top` is tied
-            if neg[after] != top:
+            if value(after) != top:
                 yield of[slot]
             else:  # exact ties: by session id, as the sort breaks them
                 tied = np.append(np.flatnonzero(neg == top), slot)
