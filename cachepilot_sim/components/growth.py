@@ -44,6 +44,7 @@ class DecodeGrowth:
     stats: EngineStats
     block_new: bool
     reserve_run_blocks: bool
+    grow_ahead: int  # 1: a step's block is taken when the step before it starts (async)
 
     def _remove(self, i: int) -> Request:  # provided by the batcher
         raise NotImplementedError
@@ -53,11 +54,11 @@ class DecodeGrowth:
         single-step fallback evicts and, failing that, preempts. Returns the steps to run."""
         n = self.n
         ctx, blocks = self.ctx[:n], self.blocks[:n]
-        need = np.maximum(0, -(-(ctx + k) // self.block_tokens) - blocks)
+        need = np.maximum(0, -(-(ctx + k + self.grow_ahead) // self.block_tokens) - blocks)
         if not need.any():
             return k
         if not self.reserve_run_blocks:  # blocks as the steps cross into them
-            room = int((blocks * self.block_tokens - ctx).min())
+            room = int((blocks * self.block_tokens - ctx).min()) - self.grow_ahead
             return min(k, room) if room >= 1 else (1 if self._grow_decode() else 0)
         num_bytes = int(np.dot(need, self.block_bytes[:n]))
         if num_bytes <= self.pool.free_bytes:
@@ -65,7 +66,7 @@ class DecodeGrowth:
             grown = self._grow(idx, need[idx])
             assert grown
             return k
-        room = int((blocks * self.block_tokens - ctx).min())
+        room = int((blocks * self.block_tokens - ctx).min()) - self.grow_ahead
         if room >= 1:
             return min(k, room)
         return 1 if self._grow_decode() else 0
@@ -73,9 +74,8 @@ class DecodeGrowth:
     def _needing(self) -> np.ndarray:
         """Columns of decoding sequences at a block boundary, in admission order."""
         n = self.n
-        need = np.flatnonzero(
-            (self.prefill_left[:n] == 0) & (self.ctx[:n] >= self.blocks[:n] * self.block_tokens)
-        )
+        full = self.ctx[:n] + self.grow_ahead >= self.blocks[:n] * self.block_tokens
+        need = np.flatnonzero((self.prefill_left[:n] == 0) & full)
         if need.size <= 1:
             return need
         return need[np.argsort(self.order[need], kind="stable")]
