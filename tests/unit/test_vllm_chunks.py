@@ -8,8 +8,8 @@ from cachepilot_sim.config import HardwareConfig, policy_config
 from cachepilot_sim.cost import compute_fit, recompute_us
 from cachepilot_sim.integrations.vllm.chunks import SessionChunkPolicy, _Session, session_key
 from cachepilot_sim.integrations.vllm.params import PercParams
-from cachepilot_sim.integrations.vllm.perc_chunks import SessionArrays
-from cachepilot_sim.policies import CacheEntry, GapEstimator, make_policy
+from cachepilot_sim.integrations.vllm.perc_chunks import PercChunkPolicy, SessionArrays
+from cachepilot_sim.policies import CacheEntry, GapEstimator, make_policy, perc
 from tests.vllm_double import (
     ChunkStatus,
     DoublePercCachePolicy,
@@ -254,3 +254,9 @@ def test_equal_keys_go_by_session_id_whatever_the_slot_order() -> None:
         keys = [run_request(policy, s, range(1), f"r{s}")[0] for s in "abcd"]
         order = [policy.evict(1, set()) for _ in range(4)]
         assert [e[0][0] for e in order if e] == keys, vectorise_from
+
+
+def test_key_paths_switch_where_the_simulators_perc_order_switches() -> None:
+    """Below the switch both compute keys with math.expm1, from it on with np.expm1: the same
+    arithmetic as the reference on hosts where the two differ in the last place."""
+    assert PercChunkPolicy.vectorise_from == perc._VECTORISE_FROM

@@ -22,7 +22,8 @@ import numpy as np
 
 from cachepilot_sim.integrations.vllm.chunks import Held, SessionChunkPolicy, _Session
 
-_TAKEN = -math.inf  # a negated key no live session has (keys are finite and >= 0)
+# A negated key no ranked session has (keys are finite and >= 0): taken, excluded or padding.
+_TAKEN = -math.inf
 
 
 class SessionArrays:
@@ -189,9 +190,10 @@ class PercChunkPolicy(SessionChunkPolicy):
     `SessionArrays`: the same victims as the full sort of SessionChunkPolicy, in the same order
     (tests/property/test_vllm_evict_properties.py)."""
 
-    # Below this many sessions keys are computed in Python, from it on with NumPy: the crossover
-    # measured on the benchmark host (experiments/vllm_evictor/README.md) and PercPolicy.order's
-    # own switch (_VECTORISE_FROM), so both sides use the same expm1 on any host.
+    # Below this many sessions keys are computed in Python, from it on with NumPy. PercPolicy.order
+    # switches at the same count (_VECTORISE_FROM), so that both use the same expm1 (math's, then
+    # NumPy's) on any host; the measured crossover is lower, ~16 sessions on the benchmark host
+    # (experiments/vllm_evictor/key_paths.py): 16-31 sessions pay up to ~15 µs for that.
     vectorise_from = 32
     # On the NumPy side a decision takes one maximum per session it evicts from (~1.5 a decision
     # in the benchmark); past this many it sorts the rest at once.
