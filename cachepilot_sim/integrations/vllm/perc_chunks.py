@@ -52,7 +52,8 @@ class SessionArrays:
     _TYPES: tuple[tuple[str, type], ...] = (("d", np.float64),) * 4 + (("q", np.int64),)
     # A slot past the last holds inputs whose negated key is -inf, so that a decision computes
     # over a power-of-two window of slots without slicing to the count: restore +inf is enough
-    # (any finite gap >= 1 gives -P < 0, times +inf), the rest are a fresh slot's safe values.
+    # (a finite gap >= 1 gives -P < 0 for any delta above 1e-290 µs, times +inf), the rest are
+    # a fresh slot's safe values.
     _PAD: tuple[float | int, ...] = (math.inf, 1.0, math.inf, 1.0, -1)
 
     def __init__(self, capacity: int = 64) -> None:
