@@ -25,7 +25,7 @@ from cachepilot_sim.components.growth import DecodeGrowth
 from cachepilot_sim.components.kv import Admit
 from cachepilot_sim.components.ports import EnginePorts
 from cachepilot_sim.components.request import Outcome, Request
-from cachepilot_sim.config import BatchMode, SimConfig
+from cachepilot_sim.config import BatchMode, Preemption, SimConfig
 
 # Rows of the packed per-sequence state array.
 CTX, PREFILL_LEFT, DECODE_LEFT, BLOCKS, BLOCK_BYTES, TOKEN_BYTES, MODEL, ORDER, PRIO, GENERATED = (
@@ -123,7 +123,7 @@ class Batcher(DecodeGrowth):
             if order is None:
                 req = self.queue.peek()
             else:  # look past requests that do not fit while a block is free
-                req = order.pop(0) if order and self._any_free_block() else None
+                req = order.pop(0) if order else None
             if req is None:
                 return
             if self.queue.expired(req):  # the client gave up waiting
@@ -133,9 +133,12 @@ class Batcher(DecodeGrowth):
                 continue
             if self.gate is not None and not self.gate.passes(req):
                 continue  # deferred or rejected by admission control
+            free = order is not None and self._any_free_block()
             result = self.kv.admit(req)
-            if result == Admit.BLOCKED:
-                if order is None:
+            if result in (Admit.BLOCKED, Admit.BLOCKED_HIT):
+                if result == Admit.BLOCKED_HIT and self.preemption == Preemption.STARVED_BACK:
+                    self._starve_queued(req)
+                if not free:  # the engine stops looking once no block is free
                     return
                 continue
             self.queue.pop(req)
