@@ -25,7 +25,7 @@ from cachepilot_sim.components.growth import DecodeGrowth
 from cachepilot_sim.components.kv import Admit
 from cachepilot_sim.components.ports import EnginePorts
 from cachepilot_sim.components.request import Outcome, Request
-from cachepilot_sim.config import BatchMode, SimConfig
+from cachepilot_sim.config import BatchMode, Preemption, SimConfig
 
 # Rows of the packed per-sequence state array.
 CTX, PREFILL_LEFT, DECODE_LEFT, BLOCKS, BLOCK_BYTES, TOKEN_BYTES, MODEL, ORDER, PRIO, GENERATED = (
@@ -47,6 +47,11 @@ class Batcher(DecodeGrowth):
         self.preemption = cfg.engine.preemption
         self.block_new = False  # STARVED_BACK: no admission until a running request finishes
         self.admit_past_blocked = cfg.engine.admit_past_blocked
+        self.grow_before_admit = cfg.engine.grow_before_admit
+        self.prompt_room = cfg.engine.prompt_room_tokens
+        # Async scheduling allocates a step's KV when the step is composed, while the one before
+        # runs: a sequence takes its next block one step ahead.
+        self.grow_ahead = int(self.async_scheduling)
         self.held_from = 1 << 62  # columns with order >= this sit out the current step
         self.step_start_us = -1  # when the last step started
         self.ghost = np.zeros((3, 0), dtype=np.int64)  # context, KV bytes per token, model
@@ -118,7 +123,7 @@ class Batcher(DecodeGrowth):
             if order is None:
                 req = self.queue.peek()
             else:  # look past requests that do not fit while a block is free
-                req = order.pop(0) if order and self._any_free_block() else None
+                req = order.pop(0) if order else None
             if req is None:
                 return
             if self.queue.expired(req):  # the client gave up waiting
@@ -128,9 +133,12 @@ class Batcher(DecodeGrowth):
                 continue
             if self.gate is not None and not self.gate.passes(req):
                 continue  # deferred or rejected by admission control
+            free = order is not None and self._any_free_block()
             result = self.kv.admit(req)
-            if result == Admit.BLOCKED:
-                if order is None:
+            if result in (Admit.BLOCKED, Admit.BLOCKED_HIT):
+                if result == Admit.BLOCKED_HIT and self.preemption == Preemption.STARVED_BACK:
+                    self._starve_queued(req)
+                if not free:  # the engine stops looking once no block is free
                     return
                 continue
             self.queue.pop(req)
@@ -162,7 +170,7 @@ class Batcher(DecodeGrowth):
             done - req.prefill_tokens,
             req.prefill_tokens,
             req.output_tokens - req.generated,
-            self.kv.blocks_for(done),
+            self.kv.blocks_for(done + self.prompt_room),
             self.kv.block_bytes[m],
             self.token_bytes[m],
             m,
@@ -206,6 +214,8 @@ class Batcher(DecodeGrowth):
         while True:
             budget, max_seqs = self.limits()
             first_new = self._admit_seq
+            if self.grow_before_admit and self.n and self._needing().size:
+                self._grow_decode()  # the engine serves running sequences' blocks first
             self.admit(budget, max_seqs)
             if self.n == 0:
                 yield self.wake.wait()

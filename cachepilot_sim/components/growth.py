@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from cachepilot_sim.components.request import Request
     from cachepilot_sim.components.scheduler import RequestQueue
     from cachepilot_sim.components.vram_pool import PoolView
+    from cachepilot_sim.trace.events import TraceEvents
 
 _ONE = np.ones(1, dtype=np.int64)
 
@@ -42,8 +43,10 @@ class DecodeGrowth:
     preemption: Preemption
     env: SimEnvironment
     stats: EngineStats
+    events: TraceEvents
     block_new: bool
     reserve_run_blocks: bool
+    grow_ahead: int  # 1: a step's block is taken when the step before it starts (async)
 
     def _remove(self, i: int) -> Request:  # provided by the batcher
         raise NotImplementedError
@@ -53,11 +56,11 @@ class DecodeGrowth:
         single-step fallback evicts and, failing that, preempts. Returns the steps to run."""
         n = self.n
         ctx, blocks = self.ctx[:n], self.blocks[:n]
-        need = np.maximum(0, -(-(ctx + k) // self.block_tokens) - blocks)
+        need = np.maximum(0, -(-(ctx + k + self.grow_ahead) // self.block_tokens) - blocks)
         if not need.any():
             return k
         if not self.reserve_run_blocks:  # blocks as the steps cross into them
-            room = int((blocks * self.block_tokens - ctx).min())
+            room = int((blocks * self.block_tokens - ctx).min()) - self.grow_ahead
             return min(k, room) if room >= 1 else (1 if self._grow_decode() else 0)
         num_bytes = int(np.dot(need, self.block_bytes[:n]))
         if num_bytes <= self.pool.free_bytes:
@@ -65,7 +68,7 @@ class DecodeGrowth:
             grown = self._grow(idx, need[idx])
             assert grown
             return k
-        room = int((blocks * self.block_tokens - ctx).min())
+        room = int((blocks * self.block_tokens - ctx).min()) - self.grow_ahead
         if room >= 1:
             return min(k, room)
         return 1 if self._grow_decode() else 0
@@ -73,9 +76,8 @@ class DecodeGrowth:
     def _needing(self) -> np.ndarray:
         """Columns of decoding sequences at a block boundary, in admission order."""
         n = self.n
-        need = np.flatnonzero(
-            (self.prefill_left[:n] == 0) & (self.ctx[:n] >= self.blocks[:n] * self.block_tokens)
-        )
+        full = self.ctx[:n] + self.grow_ahead >= self.blocks[:n] * self.block_tokens
+        need = np.flatnonzero((self.prefill_left[:n] == 0) & full)
         if need.size <= 1:
             return need
         return need[np.argsort(self.order[need], kind="stable")]
@@ -106,6 +108,20 @@ class DecodeGrowth:
             left = sorted((cols[id(r)] for r in reqs[:-1]), key=lambda i: int(self.order[i]))
             starved = [i for i in left if not self._grow(np.array([i]), _ONE)]
         return self.n > 0
+
+    def _starve_queued(self, req: Request) -> None:
+        """transformers CB makes a queued request active when its prompt hits cached blocks, and
+        only then allocates the rest; left without blocks it is a starved running request and is
+        evicted like one (never the last running one): a soft reset to the back of the queue,
+        and no admission until a request finishes."""
+        if not self.n:
+            return
+        self.queue.pop(req)
+        req.num_preemptions += 1
+        self.kv.stats.preemptions += 1
+        self.events.preempt(int(self.env.now), req, 0, 0, 0.0)
+        self.queue.requeue_back(req)
+        self.block_new = True
 
     def _grow(self, idx: np.ndarray, num_blocks: np.ndarray) -> bool:
         """Ask the KV manager for `num_blocks[j]` more blocks for column `idx[j]`; all or

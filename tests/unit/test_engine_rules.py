@@ -1,24 +1,28 @@
 """The engine-profile rules read from transformers' continuous batching (engine=hf_cb): where a
 preempted request waits, when admission resumes, looking past a request that does not fit, blocks
-taken at the step that needs them, and FIFO without deadline promotion."""
+taken at the step that needs them (one step ahead under async batching), running sequences served
+before queued requests, a prompt's room for two more tokens, and FIFO without deadline
+promotion."""
 
 from __future__ import annotations
 
 import glob
 from pathlib import Path
+from types import SimpleNamespace
 
 import polars as pl
 import pytest
 import simpy
 
+from cachepilot_sim.components.kv.room import RoomRule
 from cachepilot_sim.components.request import Request
 from cachepilot_sim.components.scheduler import RequestQueue
 from cachepilot_sim.components.signal import Signal
 from cachepilot_sim.config import SchedulerConfig
 from cachepilot_sim.sim import build
 from cachepilot_sim.tools.validate import sim_config
-from cachepilot_sim.validation.ground_truth import GroundTruth
-from cachepilot_sim.validation.replay import workload_from_ground_truth
+from cachepilot_sim.validation.ground_truth import GroundTruth, load_ground_truth
+from cachepilot_sim.validation.replay import engine_overrides, workload_from_ground_truth
 
 
 def _req(i: int, arrival: int, deadline: int) -> Request:
@@ -163,3 +167,96 @@ def test_blocks_are_taken_at_the_step_that_crosses_into_them(tmp_path: Path) -> 
         held_blocks = (it["bytes"] // (256 * 131_072)).to_list()
         early = held_blocks[: len(held_blocks) // 4]
         assert max(early) <= peak_max
+
+
+def _peak_blocks(tmp_path: Path, gt: GroundTruth, pool_blocks: int, *overrides: str) -> float:
+    run_cfg = sim_config("hf_cb", [f"engine.kv_pool_blocks={pool_blocks}", *overrides])
+    cfg = run_cfg.sim_for(run_cfg.policy.name, 0)
+    workload, _ = workload_from_ground_truth(gt, cfg.replay.hash_block_tokens)
+    result = build(cfg, tmp_path, workload).run()
+    return float(result.metrics["vram_kv_util_peak"]) * pool_blocks
+
+
+@pytest.mark.parametrize(
+    ("prompt", "room", "blocks"),
+    [(1024, 2, 5), (1024, 0, 4), (1022, 2, 4), (1023, 2, 5), (253, 2, 1), (254, 2, 1)],
+)
+def test_a_prompt_is_given_room_for_two_more_tokens(
+    tmp_path: Path, prompt: int, room: int, blocks: int
+) -> None:
+    """transformers: (n + 1) // 256 + 1 blocks for n new tokens, i.e. room for n + 2."""
+    gt = _ground_truth([prompt], [1], [0])
+    _, trace = _run(gt, tmp_path, f"engine.prompt_room_tokens={room}")
+    admit = trace.filter(pl.col("kind") == "admit")
+    assert admit["blocks"].to_list() == [blocks]
+
+
+@pytest.mark.parametrize(("async_", "peak"), [("true", 2), ("false", 1)])
+def test_async_batching_takes_a_block_one_step_ahead(
+    tmp_path: Path, async_: str, peak: int
+) -> None:
+    # 253 + 2 fit one block; the third decode step (position 255) still fits, but under async
+    # batching the step after it is composed (and its block taken) while it runs
+    gt = _ground_truth([253], [4], [0])
+    assert _peak_blocks(tmp_path, gt, 8, f"engine.async_scheduling={async_}") == pytest.approx(peak)
+
+
+@pytest.mark.parametrize(("first", "preempted"), [("true", 0), ("false", 1)])
+def test_a_running_sequence_takes_its_block_before_a_queued_request(
+    tmp_path: Path, first: str, preempted: int
+) -> None:
+    # r000 (254 + 2 in one block) needs its second block at the boundary where r001 (1000
+    # tokens: 4 of the 5 blocks), sent during r000's first decode step, is first considered
+    gt = _ground_truth([254, 1000], [400, 10], [0, 18_000])
+    reqs, _ = _run(gt, tmp_path, "engine.kv_pool_blocks=5", f"engine.grow_before_admit={first}")
+    assert (reqs["outcome"] == "completed").all()
+    assert reqs.sort("request")["preemptions"].to_list()[0] == preempted
+
+
+@pytest.mark.parametrize(
+    ("atomic", "free", "evictable", "short"),
+    [
+        (True, 10, 20, 0),  # 10 + 20 < 40: nothing can make room, so nothing is evicted
+        (False, 10, 20, 30),  # the default engine starts evicting for a request that will wait
+        (True, 10, 30, 30),  # enough idle bytes: evict what is short
+        (True, 50, 0, -10),  # already free
+    ],
+)
+def test_an_atomic_admission_evicts_nothing_unless_it_can_succeed(
+    atomic: bool, free: int, evictable: int, short: int
+) -> None:
+    pool = SimpleNamespace(capacity_bytes=100, free_bytes=free)
+    rule = RoomRule(pool, 0.0, atomic)  # type: ignore[arg-type]
+    assert rule.shortfall(40, 0, evictable) == short
+
+
+PRESSURE_PREEMPT = Path(__file__).resolve().parents[2] / (
+    "experiments/validation/hf_cb/2026-12-01/pressure_preempt/run1"
+)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "phantoms"),
+    [
+        ((), True),
+        (("engine.atomic_admission=false",), False),  # the cached prefix is gone by then
+        (("engine.preemption=NEWEST_FRONT",), False),  # only transformers' rule does this
+    ],
+)
+def test_a_queued_request_made_active_by_a_prefix_hit_is_evicted_when_it_starves(
+    tmp_path: Path, overrides: tuple[str, ...], phantoms: bool
+) -> None:
+    """transformers CB activates a waiting request on a prefix hit before allocating the rest;
+    starved, it is soft reset (a preemption of a request that never ran again: 0 blocks)."""
+    real = load_ground_truth(PRESSURE_PREEMPT)
+    gt = GroundTruth(real.path, real.requests, None, real.engine)
+    reqs, trace = _run(gt, tmp_path, *engine_overrides(real, 256), *overrides)
+    assert (reqs["outcome"] == "completed").all()
+    ev = trace.filter(pl.col("kind").is_in(["preempt", "admit", "finish"])).sort("t_us", "seq")
+    phantom = ev.filter((pl.col("kind") == "preempt") & (pl.col("blocks") == 0))
+    assert (phantom.height > 0) == phantoms
+    kinds, blocks = ev["kind"].cast(pl.String).to_list(), ev["blocks"].to_list()
+    for i, (k, b) in enumerate(zip(kinds, blocks, strict=True)):
+        if k == "preempt" and b == 0 and "admit" in kinds[i + 1 :]:
+            later = kinds[i + 1 :]
+            assert "finish" in later[: later.index("admit")]  # no admission until a finish
