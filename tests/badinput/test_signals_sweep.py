@@ -16,6 +16,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from tests.badinput.test_signals import _alive
+
 JOBS = ["seed=0,1,2,3"]
 SWEEP = ["workload.num_requests=1500", "seeds=1", "jobs=1", "hydra.launcher.n_jobs=2"]
 
@@ -34,14 +36,6 @@ def _descendants(pid: int) -> set[int]:
             todo += sorted(kids - found)
             found |= kids
     return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    return "\nState:\tZ" not in status
 
 
 def _sweep(sweep_dir: Path) -> list[str]:
