@@ -175,6 +175,19 @@ def make_replay_requests(env: Any, workload: Any, priority: int = 1) -> list[Any
     return out
 
 
+@pytest.fixture
+def ray_tmpdir() -> Any:
+    """A short folder for RAY_TMPDIR, directly under the system temp folder: Ray's socket paths
+    under it must stay below 107 bytes, and pytest's own tree is too deep on an xdist worker
+    (`.../pytest-N/popen-gw0/...`). Removed afterwards."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="ray"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def smoke_cli_run(
     tmp_path_factory: pytest.TempPathFactory,

@@ -16,10 +16,9 @@ from tests.unit.test_plan import write_plan  # noqa: E402
 
 @pytest.mark.slow
 def test_the_plan_on_a_local_ray_instance_matches_joblib(
-    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, ray_tmpdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Ray's socket paths under RAY_TMPDIR must stay below 107 bytes: a short folder.
-    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path_factory.mktemp("r")))
+    monkeypatch.setenv("RAY_TMPDIR", str(ray_tmpdir))  # short: Ray's socket paths
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     monkeypatch.setenv(
         "PYTHONPATH", os.pathsep.join([str(Path.cwd()), os.environ.get("PYTHONPATH", "")])

@@ -23,13 +23,9 @@ from cachepilot_sim.tools.collect import collect  # noqa: E402
 
 
 @pytest.mark.slow
-def test_sweep_runs_on_a_local_ray_instance(
-    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    # Ray's socket paths under RAY_TMPDIR must stay below 107 bytes: a short folder of the
-    # test session's temporary tree rather than the long per-test one.
-    ray_tmp = tmp_path_factory.mktemp("r")
-    env = os.environ | {"RAY_TMPDIR": str(ray_tmp), "RAY_USAGE_STATS_ENABLED": "0"}
+def test_sweep_runs_on_a_local_ray_instance(tmp_path: Path, ray_tmpdir: Path) -> None:
+    # RAY_TMPDIR: a short folder (Ray's socket paths must stay below 107 bytes).
+    env = os.environ | {"RAY_TMPDIR": str(ray_tmpdir), "RAY_USAGE_STATS_ENABLED": "0"}
     sweep_dir = tmp_path / "sweep"
     proc = subprocess.run(
         [
@@ -44,7 +40,7 @@ def test_sweep_runs_on_a_local_ray_instance(
             "workload.num_requests=20",
             "workload.max_active_sessions=4",
             "+hydra.launcher.ray.init.num_cpus=2",
-            f"+hydra.launcher.ray.init._temp_dir={ray_tmp}",
+            f"+hydra.launcher.ray.init._temp_dir={ray_tmpdir}",
             f"hydra.sweep.dir={sweep_dir}",
         ],
         capture_output=True,
