@@ -27,10 +27,16 @@ from cachepilot_sim.components.ports import EnginePorts
 from cachepilot_sim.components.request import Outcome, Request
 from cachepilot_sim.config import BatchMode, SimConfig
 
+NONE_HELD = 1 << 62  # `held_from` when no column sits out the step
+
 # Rows of the packed per-sequence state array.
 CTX, PREFILL_LEFT, DECODE_LEFT, BLOCKS, BLOCK_BYTES, TOKEN_BYTES, MODEL, ORDER, PRIO, GENERATED = (
     range(10)
 )
+# What one decoded token does to a column: context and generated +1, tokens left -1 (a column
+# vector, so that `state[:, :n] += DECODED * tokens` updates the three rows in one operation).
+DECODED = np.zeros((10, 1), dtype=np.int64)
+DECODED[[CTX, DECODE_LEFT, GENERATED], 0] = (1, -1, 1)
 
 
 class Batcher(DecodeGrowth):
@@ -47,7 +53,9 @@ class Batcher(DecodeGrowth):
         self.preemption = cfg.engine.preemption
         self.block_new = False  # STARVED_BACK: no admission until a running request finishes
         self.admit_past_blocked = cfg.engine.admit_past_blocked
-        self.held_from = 1 << 62  # columns with order >= this sit out the current step
+        self.held_from = NONE_HELD  # columns with order >= this sit out the current step
+        # Uncut decode runs as one plain timeout (see _decode_run); False: always timer + wake.
+        self.fast_decode_runs = True
         self.step_start_us = -1  # when the last step started
         self.ghost = np.zeros((3, 0), dtype=np.int64)  # context, KV bytes per token, model
         self.trace_every = cfg.trace.iteration_every
@@ -203,15 +211,17 @@ class Batcher(DecodeGrowth):
         `max_decode_run` steps, or until the wake signal (an arrival, a landed copy), after which
         it finishes the step in progress, so admission still happens at iteration boundaries.
         """
+        limits, admit, prefill_left = self.limits, self.admit, self.prefill_left
         while True:
-            budget, max_seqs = self.limits()
+            budget, max_seqs = limits()
             first_new = self._admit_seq
-            self.admit(budget, max_seqs)
+            admit(budget, max_seqs)
             if self.n == 0:
                 yield self.wake.wait()
                 continue
-            self._hold_new(first_new)
-            if self.prefill_left[: self.n].any():
+            if self.async_scheduling:  # otherwise nothing is held (held_from stays at its max)
+                self._hold_new(first_new)
+            if any(prefill_left[: self.n].tolist()):
                 yield from self._mixed_iteration(budget)
             else:
                 yield from self._decode_run()
@@ -220,21 +230,22 @@ class Batcher(DecodeGrowth):
     def _hold_new(self, first_new: int) -> None:
         """Async scheduling: the next step was composed when the last one started, so requests
         that arrived after that sit it out while older ones run; an idle engine starts at once."""
-        n, self.held_from = self.n, 1 << 62
+        n, self.held_from = self.n, NONE_HELD
         if self.async_scheduling and (self.order[:n] < first_new).any():
             new = [(int(self.order[i]), self.slot_req[i]) for i in range(n)]
             late = [o for o, r in new if o >= first_new and r and r.arrival_us > self.step_start_us]
-            self.held_from = min(late, default=1 << 62)
+            self.held_from = min(late, default=NONE_HELD)
 
     def _mixed_iteration(self, budget: int) -> Generator[simpy.Event, object, None]:
-        if not self._grow_decode():
+        if self._at_block_boundary() and not self._grow_decode():
             return
         n = self.n
         decoding = self.prefill_left[:n] == 0
-        decode = np.flatnonzero(decoding)
+        decode = decoding.nonzero()[0]
         chunk_idx, chunks = self._plan_prefill(budget - decode.size)
         duration = ceil_us(self._raw_duration_us(decode, chunk_idx, chunks))
-        self.ghost = self.ghost[:, :0]
+        if self.ghost.shape[1]:
+            self.ghost = self.ghost[:, :0]
         self._account(duration, 1)
         self.step_start_us = self.env.now
         yield self.env.timeout(duration)
@@ -246,7 +257,7 @@ class Batcher(DecodeGrowth):
         Step j lasts ceil(first + j * slope) us, exactly what k single iterations would take,
         because iteration time is linear in context length (cost.decode_step_slope_us).
         """
-        k = min(int(self.decode_left[: self.n].min()), self.max_decode_run)
+        k = min(min(self.decode_left[: self.n].tolist()), self.max_decode_run)
         k = self._reserve_decode_blocks(k)
         if k == 0:
             return
@@ -255,24 +266,33 @@ class Batcher(DecodeGrowth):
         if self.ghost.size:  # last step's finished requests ride along in this one
             raw[0] = self._raw_duration_us(np.arange(n), np.arange(0), np.arange(0))
             self.ghost = self.ghost[:, :0]
-        ends = np.cumsum(np.maximum(1.0, np.ceil(raw))).astype(np.int64)
-        start = self.env.now
-        # The run's end and any wake-up (arrival, landed copy) both trigger the wake event; a
-        # stale timer from an interrupted run finds its run id changed and does nothing.
-        self._run_id += 1
-        run_id = self._run_id
-        timer = self.env.timeout(int(ends[-1]))
-        timer.callbacks.append(lambda _: self._end_run(run_id))
-        yield self.wake.wait()
-        steps = k
-        if self.env.now - start < ends[-1]:
-            elapsed = self.env.now - start
-            steps = int(np.searchsorted(ends, elapsed, side="left")) + 1
-            if ends[steps - 1] > elapsed:
-                yield self.env.timeout(int(ends[steps - 1]) - elapsed)
-        self._account(int(ends[steps - 1]), steps)
-        self.step_start_us = start + (int(ends[steps - 2]) if steps > 1 else 0)
-        self._advance_decode(n, ends[:steps], finished=steps == k)
+        ends = np.cumsum(np.maximum(1.0, np.ceil(raw))).astype(np.int64)  # step j's end, in us
+        env = self.env
+        start, total = env.now, int(ends[-1])
+        if env.peek() > start + total and self.fast_decode_runs:
+            # Nothing is scheduled before the run ends, so nothing can cut it short (every event
+            # that could wake the engine follows from one already scheduled): one plain timeout
+            # resumes the engine at the same point of the event order as the timer-and-wake pair.
+            yield env.timeout(total)
+            steps = k
+        else:
+            # The run's end and any wake-up (arrival, landed copy) both trigger the wake event;
+            # a stale timer from an interrupted run finds its run id changed and does nothing.
+            self._run_id += 1
+            run_id = self._run_id
+            timer = env.timeout(total)
+            timer.callbacks.append(lambda _: self._end_run(run_id))
+            yield self.wake.wait()
+            steps = k
+            elapsed = env.now - start
+            if elapsed < total:
+                steps = int(ends.searchsorted(elapsed)) + 1  # the step in progress at the wake
+                if ends[steps - 1] > elapsed:
+                    yield env.timeout(int(ends[steps - 1]) - elapsed)
+        done = ends[:steps].tolist()
+        self._account(done[-1], steps)
+        self.step_start_us = start + (done[-2] if steps > 1 else 0)
+        self._advance_decode(n, done, finished=steps == k)
 
     def _end_run(self, run_id: int) -> None:
         """Timer callback of a decode run: wake the engine unless that run was already cut short."""
@@ -282,7 +302,11 @@ class Batcher(DecodeGrowth):
     def _plan_prefill(self, tokens_left: int) -> tuple[np.ndarray, np.ndarray]:
         """Chunked prefill: sequences in admission order share what is left of the token budget."""
         n = self.n
-        idx = np.flatnonzero((self.prefill_left[:n] > 0) & (self.order[:n] < self.held_from))
+        left = self.prefill_left[:n]  # never negative: nonzero is > 0
+        if self.held_from == NONE_HELD:
+            idx = left.nonzero()[0]
+        else:
+            idx = ((left > 0) & (self.order[:n] < self.held_from)).nonzero()[0]
         if idx.size == 0 or tokens_left <= 0:
             return idx[:0], idx[:0]
         if idx.size == 1:  # the common case: one prompt in prefill
@@ -299,8 +323,18 @@ class Batcher(DecodeGrowth):
         self, decode: np.ndarray, chunk_idx: np.ndarray, chunks: np.ndarray
     ) -> float:
         """Cost-model time of one iteration (before rounding up to whole microseconds)."""
-        idx = np.concatenate((decode, chunk_idx))
         g = self.ghost.shape[1]
+        if not g:  # the sums over plain ints where the step cost can take them (small batches)
+            cols = decode.tolist() + chunk_idx.tolist()
+            n = self.n
+            ctx, tok = self.ctx[:n].tolist(), self.tok_bytes[:n].tolist()
+            new = [1] * decode.size + chunks.tolist()
+            us = self.step_cost.iteration_us_ints(
+                new, [ctx[i] for i in cols], [tok[i] for i in cols]
+            )
+            if us is not None:
+                return us
+        idx = np.concatenate((decode, chunk_idx))
         if not g:  # the same arrays as before async scheduling existed: identical results
             new = np.ones(idx.size)
             new[decode.size :] = chunks
@@ -333,25 +367,25 @@ class Batcher(DecodeGrowth):
         num_decode = int(np.count_nonzero(decoding))
         self.stats.add_gaps(now - self.step_start_us, num_decode)
         # Whole-row arithmetic with the mask: faster than scattering into the decoding columns.
-        self.ctx[:n] += decoding
-        self.decode_left[:n] -= decoding
-        self.generated[:n] += decoding
+        if num_decode:
+            self.state[:, :n] += DECODED * decoding
         st = self.stats
         st.tokens_decoded += num_decode
         if not chunk_idx.size:
             self._finish_done()
             return
         self.ctx[chunk_idx] += chunks
-        self.prefill_left[chunk_idx] -= chunks
-        st.tokens_prefilled += int(chunks.sum())
+        left = self.prefill_left
+        left[chunk_idx] -= chunks
+        st.tokens_prefilled += sum(chunks.tolist())
         # The iteration that finishes a prefill also produces the first output token.
-        first = chunk_idx[self.prefill_left[chunk_idx] == 0]
-        if first.size:
+        first = [i for i in chunk_idx.tolist() if left[i] == 0]
+        if first:
             self.stats.resumed(first, self.generated, self.slot_req, now)
             self.decode_left[first] -= 1
             self.generated[first] += 1
-            st.tokens_decoded += first.size
-            for i in first.tolist():
+            st.tokens_decoded += len(first)
+            for i in first:
                 req = self.slot_req[i]
                 assert req is not None
                 if req.first_token_us < 0:
@@ -363,19 +397,17 @@ class Batcher(DecodeGrowth):
         """Decode steps of all n sequences, step j ending `ends[j]` us into the run; only a full
         run (k = the fewest tokens left, or the run cap) can finish a sequence."""
         steps = self.stats.add_run(ends, n)
-        self.ctx[:n] += steps
-        self.decode_left[:n] -= steps
-        self.generated[:n] += steps
+        self.state[:, :n] += DECODED * steps
         self.stats.tokens_decoded += steps * n
         if finished:
             self._finish_done()
 
     def _finish_done(self) -> None:
         n = self.n
-        ended = self.decode_left[:n] <= 0
-        if not self.async_scheduling and not ended.any():
+        left = self.decode_left[:n]
+        if not self.async_scheduling and min(left.tolist(), default=1) > 0:
             return
-        done = np.flatnonzero((self.prefill_left[:n] == 0) & ended)
+        done = ((self.prefill_left[:n] == 0) & (left <= 0)).nonzero()[0]
         if self.async_scheduling:  # they were scheduled into the next step before finishing
             self.ghost = self.state[[CTX, TOKEN_BYTES, MODEL]][:, done]
         if done.size:
