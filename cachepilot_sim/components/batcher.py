@@ -393,7 +393,7 @@ class Batcher(DecodeGrowth):
                     self.events.first_token(now, req)
         self._finish_done()
 
-    def _advance_decode(self, n: int, ends: np.ndarray, finished: bool) -> None:
+    def _advance_decode(self, n: int, ends: list[int], finished: bool) -> None:
         """Decode steps of all n sequences, step j ending `ends[j]` us into the run; only a full
         run (k = the fewest tokens left, or the run cap) can finish a sequence."""
         steps = self.stats.add_run(ends, n)
