@@ -241,15 +241,15 @@ class Batcher(DecodeGrowth):
             return
         n = self.n
         decoding = self.prefill_left[:n] == 0
-        decode = decoding.nonzero()[0]
-        chunk_idx, chunks = self._plan_prefill(budget - decode.size)
+        decode = decoding.nonzero()[0].tolist()
+        chunk_idx, chunks = self._plan_prefill(budget - len(decode))
         duration = ceil_us(self._raw_duration_us(decode, chunk_idx, chunks))
         if self.ghost.shape[1]:
             self.ghost = self.ghost[:, :0]
         self._account(duration, 1)
         self.step_start_us = self.env.now
         yield self.env.timeout(duration)
-        self._advance(decoding, chunk_idx, chunks)
+        self._advance(decoding, len(decode), chunk_idx, chunks)
 
     def _decode_run(self) -> Generator[simpy.Event, object, None]:
         """Up to k pure-decode steps as one timeout; blocks for all k steps are reserved first.
@@ -264,7 +264,7 @@ class Batcher(DecodeGrowth):
         n = self.n
         raw = self.step_cost.decode_run_us(self.ctx[:n], self.tok_bytes[:n], self.model[:n], k)
         if self.ghost.size:  # last step's finished requests ride along in this one
-            raw[0] = self._raw_duration_us(np.arange(n), np.arange(0), np.arange(0))
+            raw[0] = self._raw_duration_us(list(range(n)), [], [])
             self.ghost = self.ghost[:, :0]
         ends = np.cumsum(np.maximum(1.0, np.ceil(raw))).astype(np.int64)  # step j's end, in us
         env = self.env
@@ -299,8 +299,9 @@ class Batcher(DecodeGrowth):
         if run_id == self._run_id:
             self.wake.notify()
 
-    def _plan_prefill(self, tokens_left: int) -> tuple[np.ndarray, np.ndarray]:
-        """Chunked prefill: sequences in admission order share what is left of the token budget."""
+    def _plan_prefill(self, tokens_left: int) -> tuple[list[int], list[int]]:
+        """Chunked prefill: sequences in admission order share what is left of the token budget;
+        the columns that get a chunk, and their chunks."""
         n = self.n
         left = self.prefill_left[:n]  # never negative: nonzero is > 0
         if self.held_from == NONE_HELD:
@@ -308,44 +309,44 @@ class Batcher(DecodeGrowth):
         else:
             idx = ((left > 0) & (self.order[:n] < self.held_from)).nonzero()[0]
         if idx.size == 0 or tokens_left <= 0:
-            return idx[:0], idx[:0]
+            return [], []
         if idx.size == 1:  # the common case: one prompt in prefill
-            want = self.prefill_left[idx]
-            return idx, np.minimum(want, tokens_left)
+            i = int(idx[0])
+            return [i], [min(int(left[i]), tokens_left)]
         idx = idx[np.argsort(self.order[idx], kind="stable")]
         want = self.prefill_left[idx]
         before = np.cumsum(want) - want
         chunks = np.minimum(np.maximum(tokens_left - before, 0), want)
         keep = chunks > 0
-        return idx[keep], chunks[keep]
+        return idx[keep].tolist(), chunks[keep].tolist()
 
-    def _raw_duration_us(
-        self, decode: np.ndarray, chunk_idx: np.ndarray, chunks: np.ndarray
-    ) -> float:
-        """Cost-model time of one iteration (before rounding up to whole microseconds)."""
+    def _raw_duration_us(self, decode: list[int], chunk_idx: list[int], chunks: list[int]) -> float:
+        """Cost-model time of one iteration (before rounding up to whole microseconds): one token
+        for each column in `decode`, `chunks[j]` for column `chunk_idx[j]`."""
         g = self.ghost.shape[1]
         if not g:  # the sums over plain ints where the step cost can take them (small batches)
-            cols = decode.tolist() + chunk_idx.tolist()
+            cols = decode + chunk_idx
             n = self.n
             ctx, tok = self.ctx[:n].tolist(), self.tok_bytes[:n].tolist()
-            new = [1] * decode.size + chunks.tolist()
+            new = [1] * len(decode) + chunks
             us = self.step_cost.iteration_us_ints(
                 new, [ctx[i] for i in cols], [tok[i] for i in cols]
             )
             if us is not None:
                 return us
-        idx = np.concatenate((decode, chunk_idx))
-        if not g:  # the same arrays as before async scheduling existed: identical results
-            new = np.ones(idx.size)
-            new[decode.size :] = chunks
+            idx = np.array(cols, dtype=np.int64)
+            # The same arrays as before async scheduling existed: identical results.
+            new_tokens = np.ones(idx.size)
+            new_tokens[len(decode) :] = chunks
             return self.step_cost.iteration_us(
-                new, self.ctx[idx], self.tok_bytes[idx], self.model[idx]
+                new_tokens, self.ctx[idx], self.tok_bytes[idx], self.model[idx]
             )
-        new = np.concatenate((np.ones(decode.size + g), chunks.astype(np.float64)))
-        ctx = np.concatenate((self.ctx[decode], self.ghost[0], self.ctx[chunk_idx]))
-        tok = np.concatenate((self.tok_bytes[decode], self.ghost[1], self.tok_bytes[chunk_idx]))
-        model = np.concatenate((self.model[decode], self.ghost[2], self.model[chunk_idx]))
-        return self.step_cost.iteration_us(new, ctx, tok, model)
+        new_tokens = np.concatenate((np.ones(len(decode) + g), np.array(chunks, dtype=np.float64)))
+        dec, chi = np.array(decode, dtype=np.int64), np.array(chunk_idx, dtype=np.int64)
+        ctx = np.concatenate((self.ctx[dec], self.ghost[0], self.ctx[chi]))
+        tok = np.concatenate((self.tok_bytes[dec], self.ghost[1], self.tok_bytes[chi]))
+        model = np.concatenate((self.model[dec], self.ghost[2], self.model[chi]))
+        return self.step_cost.iteration_us(new_tokens, ctx, tok, model)
 
     def _account(self, duration: int, steps: int) -> None:
         st = self.stats
@@ -359,31 +360,37 @@ class Batcher(DecodeGrowth):
         if st.iterations // self.trace_every > before // self.trace_every:
             self.events.iteration(self.env.now, self.n, held, duration)
 
-    def _advance(self, decoding: np.ndarray, chunk_idx: np.ndarray, chunks: np.ndarray) -> None:
-        """One mixed step done: a token for each of columns 0..n-1 where `decoding`, the chunks
-        for `chunk_idx`, and the first token of every prompt whose prefill it finished."""
+    def _advance(
+        self, decoding: np.ndarray, num_decode: int, chunk_idx: list[int], chunks: list[int]
+    ) -> None:
+        """One mixed step done: a token for each of columns 0..n-1 where `decoding` (
+        `num_decode` of them), the chunks for `chunk_idx`, and the first token of every prompt
+        whose prefill it finished."""
         now = self.env.now
         n = decoding.size
-        num_decode = int(np.count_nonzero(decoding))
         self.stats.add_gaps(now - self.step_start_us, num_decode)
         # Whole-row arithmetic with the mask: faster than scattering into the decoding columns.
         if num_decode:
             self.state[:, :n] += DECODED * decoding
         st = self.stats
         st.tokens_decoded += num_decode
-        if not chunk_idx.size:
+        if not chunk_idx:
             self._finish_done()
             return
-        self.ctx[chunk_idx] += chunks
-        left = self.prefill_left
-        left[chunk_idx] -= chunks
-        st.tokens_prefilled += sum(chunks.tolist())
-        # The iteration that finishes a prefill also produces the first output token.
-        first = [i for i in chunk_idx.tolist() if left[i] == 0]
+        ctx, left = self.ctx, self.prefill_left
+        first = []  # the iteration that finishes a prefill also produces the first output token
+        for i, c in zip(chunk_idx, chunks, strict=True):  # a chunk or two: scalar updates
+            ctx[i] += c
+            left[i] -= c
+            if left[i] == 0:
+                first.append(i)
+        st.tokens_prefilled += sum(chunks)
         if first:
             self.stats.resumed(first, self.generated, self.slot_req, now)
-            self.decode_left[first] -= 1
-            self.generated[first] += 1
+            decode_left, generated = self.decode_left, self.generated
+            for i in first:
+                decode_left[i] -= 1
+                generated[i] += 1
             st.tokens_decoded += len(first)
             for i in first:
                 req = self.slot_req[i]
