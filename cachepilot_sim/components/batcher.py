@@ -33,10 +33,6 @@ NONE_HELD = 1 << 62  # `held_from` when no column sits out the step
 CTX, PREFILL_LEFT, DECODE_LEFT, BLOCKS, BLOCK_BYTES, TOKEN_BYTES, MODEL, ORDER, PRIO, GENERATED = (
     range(10)
 )
-# What one decoded token does to a column: context and generated +1, tokens left -1 (a column
-# vector, so that `state[:, :n] += DECODED * tokens` updates the three rows in one operation).
-DECODED = np.zeros((10, 1), dtype=np.int64)
-DECODED[[CTX, DECODE_LEFT, GENERATED], 0] = (1, -1, 1)
 
 
 class Batcher(DecodeGrowth):
@@ -371,7 +367,9 @@ class Batcher(DecodeGrowth):
         self.stats.add_gaps(now - self.step_start_us, num_decode)
         # Whole-row arithmetic with the mask: faster than scattering into the decoding columns.
         if num_decode:
-            self.state[:, :n] += DECODED * decoding
+            self.ctx[:n] += decoding
+            self.decode_left[:n] -= decoding
+            self.generated[:n] += decoding
         st = self.stats
         st.tokens_decoded += num_decode
         if not chunk_idx:
@@ -404,7 +402,9 @@ class Batcher(DecodeGrowth):
         """Decode steps of all n sequences, step j ending `ends[j]` us into the run; only a full
         run (k = the fewest tokens left, or the run cap) can finish a sequence."""
         steps = self.stats.add_run(ends, n)
-        self.state[:, :n] += DECODED * steps
+        self.ctx[:n] += steps
+        self.decode_left[:n] -= steps
+        self.generated[:n] += steps
         self.stats.tokens_decoded += steps * n
         if finished:
             self._finish_done()
