@@ -114,7 +114,7 @@ class Batcher(DecodeGrowth):
         if self.n == 0:
             self.block_new = False  # nothing left to finish: the engine admits again
         n = self.n
-        wanted = int(self.prefill_left[:n].sum()) + n
+        wanted = sum(self.prefill_left[:n].tolist()) + n
         order = self.queue.in_order() if self.admit_past_blocked else None
         while self.n < max_seqs and wanted < budget and not self.block_new:
             if self.n and self._outside_margin():
