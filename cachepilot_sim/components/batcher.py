@@ -49,6 +49,11 @@ class Batcher(DecodeGrowth):
         self.preemption = cfg.engine.preemption
         self.block_new = False  # STARVED_BACK: no admission until a running request finishes
         self.admit_past_blocked = cfg.engine.admit_past_blocked
+        self.grow_before_admit = cfg.engine.grow_before_admit
+        self.prompt_room = cfg.engine.prompt_room_tokens
+        # Async scheduling allocates a step's KV when the step is composed, while the one before
+        # runs: a sequence takes its next block one step ahead.
+        self.grow_ahead = int(self.async_scheduling)
         self.held_from = NONE_HELD  # columns with order >= this sit out the current step
         # Uncut decode runs as one plain timeout (see _decode_run); False: always timer + wake.
         self.fast_decode_runs = True
@@ -166,7 +171,7 @@ class Batcher(DecodeGrowth):
             done - req.prefill_tokens,
             req.prefill_tokens,
             req.output_tokens - req.generated,
-            self.kv.blocks_for(done),
+            self.kv.blocks_for(done + self.prompt_room),
             self.kv.block_bytes[m],
             self.token_bytes[m],
             m,
@@ -211,6 +216,8 @@ class Batcher(DecodeGrowth):
         while True:
             budget, max_seqs = limits()
             first_new = self._admit_seq
+            if self.grow_before_admit and self.n and self._needing().size:
+                self._grow_decode()  # the engine serves running sequences' blocks first
             admit(budget, max_seqs)
             if self.n == 0:
                 yield self.wake.wait()

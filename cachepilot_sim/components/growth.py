@@ -42,6 +42,7 @@ class DecodeGrowth:
     stats: EngineStats
     block_new: bool
     reserve_run_blocks: bool
+    grow_ahead: int  # 1: a step's block is taken when the step before it starts (async)
 
     def _remove(self, i: int) -> Request:  # provided by the batcher
         raise NotImplementedError
@@ -49,16 +50,15 @@ class DecodeGrowth:
     def _reserve_decode_blocks(self, k: int) -> int:
         """Reserve blocks for k decode steps, shortening the run when memory is short; the
         single-step fallback evicts and, failing that, preempts. Returns the steps to run."""
-        n, bt = self.n, self.block_tokens
+        n, bt, ahead = self.n, self.block_tokens, self.grow_ahead
         ctx, blocks = self.ctx[:n].tolist(), self.blocks[:n].tolist()
         # Plain ints: the batch is small, and a list pass is cheaper than NumPy calls on it.
-        room = min(
-            [b * bt - c for b, c in zip(blocks, ctx, strict=True)]
-        )  # tokens before a new block
-        if room >= k:  # no sequence crosses into a block it lacks
+        # room: steps every sequence can take before one needs a block it lacks.
+        room = min([b * bt - c for b, c in zip(blocks, ctx, strict=True)]) - ahead
+        if room >= k:
             return k
         if self.reserve_run_blocks:
-            need = [max(0, -(-(c + k) // bt) - b) for c, b in zip(ctx, blocks, strict=True)]
+            need = [max(0, -(-(c + k + ahead) // bt) - b) for c, b in zip(ctx, blocks, strict=True)]
             size = self.block_bytes[:n].tolist()
             if sum([x * y for x, y in zip(need, size, strict=True)]) <= self.pool.free_bytes:
                 idx = [i for i, x in enumerate(need) if x]
@@ -73,17 +73,16 @@ class DecodeGrowth:
 
     def _at_block_boundary(self) -> bool:
         """Some decoding sequence needs a block before its next token (`_needing` is not empty)."""
-        n, bt = self.n, self.block_tokens
+        n, bt, ahead = self.n, self.block_tokens, self.grow_ahead
         pl, ctx = self.prefill_left[:n].tolist(), self.ctx[:n].tolist()
         blocks = self.blocks[:n].tolist()
-        return any(p == 0 and c >= b * bt for p, c, b in zip(pl, ctx, blocks, strict=True))
+        return any(p == 0 and c + ahead >= b * bt for p, c, b in zip(pl, ctx, blocks, strict=True))
 
     def _needing(self) -> np.ndarray:
         """Columns of decoding sequences at a block boundary, in admission order."""
         n = self.n
-        need = np.flatnonzero(
-            (self.prefill_left[:n] == 0) & (self.ctx[:n] >= self.blocks[:n] * self.block_tokens)
-        )
+        full = self.ctx[:n] + self.grow_ahead >= self.blocks[:n] * self.block_tokens
+        need = np.flatnonzero((self.prefill_left[:n] == 0) & full)
         if need.size <= 1:
             return need
         return need[np.argsort(self.order[need], kind="stable")]

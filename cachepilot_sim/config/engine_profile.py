@@ -66,6 +66,13 @@ class EngineConfig(Sealed):
     # A queued request whose KV does not fit is passed over for later ones while a block is free
     # (transformers CB: `continue` in Scheduler._process_candidates); False: head-of-line order.
     admit_past_blocked: bool = False
+    # Running sequences take their next KV block before queued requests are admitted at a step
+    # boundary (transformers CB: decoding requests come first among a step's candidates).
+    grow_before_admit: bool = False
+    # KV room a prompt is given beyond its tokens at admission: transformers allocates
+    # (n + 1) // block + 1 blocks for n new tokens, room for n + 2 (the first decode step's
+    # token, and the next one's, composed while the first runs under async batching); 0: n.
+    prompt_room_tokens: int = bounded(0, ge=0, integer=True)
 
     def validate(self, prefix: str) -> None:
         super().validate(prefix)

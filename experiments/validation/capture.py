@@ -16,6 +16,7 @@ methods (no engine code is changed). Output: one ground-truth folder per workloa
     python3 capture.py --out $OUT --phase small        # small prefills beside decodes: micro-runs
     python3 capture.py --out $OUT --phase fresh        # multiturn run 2, pressure_soft_reset run 3
     python3 capture.py --out $OUT --phase hashdiag     # multiturn + pressure_preempt, hashes logged
+    python3 capture.py --out $OUT --phase preemptdiag  # pressure_preempt x2, allocations logged
 
 Engine configuration (one, documented in the README next to the data): FA2-varlen attention through
 PyTorch's own FlashAttention-2 kernel, CUDA graphs + async batching on, every padded batch shape
@@ -406,6 +407,20 @@ def phase_hashdiag(s: Session, args: argparse.Namespace) -> None:
     hashdiag.dump(args.out / "hashdiag_pressure.jsonl")
 
 
+def phase_preemptdiag(s: Session, args: argparse.Namespace) -> None:
+    """pressure_preempt twice on fresh engines, every block allocation, starved list and victim
+    logged (preemptdiag.py): who runs out of blocks and who is preempted."""
+    import preemptdiag
+
+    preemptdiag.patch()
+    heavy = dict(PRESSURE_LEN, out_median=320, out_lo=128, out_hi=640)
+    reqs, meta = _pressure_workload("pressure_preempt", 5.0, 62, heavy)
+    spec = EngineSpec("pressure_preempt", num_blocks=PRESSURE_BLOCKS, safety_margin=0.0)
+    for run in (1, 2):
+        _capture_fresh(s, spec, "pressure_preempt", reqs, meta, limit_s=60, run_ids=(run,))
+        preemptdiag.dump(args.out / f"preemptdiag_run{run}.jsonl")
+
+
 def phase_smoke(s: Session, args: argparse.Namespace) -> None:
     rec = Recorder(use_cuda=False)
     spec = EngineSpec(
@@ -465,6 +480,7 @@ PHASES = {
     "small": phase_small,
     "fresh": phase_fresh,
     "hashdiag": phase_hashdiag,
+    "preemptdiag": phase_preemptdiag,
 }
 
 
@@ -476,7 +492,17 @@ def main() -> None:
     ap.add_argument(
         "--phase",
         required=True,
-        choices=["explore", "main", "pressure", "smoke", "mixed", "small", "fresh", "hashdiag"],
+        choices=[
+            "explore",
+            "main",
+            "pressure",
+            "smoke",
+            "mixed",
+            "small",
+            "fresh",
+            "hashdiag",
+            "preemptdiag",
+        ],
     )
     ap.add_argument("--cpu-smoke", action="store_true")
     ap.add_argument("--explore-rate", type=float, default=6.0)

@@ -1,4 +1,4 @@
-"""Two checks behind sentences of the README's "How close to a real engine" section.
+"""Checks behind sentences of the README's "How close to a real engine" section.
 
 `step-bias`: the fitted hf_cb step cost against the engine's measured device time and wall time,
 on the validation workloads' own steps (mixed prefill+decode steps and decode-only steps apart).
@@ -21,6 +21,13 @@ prefix cache hit against the blocks the engine reported as hits (`prefix_hit_tok
 
     PYTHONPATH=. python experiments/validation/diagnose.py prefix-hits \
         experiments/validation/hf_cb/2026-12-01/multiturn
+
+`cost-sensitivity`: replays workloads with every fitted step-cost coefficient scaled by each
+factor and prints the errors (sim - real) / real: how far a small cost error moves a workload's
+figures (under memory pressure, which request runs out of blocks first decides who is preempted).
+
+    PYTHONPATH=. python experiments/validation/diagnose.py cost-sensitivity \
+        experiments/validation/hf_cb/2026-12-01 pressure_preempt pressure_soft_reset
 """
 
 from __future__ import annotations
@@ -105,7 +112,8 @@ def shape_bias(steps_path: Path, fit_path: Path | None) -> None:
         shape=(pl.col("q_tokens") + fit.q_pad_tokens - 1) // fit.q_pad_tokens * fit.q_pad_tokens,
     )
     table = s.group_by("shape").agg(pl.len().alias("steps"), pl.col("ratio").median()).sort("shape")
-    print(f"all prefill steps: {s.height}, median fit / device {s['ratio'].median():.3f}")
+    ratio = float(np.median(s["ratio"].to_numpy()))
+    print(f"all prefill steps: {s.height}, median fit / device {ratio:.3f}")
     for r in table.iter_rows(named=True):
         print(
             f"padded shape {r['shape']}: {r['steps']} steps, median fit / device {r['ratio']:.3f}"
@@ -151,11 +159,13 @@ def itl_tail(folder: Path, above: list[float], at: int | None) -> None:
     steps: list[tuple[int, float, int, list[tuple[int, int]]]] = []
     raw = Batcher._raw_duration_us
 
-    def record(self: Batcher, decode: np.ndarray, idx: np.ndarray, chunks: np.ndarray) -> float:
-        us = raw(self, decode, idx, chunks)
+    def record(
+        self: Batcher, decode: np.ndarray, chunk_idx: np.ndarray, chunks: np.ndarray
+    ) -> float:
+        us = raw(self, decode, chunk_idx, chunks)
         if chunks.size:
             n_dec = decode.size + self.ghost.shape[1]
-            parts = [(int(self.order[i]), int(c)) for i, c in zip(idx, chunks, strict=True)]
+            parts = [(int(self.order[i]), int(c)) for i, c in zip(chunk_idx, chunks, strict=True)]
             steps.append((self.env.now, us, n_dec, parts))
         return us
 
@@ -181,7 +191,7 @@ def itl_tail(folder: Path, above: list[float], at: int | None) -> None:
     print(
         f"prefill steps: engine {mixed.height}, simulator {len(steps)}; within 256 of the "
         f"{budget}-token budget: engine {full_real.height} (median "
-        f"{full_real['gpu_us'].median() / 1e3:.1f} ms), simulator "
+        f"{float(np.median(full_real['gpu_us'].to_numpy())) / 1e3:.1f} ms), simulator "
         f"{int((q_sim > budget - 256).sum())} (median "
         f"{float(np.median(ms_sim[q_sim > budget - 256])):.1f} ms)"
     )
@@ -200,8 +210,43 @@ def itl_tail(folder: Path, above: list[float], at: int | None) -> None:
         print(f"request {r['arrival_order']} sent at {r['send_us'] / 1e3:.1f} ms")
 
 
+SCALED = (
+    "kv_read_token_us",
+    "kv_read_token2_us",
+    "seqlen_us",
+    "seqlen_per_sqrt_request_us",
+    "prefill_seqlen_us",
+    "request_us",
+)
+SENSITIVITY_KEYS = ("ttft_mean", "ttft_p99", "tpot_mean", "tpot_p99", "e2e_mean", "e2e_p99")
+
+
+def cost_sensitivity(
+    root: Path, workloads: list[str], scales: list[float], extra: list[str]
+) -> None:
+    """Errors of each workload with the whole fitted step cost scaled by each factor."""
+    from cachepilot_sim.tools.validate import compare
+    from cachepilot_sim.validation.replay import simulate
+
+    e = sim_config("hf_cb", []).engine
+    print("| workload | step cost x | " + " | ".join(SENSITIVITY_KEYS) + " | preempt. sim/real |")
+    print("|---|---:|" + "---:|" * (len(SENSITIVITY_KEYS) + 1))
+    for wl in workloads:
+        real = load_ground_truth(root / wl / "run1")
+        for f in scales:
+            shapes = ",".join(repr(v * f) for v in e.q_shape_us)
+            scaled = [f"engine.{k}={getattr(e, k) * f!r}" for k in SCALED]
+            ov = [*engine_overrides(real, BLOCK_TOKENS), f"engine.q_shape_us=[{shapes}]", *scaled]
+            run_cfg = sim_config("hf_cb", [*ov, *extra])
+            sim, _ = simulate(run_cfg.sim_for(run_cfg.policy.name, 0), real)
+            c = compare(sim, real)
+            cells = " | ".join(f"{100 * c[k + '_err']:+.1f}%" for k in SENSITIVITY_KEYS)
+            pre = f"{c['preemptions_sim']}/{c['preemptions_real']}"
+            print(f"| `{wl}` | {f:g} | {cells} | {pre} |")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Command line: `step-bias`, `shape-bias`, `prefix-hits` or `itl-tail` (see the module doc)."""
+    """Command line: one of the subcommands in the module doc."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     sb = sub.add_parser("step-bias")
@@ -217,12 +262,19 @@ def main(argv: list[str] | None = None) -> int:
     it.add_argument("folder", type=Path)
     it.add_argument("--above", type=float, nargs="+", default=[40.0, 60.0, 70.0, 80.0])
     it.add_argument("--at", type=int, default=None)
+    cs = sub.add_parser("cost-sensitivity")
+    cs.add_argument("root", type=Path)
+    cs.add_argument("workloads", nargs="+")
+    cs.add_argument("--scales", type=float, nargs="+", default=[0.99, 0.995, 1.0, 1.005, 1.01])
+    cs.add_argument("--set", action="append", default=[], help="an extra config override")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "step-bias":
             step_bias(args.root, args.workloads, args.fit)
         elif args.cmd == "shape-bias":
             shape_bias(args.steps, args.fit)
+        elif args.cmd == "cost-sensitivity":
+            cost_sensitivity(args.root, args.workloads, args.scales, args.set)
         elif args.cmd == "itl-tail":
             itl_tail(args.folder, args.above, args.at)
         else:

@@ -1,6 +1,8 @@
 """The engine-profile rules read from transformers' continuous batching (engine=hf_cb): where a
 preempted request waits, when admission resumes, looking past a request that does not fit, blocks
-taken at the step that needs them, and FIFO without deadline promotion."""
+taken at the step that needs them (one step ahead under async batching), running sequences served
+before queued requests, a prompt's room for two more tokens, and FIFO without deadline
+promotion."""
 
 from __future__ import annotations
 
@@ -163,3 +165,47 @@ def test_blocks_are_taken_at_the_step_that_crosses_into_them(tmp_path: Path) -> 
         held_blocks = (it["bytes"] // (256 * 131_072)).to_list()
         early = held_blocks[: len(held_blocks) // 4]
         assert max(early) <= peak_max
+
+
+def _peak_blocks(tmp_path: Path, gt: GroundTruth, pool_blocks: int, *overrides: str) -> float:
+    run_cfg = sim_config("hf_cb", [f"engine.kv_pool_blocks={pool_blocks}", *overrides])
+    cfg = run_cfg.sim_for(run_cfg.policy.name, 0)
+    workload, _ = workload_from_ground_truth(gt, cfg.replay.hash_block_tokens)
+    result = build(cfg, tmp_path, workload).run()
+    return float(result.metrics["vram_kv_util_peak"]) * pool_blocks
+
+
+@pytest.mark.parametrize(
+    ("prompt", "room", "blocks"),
+    [(1024, 2, 5), (1024, 0, 4), (1022, 2, 4), (1023, 2, 5), (253, 2, 1), (254, 2, 1)],
+)
+def test_a_prompt_is_given_room_for_two_more_tokens(
+    tmp_path: Path, prompt: int, room: int, blocks: int
+) -> None:
+    """transformers: (n + 1) // 256 + 1 blocks for n new tokens, i.e. room for n + 2."""
+    gt = _ground_truth([prompt], [1], [0])
+    _, trace = _run(gt, tmp_path, f"engine.prompt_room_tokens={room}")
+    admit = trace.filter(pl.col("kind") == "admit")
+    assert admit["blocks"].to_list() == [blocks]
+
+
+@pytest.mark.parametrize(("async_", "peak"), [("true", 2), ("false", 1)])
+def test_async_batching_takes_a_block_one_step_ahead(
+    tmp_path: Path, async_: str, peak: int
+) -> None:
+    # 253 + 2 fit one block; the third decode step (position 255) still fits, but under async
+    # batching the step after it is composed (and its block taken) while it runs
+    gt = _ground_truth([253], [4], [0])
+    assert _peak_blocks(tmp_path, gt, 8, f"engine.async_scheduling={async_}") == pytest.approx(peak)
+
+
+@pytest.mark.parametrize(("first", "preempted"), [("true", 0), ("false", 1)])
+def test_a_running_sequence_takes_its_block_before_a_queued_request(
+    tmp_path: Path, first: str, preempted: int
+) -> None:
+    # r000 (254 + 2 in one block) needs its second block at the boundary where r001 (1000
+    # tokens: 4 of the 5 blocks), sent during r000's first decode step, is first considered
+    gt = _ground_truth([254, 1000], [400, 10], [0, 18_000])
+    reqs, _ = _run(gt, tmp_path, "engine.kv_pool_blocks=5", f"engine.grow_before_admit={first}")
+    assert (reqs["outcome"] == "completed").all()
+    assert reqs.sort("request")["preemptions"].to_list()[0] == preempted

@@ -58,6 +58,7 @@ class PrefixKvManager:
         )
         self.max_blocks = cfg.replay.prefix_cache_max_blocks
         self.max_context = model.max_context_tokens
+        self.prompt_room = cfg.engine.prompt_room_tokens
         self.offload_enabled = cfg.kv.offload_enabled
         self.stats = KvStats()
         self.room = RoomRule(self.pool, cfg.kv.watermark_fraction)
@@ -149,7 +150,8 @@ class PrefixKvManager:
         chain = [tree.blocks[h] for h in ids[:hits]]
         for b in chain:  # pinned first, so making room cannot evict the prefix being reused
             tree.pin(b)
-        private = self.blocks_for(max(0, tokens - hash_tokens))
+        room = tokens + self.prompt_room  # the engine's KV room beyond the prompt
+        private = self.blocks_for(max(0, room - hash_tokens))
         need = (len(ids) - hits) * self.hash_bytes + private * self.block_bytes[0]
         if not self._make_room(need):
             for b in chain:
@@ -157,9 +159,7 @@ class PrefixKvManager:
             return Admit.BLOCKED
         self.pool.allocate(need)
         self._insert(chain, ids[hits:], req)
-        self.running[req.session_id] = _Running(
-            chain, self.blocks_for(tokens), private, hash_tokens
-        )
+        self.running[req.session_id] = _Running(chain, self.blocks_for(room), private, hash_tokens)
         self.cpu_tier.release_held(req)
         req.prefill_tokens = max(1, tokens - min(hits * self.hash_tokens, tokens))
         if req.num_preemptions == 0:

@@ -75,6 +75,7 @@ class SessionKvManager:
             for m in cfg.models
         ]
         self.offload_enabled = cfg.kv.offload_enabled
+        self.prompt_room = cfg.engine.prompt_room_tokens  # KV room beyond the prompt at admission
         self.stats = KvStats()
         self.room = RoomRule(self.pool, cfg.kv.watermark_fraction)
         self.cpu = CpuStore(cfg.kv.cpu_store_bytes, cfg.kv.cpu_store_evicts_lru, self.stats)
@@ -162,7 +163,7 @@ class SessionKvManager:
         prefix = req.context_tokens if s.tier == Tier.GPU else 0
         # After a recompute preemption, everything the request had computed must be prefilled again.
         redo = req.prompt_tokens + (req.generated if req.num_preemptions else 0)
-        total_blocks = self.blocks_for(req.context_tokens + redo)
+        total_blocks = self.blocks_for(req.context_tokens + redo + self.prompt_room)
         need_bytes = (total_blocks - cached) * s.block_bytes
         if total_blocks * s.block_bytes > self.pool.capacity_bytes:
             return Admit.REJECT
