@@ -3,8 +3,11 @@
 Each iteration is one SimPy timeout: every decoding sequence produces one token, and prefilling
 sequences take chunks of what is left of the token budget, in admission order. A stretch of
 pure-decode iterations is one timeout too (see `_decode_run`). Per-sequence state lives in one
-packed NumPy array (running sequences in columns 0..n-1, swap-removed when they leave), so an
-iteration costs a few vector operations on views, not a Python loop over sequences or tokens.
+packed NumPy array (running sequences in columns 0..n-1, swap-removed when they leave): whole-row
+updates are vector operations on views; the minima, sums and tests over the running batch (a few
+to a few dozen columns) read rows as Python lists, and a step's one or two prefill chunks are
+scalar updates, because a NumPy call costs more than a list pass of that size. None of this is a
+loop per token, and every shortcut gives the integers and floats the vector form gave.
 
 Modes: MAX_THROUGHPUT (large budget), LOW_LATENCY (small budget: short iterations, low TPOT),
 ADAPTIVE (throughput limits while the queue is deep or a queued request's TTFT deadline is within
