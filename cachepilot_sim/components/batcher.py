@@ -2,7 +2,7 @@
 
 Each iteration is one SimPy timeout: every decoding sequence produces one token, and prefilling
 sequences take chunks of what is left of the token budget, in admission order. A stretch of
-pure-decode iterations is one timeout too (see `_decode_run`). Per-sequence state lives in one
+pure-decode iterations is one timeout too (`decode_run.py`). Per-sequence state lives in one
 packed NumPy array (running sequences in columns 0..n-1, swap-removed when they leave): whole-row
 updates are vector operations on views; the minima, sums and tests over the running batch (a few
 to a few dozen columns) read rows as Python lists, and a step's one or two prefill chunks are
@@ -23,6 +23,7 @@ import simpy
 
 from cachepilot_sim.clock import ceil_us, ms_to_us
 from cachepilot_sim.components.admission_gate import AdmissionGate
+from cachepilot_sim.components.decode_run import DecodeRuns
 from cachepilot_sim.components.engine_stats import EngineStats
 from cachepilot_sim.components.growth import DecodeGrowth
 from cachepilot_sim.components.kv import Admit
@@ -38,7 +39,7 @@ CTX, PREFILL_LEFT, DECODE_LEFT, BLOCKS, BLOCK_BYTES, TOKEN_BYTES, MODEL, ORDER, 
 )
 
 
-class Batcher(DecodeGrowth):
+class Batcher(DecodeRuns, DecodeGrowth):
     """The engine loop: admission at iteration boundaries, one timeout per iteration or run."""
 
     def __init__(self, cfg: SimConfig, ports: EnginePorts) -> None:
@@ -257,54 +258,6 @@ class Batcher(DecodeGrowth):
         yield self.env.timeout(duration)
         self._advance(decoding, len(decode), chunk_idx, chunks)
 
-    def _decode_run(self) -> Generator[simpy.Event, object, None]:
-        """Up to k pure-decode steps as one timeout; blocks for all k steps are reserved first.
-
-        Step j lasts ceil(first + j * slope) us, exactly what k single iterations would take,
-        because iteration time is linear in context length (cost.decode_step_slope_us).
-        """
-        k = min(min(self.decode_left[: self.n].tolist()), self.max_decode_run)
-        k = self._reserve_decode_blocks(k)
-        if k == 0:
-            return
-        n = self.n
-        raw = self.step_cost.decode_run_us(self.ctx[:n], self.tok_bytes[:n], self.model[:n], k)
-        if self.ghost.size:  # last step's finished requests ride along in this one
-            raw[0] = self._raw_duration_us(list(range(n)), [], [])
-            self.ghost = self.ghost[:, :0]
-        ends = np.cumsum(np.maximum(1.0, np.ceil(raw))).astype(np.int64)  # step j's end, in us
-        env = self.env
-        start, total = env.now, int(ends[-1])
-        if env.peek() > start + total and self.fast_decode_runs:
-            # Nothing is scheduled before the run ends, so nothing can cut it short (every event
-            # that could wake the engine follows from one already scheduled): one plain timeout
-            # resumes the engine at the same point of the event order as the timer-and-wake pair.
-            yield env.timeout(total)
-            steps = k
-        else:
-            # The run's end and any wake-up (arrival, landed copy) both trigger the wake event;
-            # a stale timer from an interrupted run finds its run id changed and does nothing.
-            self._run_id += 1
-            run_id = self._run_id
-            timer = env.timeout(total)
-            timer.callbacks.append(lambda _: self._end_run(run_id))
-            yield self.wake.wait()
-            steps = k
-            elapsed = env.now - start
-            if elapsed < total:
-                steps = int(ends.searchsorted(elapsed)) + 1  # the step in progress at the wake
-                if ends[steps - 1] > elapsed:
-                    yield env.timeout(int(ends[steps - 1]) - elapsed)
-        done = ends[:steps].tolist()
-        self._account(done[-1], steps)
-        self.step_start_us = start + (done[-2] if steps > 1 else 0)
-        self._advance_decode(n, done, finished=steps == k)
-
-    def _end_run(self, run_id: int) -> None:
-        """Timer callback of a decode run: wake the engine unless that run was already cut short."""
-        if run_id == self._run_id:
-            self.wake.notify()
-
     def _plan_prefill(self, tokens_left: int) -> tuple[list[int], list[int]]:
         """Chunked prefill: sequences in admission order share what is left of the token budget;
         the columns that get a chunk, and their chunks."""
@@ -407,17 +360,6 @@ class Batcher(DecodeGrowth):
                     req.first_token_us = now
                     self.events.first_token(now, req)
         self._finish_done()
-
-    def _advance_decode(self, n: int, ends: list[int], finished: bool) -> None:
-        """Decode steps of all n sequences, step j ending `ends[j]` us into the run; only a full
-        run (k = the fewest tokens left, or the run cap) can finish a sequence."""
-        steps = self.stats.add_run(ends, n)
-        self.ctx[:n] += steps
-        self.decode_left[:n] -= steps
-        self.generated[:n] += steps
-        self.stats.tokens_decoded += steps * n
-        if finished:
-            self._finish_done()
 
     def _finish_done(self) -> None:
         n = self.n
