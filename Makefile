@@ -46,7 +46,7 @@ test-vllm: install-vllm-policy
 # The two tables of experiments/vllm_evictor/README.md (PERC, reuse_forecast, vLLM's LRU and ARC).
 bench-vllm-evictor: install-vllm-policy
 	for n in 1000 4000; do $(PY) -m cachepilot_sim.integrations.vllm.evictor_bench \
-		--decisions $$n --out experiments/vllm_evictor/decisions_$$n || exit 1; done
+		--decisions $$n --repeats 3 --out experiments/vllm_evictor/decisions_$$n || exit 1; done
 
 clean:
 	rm -rf outputs multirun .pytest_cache .hypothesis

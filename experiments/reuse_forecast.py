@@ -5,6 +5,8 @@
     python experiments/reuse_forecast.py wrong       # forecasts that say "never" for returners
     python experiments/reuse_forecast.py calibrate   # predicted vs realized next use (PNG)
     python experiments/reuse_forecast.py mooncake    # the whole Mooncake trace, second half apart
+    python experiments/reuse_forecast.py online      # + policy.forecast_online=true, seeds 0-9
+    python experiments/reuse_forecast.py mooncake --online   # its row on the Mooncake trace
 
 Evaluation seeds 0-9 and the second half of the Mooncake trace; the shipped tables were trained
 on seeds 100-199 and on the first half of the trace (cachepilot-sim train-forecast). Results go to
@@ -102,8 +104,33 @@ def evaluate(
 
 def cmd_eval(only_baselines: bool) -> None:
     names = [*ONLINE, *REFERENCE] + ([] if only_baselines else ["reuse_forecast"])
-    variants = {p: (p, {}) for p in names}
+    variants: dict[str, tuple[str, dict]] = {p: (p, {}) for p in names}
     evaluate(variants, base("mixed_spike", []), "mixed_spike", {"reuse_forecast"})
+
+
+ONLINE_KNOBS: dict[str, object] = {"forecast_online": True}
+# A sensitivity, not a tuned setting: a prior worth 10 releases instead of 100 adapts faster.
+ONLINE_FAST: dict[str, object] = {**ONLINE_KNOBS, "forecast_online_prior": 10.0}
+
+
+def cmd_online() -> None:
+    """The online-updated table on the eval seeds, paired against the committed LRU and offline
+    reuse_forecast rows of mixed_spike.json (the same seeds and config; not re-run)."""
+    committed = json.loads((OUT / "mixed_spike.json").read_text())["seeds"]
+    path = OUT / "online.json"
+    if not path.exists():
+        keep = {k: committed[k] for k in ("lru", "reuse_forecast")}
+        path.write_text(json.dumps({"seeds": keep}, indent=1))
+    variants = {"lru": ("lru", {}), "reuse_forecast": ("reuse_forecast", {}),
+                "reuse_forecast online": ("reuse_forecast", ONLINE_KNOBS),
+                "reuse_forecast online prior 10": ("reuse_forecast", ONLINE_FAST)}  # fmt: skip
+    redo = {"reuse_forecast online", "reuse_forecast online prior 10"}
+    evaluate(variants, base("mixed_spike", []), "online", redo)
+    data = json.loads(path.read_text())
+    vs = paired(data["seeds"], "reuse_forecast")
+    data["vs_offline"] = {k: vs[k] for k in sorted(redo)}
+    path.write_text(json.dumps(data, indent=1))
+    print("online vs offline reuse_forecast:", json.dumps(data["vs_offline"]))
 
 
 def cmd_ablate() -> None:
@@ -166,16 +193,25 @@ def cmd_calibrate() -> None:
     calibration(base("mixed_spike", []), EVAL_SEEDS, OUT)
 
 
-def cmd_mooncake(limit: int) -> None:
+def cmd_mooncake(limit: int, online: bool) -> None:
+    """LRU, LFU and reuse_forecast on the trace; with `online` only the online row is run and
+    added to the results file (the others are kept from it)."""
     over = [f"replay.limit={limit}"] if limit else []
     cfg = base("mooncake_synthetic", over)
     arrivals = None
-    out = {}
-    for label, name, knobs in [
+    path = OUT / f"mooncake{limit or ''}.json"
+    out = json.loads(path.read_text()) if online else {}
+    table: dict[str, object] = {"forecast_model": "mooncake_synthetic"}
+    runs: list[tuple[str, str, dict[str, object]]] = [
         ("lru", "lru", {}),
         ("lfu", "lfu", {}),
-        ("reuse_forecast", "reuse_forecast", {"forecast_model": "mooncake_synthetic"}),
-    ]:
+        ("reuse_forecast", "reuse_forecast", table),
+        ("reuse_forecast online", "reuse_forecast", {**table, **ONLINE_KNOBS}),
+        ("reuse_forecast online prior 10", "reuse_forecast", {**table, **ONLINE_FAST}),
+    ]
+    for label, name, knobs in runs:
+        if label in out or ("online" in label and not online):
+            continue
         sim = build(replace(cfg, seed=0, policy=policy_config(name, **knobs)))
         m = sim.run().metrics
         reqs = sim.clients.requests
@@ -186,11 +222,13 @@ def cmd_mooncake(limit: int) -> None:
             (r.recompute_us_paid + r.reload_us_paid) / 1e6 for r in reqs if r.arrival_us > arrivals
         )
         out[label] = {
+            "second_half_starts_us": float(arrivals),
             "realized_restore_s": m["realized_restore_s"],
             "second_half_restore_s": late,
             "ttft_p99_s": m["ttft_p99_s"],
             "goodput_req_s": m["goodput_req_s"],
             "prefix_hit_ratio": m.get("prefix_hit_ratio"),
+            **{k: v for k, v in m.items() if k.startswith("forecast_online")},
         }
         print(label, json.dumps(out[label]), flush=True)
     ref = out["lru"]
@@ -198,7 +236,7 @@ def cmd_mooncake(limit: int) -> None:
         v["vs_lru"] = v["realized_restore_s"] / ref["realized_restore_s"]
         v["second_half_vs_lru"] = v["second_half_restore_s"] / ref["second_half_restore_s"]
     OUT.mkdir(exist_ok=True)
-    (OUT / f"mooncake{limit or ''}.json").write_text(json.dumps(out, indent=1))
+    path.write_text(json.dumps(out, indent=1))
 
 
 def cmd_bench() -> None:
@@ -216,33 +254,42 @@ def cmd_bench() -> None:
                        restore_us=float(rng.uniform(1e3, 1e5)))
             for i in range(n)
         ]  # fmt: skip
-        for name in ("perc", "perc_hazard", "reuse_forecast"):
-            pc = policy_config(name)
+        for name, knobs in [("perc", {}), ("perc_hazard", {}), ("reuse_forecast", {}),
+                            ("reuse_forecast", ONLINE_KNOBS)]:  # fmt: skip
+            pc = policy_config(name, **knobs)
             pol = make_policy(pc, GapEstimator(0.3, 20e6, 30e6))
-            for e in entries:
+            t0 = time.perf_counter()
+            for e in entries:  # online: every release is an observation, refits included
                 pol.on_release(e, e.last_used_us)
+            t_hooks = time.perf_counter() - t0
             t0 = time.perf_counter()
             pol.select_victims(entries, 1, 2 * 10**8)
-            print(f"n={n:>7} {name:15s} {1e3 * (time.perf_counter() - t0):8.1f} ms", flush=True)
+            label = name + (" online" if knobs else "")
+            print(f"n={n:>7} {label:22s} decision {1e3 * (time.perf_counter() - t0):8.1f} ms"
+                  f"  releases {1e6 * t_hooks / n:6.1f} µs each", flush=True)  # fmt: skip
 
 
 def main() -> None:
     register_configs()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=["eval", "ablate", "wrong", "calibrate", "mooncake", "bench"])
+    p.add_argument(
+        "what", choices=["eval", "ablate", "wrong", "calibrate", "mooncake", "bench", "online"]
+    )
+    p.add_argument("--online", action="store_true", help="mooncake: add the online row only")
     p.add_argument("--limit", type=int, default=0, help="mooncake: first N requests (0: all)")
     p.add_argument("--baselines", action="store_true", help="eval: the baselines only")
     a = p.parse_args()
     assert model_path("mixed_spike").is_file()
     if a.what == "mooncake":
-        cmd_mooncake(a.limit)
+        cmd_mooncake(a.limit, a.online)
     elif a.what == "bench":
         cmd_bench()
     else:
         if a.what == "eval":
             cmd_eval(a.baselines)
         else:
-            {"ablate": cmd_ablate, "wrong": cmd_wrong, "calibrate": cmd_calibrate}[a.what]()
+            cmds = {"ablate": cmd_ablate, "wrong": cmd_wrong, "calibrate": cmd_calibrate}
+            {**cmds, "online": cmd_online}[a.what]()
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from cachepilot_sim.components.growth import DecodeGrowth
 from cachepilot_sim.components.kv import Admit
 from cachepilot_sim.components.ports import EnginePorts
 from cachepilot_sim.components.request import Outcome, Request
-from cachepilot_sim.config import BatchMode, SimConfig
+from cachepilot_sim.config import BatchMode, Preemption, SimConfig
 
 NONE_HELD = 1 << 62  # `held_from` when no column sits out the step
 
@@ -131,7 +131,7 @@ class Batcher(DecodeRuns, DecodeGrowth):
             if order is None:
                 req = self.queue.peek()
             else:  # look past requests that do not fit while a block is free
-                req = order.pop(0) if order and self._any_free_block() else None
+                req = order.pop(0) if order else None
             if req is None:
                 return
             if self.queue.expired(req):  # the client gave up waiting
@@ -141,9 +141,12 @@ class Batcher(DecodeRuns, DecodeGrowth):
                 continue
             if self.gate is not None and not self.gate.passes(req):
                 continue  # deferred or rejected by admission control
+            free = order is not None and self._any_free_block()
             result = self.kv.admit(req)
-            if result == Admit.BLOCKED:
-                if order is None:
+            if result in (Admit.BLOCKED, Admit.BLOCKED_HIT):
+                if result == Admit.BLOCKED_HIT and self.preemption == Preemption.STARVED_BACK:
+                    self._starve_queued(req)
+                if not free:  # the engine stops looking once no block is free
                     return
                 continue
             self.queue.pop(req)

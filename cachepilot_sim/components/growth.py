@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from cachepilot_sim.components.request import Request
     from cachepilot_sim.components.scheduler import RequestQueue
     from cachepilot_sim.components.vram_pool import PoolView
+    from cachepilot_sim.trace.events import TraceEvents
 
 
 class DecodeGrowth:
@@ -40,6 +41,7 @@ class DecodeGrowth:
     preemption: Preemption
     env: SimEnvironment
     stats: EngineStats
+    events: TraceEvents
     block_new: bool
     reserve_run_blocks: bool
     grow_ahead: int  # 1: a step's block is taken when the step before it starts (async)
@@ -113,6 +115,20 @@ class DecodeGrowth:
             left = sorted((cols[id(r)] for r in reqs[:-1]), key=lambda i: int(self.order[i]))
             starved = [i for i in left if not self._grow([i], [1])]
         return self.n > 0
+
+    def _starve_queued(self, req: Request) -> None:
+        """transformers CB makes a queued request active when its prompt hits cached blocks, and
+        only then allocates the rest; left without blocks it is a starved running request and is
+        evicted like one (never the last running one): a soft reset to the back of the queue,
+        and no admission until a request finishes."""
+        if not self.n:
+            return
+        self.queue.pop(req)
+        req.num_preemptions += 1
+        self.kv.stats.preemptions += 1
+        self.events.preempt(int(self.env.now), req, 0, 0, 0.0)
+        self.queue.requeue_back(req)
+        self.block_new = True
 
     def _grow(self, idx: list[int], num_blocks: list[int]) -> bool:
         """Ask the KV manager for `num_blocks[j]` more blocks for column `idx[j]`; all or

@@ -73,6 +73,10 @@ class EngineConfig(Sealed):
     # (n + 1) // block + 1 blocks for n new tokens, room for n + 2 (the first decode step's
     # token, and the next one's, composed while the first runs under async batching); 0: n.
     prompt_room_tokens: int = bounded(0, ge=0, integer=True)
+    # An admission that cannot get all its blocks, even by evicting every idle one, evicts none
+    # (transformers and vLLM check before they reclaim cached blocks); False: eviction starts for
+    # a request that still has to wait (the default engine, which offloads ahead of admission).
+    atomic_admission: bool = False
 
     def validate(self, prefix: str) -> None:
         super().validate(prefix)

@@ -159,3 +159,111 @@ class SurvivalTable:
             raise ForecastModelError(f"{path}: {err}") from None
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise ForecastModelError(f"{path}: not a reuse-forecast table ({err!r})") from err
+
+
+class _Window:
+    """A bucket's last `size` observations, a ring: release time and gap (-1 open, -2 none)."""
+
+    __slots__ = ("release_us", "gap_us", "count")
+
+    def __init__(self, size: int) -> None:
+        self.release_us = np.zeros(size, dtype=np.int64)
+        self.gap_us = np.full(size, -2, dtype=np.int64)
+        self.count = 0  # observations ever opened; the next goes to slot count % size
+
+
+class OnlineCurves:
+    """A table's curves refit while the simulation runs: the product-limit (Kaplan-Meier) form
+    with the shipped curve as `prior_weight` pseudo-releases.
+
+    Each release opens an observation in the bucket (table row) it was keyed into; the entry's
+    next access closes it with the observed gap; an observation still open (idle, or evicted
+    and not back yet: the policy sees a return after eviction too) is right-censored at its age
+    now. Per grid interval j = (g_{j-1}, g_j]: hazard_j = (n0 dS_j + d_j) / (n0 S_{j-1} + r_j),
+    d_j the observed gaps in it, r_j the observations at risk at its start (a censored one counts
+    half in the interval it leaves, the actuarial rule); S = prod (1 - hazard). Without data the
+    prior is returned exactly. Only the last `window` releases of a bucket count, so the data's
+    weight is bounded: an all-censored stream shrinks each hazard at most by n0 S / (n0 S +
+    window), never to 0 (the floor). A bucket is refit after every `every` of its observations
+    (opened or closed), in place in the table, so a decision reads the curve as cheaply as before.
+    Reads only what the hooks gave up to now.
+    """
+
+    def __init__(self, table: SurvivalTable, prior_weight: float, window: int, every: int) -> None:
+        self.table = table
+        self.window = window
+        self.every = every
+        self.grid_us = table.grid_us()
+        prior = table.curves.copy()
+        s_prev = np.concatenate([np.ones((len(prior), 1)), prior[:, :-1]], axis=1)
+        self.prior_risk = prior_weight * s_prev
+        self.prior_events = prior_weight * np.maximum(s_prev - prior, 0.0)
+        self.windows: dict[int, _Window] = {}
+        self.open: dict[int, tuple[int, int]] = {}  # entry id -> (row, number of its observation)
+        self.since_refit: dict[int, int] = {}
+        self.num_refits = 0
+        self.num_gaps = 0
+
+    def _slot(self, entry_id: int) -> tuple[int, _Window, int] | None:
+        """The entry's open observation (row, window, slot), unless it left the window."""
+        row_seq = self.open.pop(entry_id, None)
+        if row_seq is None:
+            return None
+        row, seq = row_seq
+        win = self.windows[row]
+        if win.count - seq > self.window:  # overwritten by a later release
+            return None
+        return row, win, seq % self.window
+
+    def release(self, entry_id: int, row: int, now_us: int) -> None:
+        """The entry became idle now, its next gap forecast by `row`: open an observation."""
+        old = self._slot(entry_id)
+        if old is not None:  # released again without an access seen: its end is unknown
+            old[1].gap_us[old[2]] = -2
+        win = self.windows.get(row)
+        if win is None:
+            win = self.windows[row] = _Window(self.window)
+        slot = win.count % self.window
+        win.release_us[slot] = now_us
+        win.gap_us[slot] = -1
+        self.open[entry_id] = (row, win.count)
+        win.count += 1
+        self._count(row, now_us)
+
+    def access(self, entry_id: int, now_us: int) -> None:
+        """The entry is used again now: its open observation (if any) is a gap."""
+        found = self._slot(entry_id)
+        if found is None:
+            return
+        row, win, slot = found
+        win.gap_us[slot] = now_us - win.release_us[slot]
+        self.num_gaps += 1
+        self._count(row, now_us)
+
+    def _count(self, row: int, now_us: int) -> None:
+        n = self.since_refit.get(row, 0) + 1
+        if n >= self.every:
+            self.refit(row, now_us)
+            n = 0
+        self.since_refit[row] = n
+
+    def refit(self, row: int, now_us: int) -> None:
+        """Row's curve from its prior and its window's observations as of now."""
+        num = len(self.grid_us)
+        d = np.zeros(num + 1)
+        c = np.zeros(num + 1)
+        win = self.windows.get(row)
+        if win is not None:
+            g = win.gap_us
+            gaps = g[g >= 0]
+            ages = now_us - win.release_us[g == -1]
+            # Bin k: the first grid time >= x (num: past the grid's end, at risk throughout).
+            d = np.bincount(np.searchsorted(self.grid_us, gaps), minlength=num + 1).astype(float)
+            c = np.bincount(np.searchsorted(self.grid_us, ages), minlength=num + 1).astype(float)
+        at_risk = np.cumsum((d + c)[::-1])[::-1][:num] - 0.5 * c[:num]
+        den = self.prior_risk[row] + at_risk
+        hazard = np.divide(self.prior_events[row] + d[:num], den, out=np.zeros(num), where=den > 0)
+        curve = np.cumprod(1.0 - np.minimum(hazard, 1.0))
+        self.table.curves[row] = curve
+        self.table._rows[row] = curve.tolist()
+        self.num_refits += 1

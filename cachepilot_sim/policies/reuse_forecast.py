@@ -8,6 +8,13 @@ restore_us / bytes (PERC's expected restore cost per byte), LRU among equals. de
 configured horizon or learned online as the cache's characteristic time: the EMA of the idle age
 at which entries are evicted. The score is a pure function of (bucket curve, idle time, delta,
 restore estimate, bytes): a vLLM policy can compute it from the same fields.
+
+With `policy.forecast_online=true` the table is a prior that adapts while the run goes
+(forecast_model.OnlineCurves): each bucket's curve is refit, every `forecast_online_every` of its
+observations, by the product-limit rule from the gaps the hooks observed (a release followed by
+an access) and the entries still idle (censored at their age now), with the shipped curve as
+`forecast_online_prior` pseudo-releases and only the bucket's last `forecast_online_window`
+releases counted. Off by default: the offline table alone, exactly as before.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from cachepilot_sim.policies.forecast_features import (
     bucket_values,
 )
 from cachepilot_sim.policies.forecast_model import (
+    OnlineCurves,
     SurvivalTable,
     model_path,
     shipped_tables,
@@ -59,6 +67,14 @@ class ReuseForecastConfig(PolicyConfig):
     # Keep every release's state, access and eviction (training rows for prefix-block replays,
     # calibration of the forecast at eviction time).
     forecast_record: bool = False
+    # Refit each bucket's curve online from the gaps observed in this run (the table is the prior).
+    forecast_online: bool = False
+    # The shipped curve's weight in the online refit, in releases (pseudo-counts).
+    forecast_online_prior: float = bounded(100.0, gt=0)
+    # Releases per bucket the online refit remembers (bounds the data's weight against the prior).
+    forecast_online_window: int = bounded(1000, ge=1, integer=True)
+    # A bucket is refit after this many of its observations (releases and observed gaps).
+    forecast_online_every: int = bounded(5, ge=1, integer=True)
 
     def validate(self, prefix: str) -> None:
         super().validate(prefix)
@@ -94,16 +110,31 @@ class ReuseForecastPolicy(RankingPolicy):
         self.evict_log: list[tuple[int, int, float, float]] = []  # entry id, time, P, delta us
         self.num_evictions = 0
         self.p_evicted_sum = 0.0
+        self.online = (
+            OnlineCurves(
+                self.table,
+                cfg.forecast_online_prior,
+                cfg.forecast_online_window,
+                cfg.forecast_online_every,
+            )
+            if cfg.forecast_online
+            else None
+        )
 
     # -- hooks: the features are read once per release ------------------------------------
     def on_release(self, entry: CacheEntry, now_us: int) -> None:
         state = self.tracker.release(entry.entry_id, entry.class_index, entry.num_tokens, now_us)
-        self.rows[entry.entry_id] = self.table.row(bucket_values(self.table.features, state))
+        row = self.table.row(bucket_values(self.table.features, state))
+        self.rows[entry.entry_id] = row
+        if self.online is not None:
+            self.online.release(entry.entry_id, row, now_us)
         if self.record:
             self.release_log.append((entry.entry_id, now_us, state))
 
     def on_access(self, entry: CacheEntry, now_us: int) -> None:
         self.tracker.access(entry.entry_id, now_us - entry.last_used_us)
+        if self.online is not None:
+            self.online.access(entry.entry_id, now_us)
         if self.record:
             self.access_log.append((entry.entry_id, now_us))
 
@@ -135,4 +166,8 @@ class ReuseForecastPolicy(RankingPolicy):
     def metrics(self) -> dict[str, float]:
         """The learned delta and the mean forecast P of the evicted entries."""
         mean_p = self.p_evicted_sum / self.num_evictions if self.num_evictions else 0.0
-        return {"forecast_delta_s": self.delta_us / 1e6, "forecast_evicted_p_mean": mean_p}
+        out = {"forecast_delta_s": self.delta_us / 1e6, "forecast_evicted_p_mean": mean_p}
+        if self.online is not None:
+            out["forecast_online_refits"] = float(self.online.num_refits)
+            out["forecast_online_gaps"] = float(self.online.num_gaps)
+        return out

@@ -22,6 +22,14 @@ prefix cache hit against the blocks the engine reported as hits (`prefix_hit_tok
     PYTHONPATH=. python experiments/validation/diagnose.py prefix-hits \
         experiments/validation/hf_cb/2026-12-01/multiturn
 
+`preempt-log`: the engine's preemptions from a `capture.py --phase preemptdiag` log, by what the
+victim was doing when it found no free block (decoding; prefilling after a prefix hit made it
+active; prefilling the rest of a prompt admitted on a partial chunk), beside the simulator's
+(a running sequence, or a queued one a prefix hit made active):
+
+    PYTHONPATH=. python experiments/validation/diagnose.py preempt-log \
+        experiments/validation/hf_cb/2026-12-02-preemptdiag
+
 `cost-sensitivity`: replays workloads with every fitted step-cost coefficient scaled by each
 factor and prints the errors (sim - real) / real: how far a small cost error moves a workload's
 figures (under memory pressure, which request runs out of blocks first decides who is preempted).
@@ -210,6 +218,46 @@ def itl_tail(folder: Path, above: list[float], at: int | None) -> None:
         print(f"request {r['arrival_order']} sent at {r['send_us'] / 1e3:.1f} ms")
 
 
+def preempt_log(folder: Path) -> None:
+    """Engine preemptions by kind (from the preemptdiag logs) against the simulator's replay."""
+    import gzip
+    from collections import Counter
+
+    for log in sorted(folder.glob("preemptdiag_run*.jsonl.gz")):
+        events = [json.loads(line) for line in gzip.open(log, "rt")]
+        last: dict[str, dict] = {}
+        kinds: Counter[str] = Counter()
+        for e in events:
+            if e["ev"] == "alloc":
+                last[e["rid"]] = e
+            elif e["ev"] == "offload":
+                for rid, _, _ in e["starved"]:
+                    if rid not in e["gone"]:
+                        continue
+                    a = last[rid]
+                    hit = a["cur"] > 0 and a["cur"] % BLOCK_TOKENS == 0
+                    kinds[
+                        "decoding"
+                        if a["status"] == "DECODING"
+                        else ("prefill after a prefix hit" if hit else "prefill of a later chunk")
+                    ] += 1
+        print(f"{log.name}: engine preemptions {sum(kinds.values())}: {dict(kinds)}")
+    real = load_ground_truth(folder / "pressure_preempt" / "run2")
+    run_cfg = sim_config("hf_cb", [*engine_overrides(real, BLOCK_TOKENS), "trace.enabled=true"])
+    cfg = run_cfg.sim_for(run_cfg.policy.name, 0)
+    wl, _ = workload_from_ground_truth(real, BLOCK_TOKENS)
+    with tempfile.TemporaryDirectory() as tmp:
+        build(cfg, Path(tmp), wl).run()
+        parts = sorted(Path(tmp).rglob("*.parquet"))
+        trace = pl.concat([pl.read_parquet(p) for p in parts], how="diagonal_relaxed")
+    pre = trace.filter(pl.col("kind") == "preempt")
+    queued = pre.filter(pl.col("blocks") == 0).height
+    print(
+        f"simulator: {pre.height} preemptions: {pre.height - queued} running, "
+        f"{queued} queued after a prefix hit"
+    )
+
+
 SCALED = (
     "kv_read_token_us",
     "kv_read_token2_us",
@@ -262,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     it.add_argument("folder", type=Path)
     it.add_argument("--above", type=float, nargs="+", default=[40.0, 60.0, 70.0, 80.0])
     it.add_argument("--at", type=int, default=None)
+    pl_ = sub.add_parser("preempt-log")
+    pl_.add_argument("folder", type=Path)
     cs = sub.add_parser("cost-sensitivity")
     cs.add_argument("root", type=Path)
     cs.add_argument("workloads", nargs="+")
@@ -273,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
             step_bias(args.root, args.workloads, args.fit)
         elif args.cmd == "shape-bias":
             shape_bias(args.steps, args.fit)
+        elif args.cmd == "preempt-log":
+            preempt_log(args.folder)
         elif args.cmd == "cost-sensitivity":
             cost_sensitivity(args.root, args.workloads, args.scales, args.set)
         elif args.cmd == "itl-tail":

@@ -1,6 +1,7 @@
 """PERC's first victim among n idle sessions: policies/perc_index.py's exact index against the
-vLLM adapter's arrays (perc_chunks.PercChunkPolicy: PercPolicy.order's lines over arrays kept per
-session), CPU µs per decision on random sessions.
+vLLM adapter's arrays as they were until 2026-12-02 morning (perc_chunks.PercChunkPolicy at
+2d8c0e4: PercPolicy.order's lines over arrays kept per session, then a lexsort), CPU µs per
+decision on random sessions.
 
 Needs `cachepilot_sim/policies/perc_index.py` (branch pidx). Sessions: last use uniform over the
 last 600 s, 30 % without a gap of their own, the others a gap EMA of 1-200 s, restore 1e3-1e6 µs,
@@ -19,7 +20,7 @@ import numpy as np
 from cachepilot_sim.policies.reuse import GapEstimator
 
 DELTA_US, POPULATION_GAP_US = 30e6, 20e6
-SORT_UP_TO = 512  # PercChunkPolicy.sort_up_to_sessions
+SORT_UP_TO = 512  # PercChunkPolicy.sort_up_to_sessions at 2d8c0e4
 
 
 def sessions(n: int, now: int) -> tuple[np.ndarray, ...]:

@@ -100,7 +100,7 @@ class QueueMachine(RuleBasedStateMachine):
             return
         req = self.queue[0]
         result = self.kv.admit(req)
-        if result == Admit.BLOCKED:
+        if result in (Admit.BLOCKED, Admit.BLOCKED_HIT):
             # Waiting is fine while something runs or a copy (maybe started just now) is in
             # flight: either will wake the engine. Otherwise nothing ever would.
             assert not self.engine_idle(), "BLOCKED with nothing running or in flight: a deadlock"

@@ -71,19 +71,26 @@ TICKS_US = (0, 1, 700_000, 5_000_000, 20_000_001, 61_000_000, 300_000_000)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(step, max_size=60), st.sampled_from([5.0, 30.0]), st.sampled_from([512, 0]))
+@given(
+    st.lists(step, max_size=60),
+    st.sampled_from([5.0, 30.0]),
+    # (vectorise_from, sort_after_picks): Python keys; NumPy keys taken one maximum at a time, or
+    # sorted after 0 or 1 maxima. The sessions here are few, so 0 forces the NumPy side.
+    st.sampled_from([(32, 8), (0, 8), (0, 0), (0, 1)]),
+)
 def test_array_ranked_perc_evicts_exactly_what_the_full_sort_evicts(
-    ops: list[tuple[str, int, int]], delta_s: float, sort_up_to: int
+    ops: list[tuple[str, int, int]], delta_s: float, paths: tuple[int, int]
 ) -> None:
-    """PercChunkPolicy (key inputs in arrays, re-put per decision; sorted, or one minimum per
-    victim) against SessionChunkPolicy (a CacheEntry per session sorted by the simulator's
-    PercPolicy at every decision): same victims, same order, through returns (gaps learned),
-    pins, protected keys and idle times across the horizon."""
+    """PercChunkPolicy (key inputs in arrays, re-put per decision; keys in Python or NumPy, taken
+    by maxima or sorted) against SessionChunkPolicy (a CacheEntry per session sorted by the
+    simulator's PercPolicy at every decision): same victims, same order, through returns (gaps
+    learned), pins, protected keys, idle times across the horizon and exact ties."""
     now = [0]
-    # Long chunks at session-dependent depths: restore per byte differs between sessions.
+    # Long chunks at depths that differ between sessions 0-2 (restore per byte differs) and are
+    # the same for s and s + 3 (equal keys, broken by session id).
     params = PercParams(tokens_per_chunk=TPC_LONG, delta_s=delta_s, prior_gap_s=10.0)
     perc = PercChunkPolicy(64, params, lambda: now[0])
-    perc.sort_up_to_sessions = sort_up_to  # 0: one minimum per victim session
+    perc.vectorise_from, perc.sort_after_picks = paths
     policies = [perc, SessionChunkPolicy(64, params, lambda: now[0])]
     resident: dict[tuple[int, int], list[ChunkStatus]] = {}
     length = [0] * 6
@@ -97,7 +104,9 @@ def test_array_ranked_perc_evicts_exactly_what_the_full_sort_evicts(
                 ctx = ReqContext(f"r{i}", {"session_id": session})
                 policy.on_request_access(keys, ctx)
                 for j in new:
-                    ctx.set_offload_key_position((session, j), (j + 1 + 4 * session) * TPC_LONG)
+                    ctx.set_offload_key_position(
+                        (session, j), (j + 1 + 4 * (session % 3)) * TPC_LONG
+                    )
                     status = ChunkStatus(j)
                     resident.setdefault((session, j), []).append(status)
                     policy.insert((session, j), status, ctx)

@@ -8,19 +8,21 @@ from __future__ import annotations
 
 import glob
 from pathlib import Path
+from types import SimpleNamespace
 
 import polars as pl
 import pytest
 import simpy
 
+from cachepilot_sim.components.kv.room import RoomRule
 from cachepilot_sim.components.request import Request
 from cachepilot_sim.components.scheduler import RequestQueue
 from cachepilot_sim.components.signal import Signal
 from cachepilot_sim.config import SchedulerConfig
 from cachepilot_sim.sim import build
 from cachepilot_sim.tools.validate import sim_config
-from cachepilot_sim.validation.ground_truth import GroundTruth
-from cachepilot_sim.validation.replay import workload_from_ground_truth
+from cachepilot_sim.validation.ground_truth import GroundTruth, load_ground_truth
+from cachepilot_sim.validation.replay import engine_overrides, workload_from_ground_truth
 
 
 def _req(i: int, arrival: int, deadline: int) -> Request:
@@ -209,3 +211,52 @@ def test_a_running_sequence_takes_its_block_before_a_queued_request(
     reqs, _ = _run(gt, tmp_path, "engine.kv_pool_blocks=5", f"engine.grow_before_admit={first}")
     assert (reqs["outcome"] == "completed").all()
     assert reqs.sort("request")["preemptions"].to_list()[0] == preempted
+
+
+@pytest.mark.parametrize(
+    ("atomic", "free", "evictable", "short"),
+    [
+        (True, 10, 20, 0),  # 10 + 20 < 40: nothing can make room, so nothing is evicted
+        (False, 10, 20, 30),  # the default engine starts evicting for a request that will wait
+        (True, 10, 30, 30),  # enough idle bytes: evict what is short
+        (True, 50, 0, -10),  # already free
+    ],
+)
+def test_an_atomic_admission_evicts_nothing_unless_it_can_succeed(
+    atomic: bool, free: int, evictable: int, short: int
+) -> None:
+    pool = SimpleNamespace(capacity_bytes=100, free_bytes=free)
+    rule = RoomRule(pool, 0.0, atomic)  # type: ignore[arg-type]
+    assert rule.shortfall(40, 0, evictable) == short
+
+
+PRESSURE_PREEMPT = Path(__file__).resolve().parents[2] / (
+    "experiments/validation/hf_cb/2026-12-01/pressure_preempt/run1"
+)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "phantoms"),
+    [
+        ((), True),
+        (("engine.atomic_admission=false",), False),  # the cached prefix is gone by then
+        (("engine.preemption=NEWEST_FRONT",), False),  # only transformers' rule does this
+    ],
+)
+def test_a_queued_request_made_active_by_a_prefix_hit_is_evicted_when_it_starves(
+    tmp_path: Path, overrides: tuple[str, ...], phantoms: bool
+) -> None:
+    """transformers CB activates a waiting request on a prefix hit before allocating the rest;
+    starved, it is soft reset (a preemption of a request that never ran again: 0 blocks)."""
+    real = load_ground_truth(PRESSURE_PREEMPT)
+    gt = GroundTruth(real.path, real.requests, None, real.engine)
+    reqs, trace = _run(gt, tmp_path, *engine_overrides(real, 256), *overrides)
+    assert (reqs["outcome"] == "completed").all()
+    ev = trace.filter(pl.col("kind").is_in(["preempt", "admit", "finish"])).sort("t_us", "seq")
+    phantom = ev.filter((pl.col("kind") == "preempt") & (pl.col("blocks") == 0))
+    assert (phantom.height > 0) == phantoms
+    kinds, blocks = ev["kind"].cast(pl.String).to_list(), ev["blocks"].to_list()
+    for i, (k, b) in enumerate(zip(kinds, blocks, strict=True)):
+        if k == "preempt" and b == 0 and "admit" in kinds[i + 1 :]:
+            later = kinds[i + 1 :]
+            assert "finish" in later[: later.index("admit")]  # no admission until a finish

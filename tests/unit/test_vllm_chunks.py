@@ -8,8 +8,8 @@ from cachepilot_sim.config import HardwareConfig, policy_config
 from cachepilot_sim.cost import compute_fit, recompute_us
 from cachepilot_sim.integrations.vllm.chunks import SessionChunkPolicy, _Session, session_key
 from cachepilot_sim.integrations.vllm.params import PercParams
-from cachepilot_sim.integrations.vllm.perc_chunks import SessionArrays
-from cachepilot_sim.policies import CacheEntry, GapEstimator, make_policy
+from cachepilot_sim.integrations.vllm.perc_chunks import PercChunkPolicy, SessionArrays
+from cachepilot_sim.policies import CacheEntry, GapEstimator, make_policy, perc
 from tests.vllm_double import (
     ChunkStatus,
     DoublePercCachePolicy,
@@ -192,17 +192,71 @@ def test_a_session_is_ranked_by_its_unprotected_idle_chunks_only() -> None:
 
 def test_session_arrays_grow_and_refill_holes_without_losing_a_slot() -> None:
     arrays = SessionArrays(capacity=4)
+    arrays.refresh_population(5.0)
     sessions = [_Session(CacheEntry(i, i, 0, 0, 0, 0, 0, 0, 100 + i)) for i in range(150)]
     for s in sessions:  # past the capacity several times
+        s.entry.gap_ema_us = float(s.entry.entry_id % 2 * 1000 - 1)  # odd ids: an EMA of their own
         arrays.put(s, float(s.entry.entry_id), 16.0)
     for sid in range(0, 150, 3):  # holes filled from the end
-        arrays.drop(sid)
-    arrays.drop(999)  # absent: no-op
+        arrays.drop(sessions[sid])
+    arrays.drop(sessions[0])  # absent: no-op
     arrays.put(sessions[1], 7.0, 32.0)  # an update keeps its slot
-    last_used, _, cost, size, ids = (v[: arrays.num_slots] for v in arrays.views)
-    kept = [i for i in range(150) if i % 3]
+    for sid in (4, 8, 10):  # learn a gap: out of the prefix of sessions without one
+        sessions[sid].entry.gap_ema_us = 0.5
+        arrays.put(sessions[sid], float(sid), 16.0)
+    arrays.drop(sessions[16])  # a hole in the prefix
+    arrays.refresh_population(0.5)  # the base of sessions without an EMA of their own: max(., 1)
+    last_used, base, cost, size, ids = (v[: arrays.num_slots] for v in arrays.views)
+    kept = [i for i in range(150) if i % 3 and i != 16]
+    assert all(sessions[i].slot == -1 for i in range(0, 150, 3))
     assert arrays.num_slots == len(kept) and sorted(ids.tolist()) == kept
+    without_gap = [i for i in kept if i % 2 == 0 and i not in (4, 8, 10)]
+    assert sorted(ids[: arrays.num_without_gap].tolist()) == without_gap
     for slot, sid in enumerate(ids.tolist()):
-        assert arrays.of[slot] is sessions[sid] and arrays.slot[sid] == slot
+        assert arrays.of[slot] is sessions[sid] and sessions[sid].slot == slot
         assert last_used[slot] == 100 + sid
         assert (cost[slot], size[slot]) == ((7.0, 32.0) if sid == 1 else (float(sid), 16.0))
+        assert base[slot] == (999.0 if sid % 2 else 1.0)
+    assert set(arrays.views[2][arrays.num_slots :].tolist()) == {np.inf}  # restore past the last
+
+
+def test_both_key_paths_are_the_keys_of_the_simulators_perc_score() -> None:
+    """SessionArrays' Python keys and NumPy negated keys equal PercPolicy.score bit for bit."""
+    params = PercParams(tokens_per_chunk=TPC)
+    estimator = GapEstimator(0.5, 7.0 * S, 30.0 * S)
+    ranking = make_policy(params.policy_config(), estimator)
+    rng = np.random.default_rng(3)
+    arrays = SessionArrays(capacity=8)
+    arrays.refresh_population(estimator.population_gap_us)
+    entries = []
+    for i in range(40):
+        entry = CacheEntry(i, i, 0, 0, 0, 0, 0, 0, int(rng.integers(0, 90 * S)))
+        entry.gap_ema_us = -1.0 if i % 4 == 0 else float(rng.uniform(0.0, 60.0 * S))
+        entry.num_tokens = entry.num_bytes = int(rng.integers(1, 40)) * TPC
+        entry.restore_us = entry.recompute_us = float(rng.uniform(1e3, 1e6))
+        arrays.put(_Session(entry), entry.restore_us, float(entry.num_bytes))
+        entries.append(entry)
+    now = 100 * S
+    expected = [ranking.score(entries[sid], now) for sid in arrays.views[4][:40].tolist()]
+    keys = arrays.keys(now, estimator.delta_us)
+    assert [k for k, _, _ in keys] == expected and [s for _, _, s in keys] == list(range(40))
+    neg, ids = arrays.negated_keys(now, estimator.delta_us)  # over 64 slots, 24 of them unused
+    assert (-neg[:40]).tolist() == expected and ids[:40].tolist() == arrays.views[4][:40].tolist()
+    assert neg.shape == (64,) and (neg[40:] == -np.inf).all()
+
+
+def test_equal_keys_go_by_session_id_whatever_the_slot_order() -> None:
+    """Four sessions with equal keys: session 0 goes first, its slot is refilled by session 3,
+    and still 1, 2, 3 follow, on both key paths (the NumPy side takes maxima by slot)."""
+    for vectorise_from in (0, 32):
+        policy, _ = make_policy_under_test()
+        policy.vectorise_from = vectorise_from
+        keys = [run_request(policy, s, range(1), f"r{s}")[0] for s in "abcd"]
+        order = [policy.evict(1, set()) for _ in range(4)]
+        assert [e[0][0] for e in order if e] == keys, vectorise_from
+
+
+def test_key_paths_switch_where_the_simulators_perc_order_switches() -> None:
+    """Below the switch both compute keys with math.expm1, from it on with np.expm1: the same
+    arithmetic as the reference on hosts where the two differ in the last place."""
+    assert PercChunkPolicy.vectorise_from == perc._VECTORISE_FROM

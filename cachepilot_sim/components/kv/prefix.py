@@ -6,9 +6,8 @@ it ends, its blocks stay cached (idle). A decision shows the policy every idle b
 subtree is idle, as chains cut at branch points (`forest.py`); it may cut only tails. The restore
 cost of a block is the recompute of its tokens at its position in the chain, or a reload when a CPU
 copy will exist and is cheaper (priced by the CPU store's survival estimate). Tokens not covered by
-hash blocks (output, traces without hashes) sit in private pages freed at the end.
-
-With `kv.offload_enabled`, evicted tails go to the CPU store (`prefix_tier.py`).
+hash blocks (output, traces without hashes) sit in private pages freed at the end. With
+`kv.offload_enabled`, evicted tails go to the CPU store (`prefix_tier.py`).
 """
 
 from __future__ import annotations
@@ -57,11 +56,10 @@ class PrefixKvManager:
             cpu_kv_bytes_per_token(model, cfg.kv.offload_dtype_bytes) * self.hash_tokens
         )
         self.max_blocks = cfg.replay.prefix_cache_max_blocks
-        self.max_context = model.max_context_tokens
-        self.prompt_room = cfg.engine.prompt_room_tokens
+        self.max_context, self.prompt_room = model.max_context_tokens, cfg.engine.prompt_room_tokens
         self.offload_enabled = cfg.kv.offload_enabled
         self.stats = KvStats()
-        self.room = RoomRule(self.pool, cfg.kv.watermark_fraction)
+        self.room = RoomRule(self.pool, cfg.kv.watermark_fraction, cfg.engine.atomic_admission)
         self.cpu = CpuStore(cfg.kv.cpu_store_bytes, cfg.kv.cpu_store_evicts_lru, self.stats)
         self.transfers = Transfers(
             self.env, self.pool, self.link, self.stats, cfg.hardware.quantize_bytes_per_us
@@ -156,13 +154,13 @@ class PrefixKvManager:
         if not self._make_room(need):
             for b in chain:
                 tree.unpin(b)
-            return Admit.BLOCKED
+            return Admit.BLOCKED_HIT if hits else Admit.BLOCKED
         self.pool.allocate(need)
         self._insert(chain, ids[hits:], req)
         self.running[req.session_id] = _Running(chain, self.blocks_for(room), private, hash_tokens)
         self.cpu_tier.release_held(req)
         req.prefill_tokens = max(1, tokens - min(hits * self.hash_tokens, tokens))
-        if req.num_preemptions == 0:
+        if req.admitted_us < 0:  # its first admission
             self._count_lookup(req, ids, hits)
         self._enforce_cap()
         return Admit.READY
@@ -172,7 +170,8 @@ class PrefixKvManager:
         target = self.room.target(need_bytes, idle, self.evictable_bytes)
         if self.pool.free_bytes >= target:
             return True
-        short = self.room.shortfall(target, self.transfers.pending_free_bytes)
+        pending = self.transfers.pending_free_bytes
+        short = self.room.shortfall(target, pending, self.evictable_bytes())
         if short > 0:
             self.evict(short, allow_offload=True)
         return self.pool.free_bytes >= target

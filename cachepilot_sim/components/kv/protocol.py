@@ -42,6 +42,9 @@ class Admit(IntEnum):
     WAIT = 1  # its KV is in flight; the manager hands it back when the copy lands
     BLOCKED = 2  # not enough free memory yet
     REJECT = 3  # can never fit
+    # BLOCKED after finding some of its KV cached on the GPU (an engine that makes a request
+    # active on a prefix hit, before allocating the rest, sees a starved running request)
+    BLOCKED_HIT = 4
 
 
 @dataclass

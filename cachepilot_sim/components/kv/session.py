@@ -77,7 +77,7 @@ class SessionKvManager:
         self.offload_enabled = cfg.kv.offload_enabled
         self.prompt_room = cfg.engine.prompt_room_tokens  # KV room beyond the prompt at admission
         self.stats = KvStats()
-        self.room = RoomRule(self.pool, cfg.kv.watermark_fraction)
+        self.room = RoomRule(self.pool, cfg.kv.watermark_fraction, cfg.engine.atomic_admission)
         self.cpu = CpuStore(cfg.kv.cpu_store_bytes, cfg.kv.cpu_store_evicts_lru, self.stats)
         self.transfers = Transfers(
             self.env, self.pool, self.link, self.stats, cfg.hardware.quantize_bytes_per_us
@@ -168,7 +168,7 @@ class SessionKvManager:
         if total_blocks * s.block_bytes > self.pool.capacity_bytes:
             return Admit.REJECT
         if not self._make_room(need_bytes, exclude=s):
-            return Admit.BLOCKED
+            return Admit.BLOCKED_HIT if cached else Admit.BLOCKED
         self.pool.allocate(need_bytes)
         self._unset_idle(s)
         s.tier, s.active, s.num_blocks = Tier.GPU, True, total_blocks
@@ -199,7 +199,8 @@ class SessionKvManager:
         target = self.room.target(need_bytes, idle, lambda: self.idle_bytes - own)
         if self.pool.free_bytes >= target:
             return True
-        short = self.room.shortfall(target, self.transfers.pending_free_bytes)
+        pending = self.transfers.pending_free_bytes
+        short = self.room.shortfall(target, pending, self.idle_bytes - own)
         if short > 0:
             self.evict(short, exclude=exclude, allow_offload=True)
         return self.pool.free_bytes >= target

@@ -44,6 +44,7 @@ class _Session:
     context_tokens: int = 0  # the largest chunk end this session stored or used
     # `chunks` is in ascending (end_token, seq) order, so its reverse is the eviction order.
     tail_ordered: bool = True
+    slot: int = -1  # its slot in PercChunkPolicy's key-input arrays (-1: not there)
 
 
 @dataclass(slots=True, eq=False)
@@ -289,15 +290,14 @@ class SessionChunkPolicy:
         if n > self._num_evictable - num_held:
             return None
         now = self._clock()
-        victims: list[_Chunk] = []
+        out: list[tuple[Any, Any]] = []
         for session in self._ranked(now, held):
-            mine = protected if session.entry.entry_id in held else None
-            self._take_tail(session, n - len(victims), mine, victims)
             self._evicted(session, now)
-            if len(victims) == n:
+            mine = protected if session.entry.entry_id in held else None
+            self._take_tail(session, n - len(out), mine, out)
+            if len(out) == n:
                 break
-        self._drop(victims)
-        return [(chunk.key, chunk.status) for chunk in victims]
+        return out
 
     def _held(self, protected: set[Any]) -> tuple[Held, int]:
         """Protected idle chunks per session (count, restore summed in `protected`'s order)."""
@@ -321,37 +321,37 @@ class SessionChunkPolicy:
             held[session.entry.entry_id] = (count, restore)
         return held, num_held
 
-    def _drop(self, victims: list[_Chunk]) -> None:
-        """Forget evicted idle chunks (`_detach` inlined: a decision's own cost)."""
-        chunks, evictable, changed = self._chunks, self._evictable_sessions, self._changed
-        for chunk in victims:
-            session = chunk.session
-            chunk.evictable = False
-            session.num_evictable -= 1
-            session.evictable_restore_us -= chunk.restore_us
-            sid = session.entry.entry_id
-            changed[sid] = session
-            if session.num_evictable == 0:
-                session.evictable_restore_us = 0.0
-                evictable.pop(sid, None)
-            del session.chunks[chunk.key]
-            del chunks[chunk.key]
-        self._num_evictable -= len(victims)
-
     def _take_tail(
-        self, session: _Session, count: int, protected: set[Any] | None, out: list[_Chunk]
+        self, session: _Session, count: int, protected: set[Any] | None, out: list[tuple[Any, Any]]
     ) -> None:
-        """Appends up to `count` of the session's idle chunks outside `protected`, tail first."""
+        """Forgets up to `count` of the session's idle chunks outside `protected`, tail first,
+        appending their (key, status) to `out` (`_detach` inlined: a decision's own cost)."""
         if not session.tail_ordered:  # a chunk joined out of order: sort once, then append again
             ordered = sorted(session.chunks.values(), key=lambda c: (c.end_token, c.seq))
             session.chunks = {c.key: c for c in ordered}
             session.tail_ordered = True
+        taken: list[_Chunk] = []
         for chunk in reversed(session.chunks.values()):
-            if count == 0:
-                return
             if chunk.evictable and (protected is None or chunk.key not in protected):
-                out.append(chunk)
-                count -= 1
+                taken.append(chunk)
+                if len(taken) == count:
+                    break
+        mine, chunks = session.chunks, self._chunks
+        restore = session.evictable_restore_us
+        for chunk in taken:
+            chunk.evictable = False
+            restore -= chunk.restore_us  # one chunk at a time, as `_set_evictable` subtracts
+            del mine[chunk.key]
+            del chunks[chunk.key]
+            out.append((chunk.key, chunk.status))
+        session.num_evictable -= len(taken)
+        self._num_evictable -= len(taken)
+        sid = session.entry.entry_id
+        self._changed[sid] = session
+        if session.num_evictable == 0:
+            restore = 0.0  # no float drift carried over
+            self._evictable_sessions.pop(sid, None)
+        session.evictable_restore_us = restore
 
     # --- ranking: a full sort here, an index in PercChunkPolicy ---
 
