@@ -2,9 +2,12 @@
 
 Each iteration is one SimPy timeout: every decoding sequence produces one token, and prefilling
 sequences take chunks of what is left of the token budget, in admission order. A stretch of
-pure-decode iterations is one timeout too (see `_decode_run`). Per-sequence state lives in one
-packed NumPy array (running sequences in columns 0..n-1, swap-removed when they leave), so an
-iteration costs a few vector operations on views, not a Python loop over sequences or tokens.
+pure-decode iterations is one timeout too (`decode_run.py`). Per-sequence state lives in one
+packed NumPy array (running sequences in columns 0..n-1, swap-removed when they leave): whole-row
+updates are vector operations on views; the minima, sums and tests over the running batch (a few
+to a few dozen columns) read rows as Python lists, and a step's one or two prefill chunks are
+scalar updates, because a NumPy call costs more than a list pass of that size. None of this is a
+loop per token, and every shortcut gives the integers and floats the vector form gave.
 
 Modes: MAX_THROUGHPUT (large budget), LOW_LATENCY (small budget: short iterations, low TPOT),
 ADAPTIVE (throughput limits while the queue is deep or a queued request's TTFT deadline is within
@@ -20,6 +23,7 @@ import simpy
 
 from cachepilot_sim.clock import ceil_us, ms_to_us
 from cachepilot_sim.components.admission_gate import AdmissionGate
+from cachepilot_sim.components.decode_run import DecodeRuns
 from cachepilot_sim.components.engine_stats import EngineStats
 from cachepilot_sim.components.growth import DecodeGrowth
 from cachepilot_sim.components.kv import Admit
@@ -27,13 +31,15 @@ from cachepilot_sim.components.ports import EnginePorts
 from cachepilot_sim.components.request import Outcome, Request
 from cachepilot_sim.config import BatchMode, Preemption, SimConfig
 
+NONE_HELD = 1 << 62  # `held_from` when no column sits out the step
+
 # Rows of the packed per-sequence state array.
 CTX, PREFILL_LEFT, DECODE_LEFT, BLOCKS, BLOCK_BYTES, TOKEN_BYTES, MODEL, ORDER, PRIO, GENERATED = (
     range(10)
 )
 
 
-class Batcher(DecodeGrowth):
+class Batcher(DecodeRuns, DecodeGrowth):
     """The engine loop: admission at iteration boundaries, one timeout per iteration or run."""
 
     def __init__(self, cfg: SimConfig, ports: EnginePorts) -> None:
@@ -52,7 +58,9 @@ class Batcher(DecodeGrowth):
         # Async scheduling allocates a step's KV when the step is composed, while the one before
         # runs: a sequence takes its next block one step ahead.
         self.grow_ahead = int(self.async_scheduling)
-        self.held_from = 1 << 62  # columns with order >= this sit out the current step
+        self.held_from = NONE_HELD  # columns with order >= this sit out the current step
+        # Uncut decode runs as one plain timeout (see _decode_run); False: always timer + wake.
+        self.fast_decode_runs = True
         self.step_start_us = -1  # when the last step started
         self.ghost = np.zeros((3, 0), dtype=np.int64)  # context, KV bytes per token, model
         self.trace_every = cfg.trace.iteration_every
@@ -115,7 +123,7 @@ class Batcher(DecodeGrowth):
         if self.n == 0:
             self.block_new = False  # nothing left to finish: the engine admits again
         n = self.n
-        wanted = int(self.prefill_left[:n].sum()) + n
+        wanted = sum(self.prefill_left[:n].tolist()) + n
         order = self.queue.in_order() if self.admit_past_blocked else None
         while self.n < max_seqs and wanted < budget and not self.block_new:
             if self.n and self._outside_margin():
@@ -211,17 +219,19 @@ class Batcher(DecodeGrowth):
         `max_decode_run` steps, or until the wake signal (an arrival, a landed copy), after which
         it finishes the step in progress, so admission still happens at iteration boundaries.
         """
+        limits, admit, prefill_left = self.limits, self.admit, self.prefill_left
         while True:
-            budget, max_seqs = self.limits()
+            budget, max_seqs = limits()
             first_new = self._admit_seq
             if self.grow_before_admit and self.n and self._needing().size:
                 self._grow_decode()  # the engine serves running sequences' blocks first
-            self.admit(budget, max_seqs)
+            admit(budget, max_seqs)
             if self.n == 0:
                 yield self.wake.wait()
                 continue
-            self._hold_new(first_new)
-            if self.prefill_left[: self.n].any():
+            if self.async_scheduling:  # otherwise nothing is held (held_from stays at its max)
+                self._hold_new(first_new)
+            if any(prefill_left[: self.n].tolist()):
                 yield from self._mixed_iteration(budget)
             else:
                 yield from self._decode_run()
@@ -230,98 +240,75 @@ class Batcher(DecodeGrowth):
     def _hold_new(self, first_new: int) -> None:
         """Async scheduling: the next step was composed when the last one started, so requests
         that arrived after that sit it out while older ones run; an idle engine starts at once."""
-        n, self.held_from = self.n, 1 << 62
+        n, self.held_from = self.n, NONE_HELD
         if self.async_scheduling and (self.order[:n] < first_new).any():
             new = [(int(self.order[i]), self.slot_req[i]) for i in range(n)]
             late = [o for o, r in new if o >= first_new and r and r.arrival_us > self.step_start_us]
-            self.held_from = min(late, default=1 << 62)
+            self.held_from = min(late, default=NONE_HELD)
 
     def _mixed_iteration(self, budget: int) -> Generator[simpy.Event, object, None]:
-        if not self._grow_decode():
+        if self._at_block_boundary() and not self._grow_decode():
             return
         n = self.n
         decoding = self.prefill_left[:n] == 0
-        decode = np.flatnonzero(decoding)
-        chunk_idx, chunks = self._plan_prefill(budget - decode.size)
+        decode = decoding.nonzero()[0].tolist()
+        chunk_idx, chunks = self._plan_prefill(budget - len(decode))
         duration = ceil_us(self._raw_duration_us(decode, chunk_idx, chunks))
-        self.ghost = self.ghost[:, :0]
+        if self.ghost.shape[1]:
+            self.ghost = self.ghost[:, :0]
         self._account(duration, 1)
         self.step_start_us = self.env.now
         yield self.env.timeout(duration)
-        self._advance(decoding, chunk_idx, chunks)
+        self._advance(decoding, len(decode), chunk_idx, chunks)
 
-    def _decode_run(self) -> Generator[simpy.Event, object, None]:
-        """Up to k pure-decode steps as one timeout; blocks for all k steps are reserved first.
-
-        Step j lasts ceil(first + j * slope) us, exactly what k single iterations would take,
-        because iteration time is linear in context length (cost.decode_step_slope_us).
-        """
-        k = min(int(self.decode_left[: self.n].min()), self.max_decode_run)
-        k = self._reserve_decode_blocks(k)
-        if k == 0:
-            return
+    def _plan_prefill(self, tokens_left: int) -> tuple[list[int], list[int]]:
+        """Chunked prefill: sequences in admission order share what is left of the token budget;
+        the columns that get a chunk, and their chunks."""
         n = self.n
-        raw = self.step_cost.decode_run_us(self.ctx[:n], self.tok_bytes[:n], self.model[:n], k)
-        if self.ghost.size:  # last step's finished requests ride along in this one
-            raw[0] = self._raw_duration_us(np.arange(n), np.arange(0), np.arange(0))
-            self.ghost = self.ghost[:, :0]
-        ends = np.cumsum(np.maximum(1.0, np.ceil(raw))).astype(np.int64)
-        start = self.env.now
-        # The run's end and any wake-up (arrival, landed copy) both trigger the wake event; a
-        # stale timer from an interrupted run finds its run id changed and does nothing.
-        self._run_id += 1
-        run_id = self._run_id
-        timer = self.env.timeout(int(ends[-1]))
-        timer.callbacks.append(lambda _: self._end_run(run_id))
-        yield self.wake.wait()
-        steps = k
-        if self.env.now - start < ends[-1]:
-            elapsed = self.env.now - start
-            steps = int(np.searchsorted(ends, elapsed, side="left")) + 1
-            if ends[steps - 1] > elapsed:
-                yield self.env.timeout(int(ends[steps - 1]) - elapsed)
-        self._account(int(ends[steps - 1]), steps)
-        self.step_start_us = start + (int(ends[steps - 2]) if steps > 1 else 0)
-        self._advance_decode(n, ends[:steps], finished=steps == k)
-
-    def _end_run(self, run_id: int) -> None:
-        """Timer callback of a decode run: wake the engine unless that run was already cut short."""
-        if run_id == self._run_id:
-            self.wake.notify()
-
-    def _plan_prefill(self, tokens_left: int) -> tuple[np.ndarray, np.ndarray]:
-        """Chunked prefill: sequences in admission order share what is left of the token budget."""
-        n = self.n
-        idx = np.flatnonzero((self.prefill_left[:n] > 0) & (self.order[:n] < self.held_from))
+        left = self.prefill_left[:n]  # never negative: nonzero is > 0
+        if self.held_from == NONE_HELD:
+            idx = left.nonzero()[0]
+        else:
+            idx = ((left > 0) & (self.order[:n] < self.held_from)).nonzero()[0]
         if idx.size == 0 or tokens_left <= 0:
-            return idx[:0], idx[:0]
+            return [], []
         if idx.size == 1:  # the common case: one prompt in prefill
-            want = self.prefill_left[idx]
-            return idx, np.minimum(want, tokens_left)
+            i = int(idx[0])
+            return [i], [min(int(left[i]), tokens_left)]
         idx = idx[np.argsort(self.order[idx], kind="stable")]
         want = self.prefill_left[idx]
         before = np.cumsum(want) - want
         chunks = np.minimum(np.maximum(tokens_left - before, 0), want)
         keep = chunks > 0
-        return idx[keep], chunks[keep]
+        return idx[keep].tolist(), chunks[keep].tolist()
 
-    def _raw_duration_us(
-        self, decode: np.ndarray, chunk_idx: np.ndarray, chunks: np.ndarray
-    ) -> float:
-        """Cost-model time of one iteration (before rounding up to whole microseconds)."""
-        idx = np.concatenate((decode, chunk_idx))
+    def _raw_duration_us(self, decode: list[int], chunk_idx: list[int], chunks: list[int]) -> float:
+        """Cost-model time of one iteration (before rounding up to whole microseconds): one token
+        for each column in `decode`, `chunks[j]` for column `chunk_idx[j]`."""
         g = self.ghost.shape[1]
-        if not g:  # the same arrays as before async scheduling existed: identical results
-            new = np.ones(idx.size)
-            new[decode.size :] = chunks
-            return self.step_cost.iteration_us(
-                new, self.ctx[idx], self.tok_bytes[idx], self.model[idx]
+        if not g:  # the sums over plain ints where the step cost can take them (small batches)
+            cols = decode + chunk_idx
+            n = self.n
+            ctx, tok = self.ctx[:n].tolist(), self.tok_bytes[:n].tolist()
+            new = [1] * len(decode) + chunks
+            us = self.step_cost.iteration_us_ints(
+                new, [ctx[i] for i in cols], [tok[i] for i in cols]
             )
-        new = np.concatenate((np.ones(decode.size + g), chunks.astype(np.float64)))
-        ctx = np.concatenate((self.ctx[decode], self.ghost[0], self.ctx[chunk_idx]))
-        tok = np.concatenate((self.tok_bytes[decode], self.ghost[1], self.tok_bytes[chunk_idx]))
-        model = np.concatenate((self.model[decode], self.ghost[2], self.model[chunk_idx]))
-        return self.step_cost.iteration_us(new, ctx, tok, model)
+            if us is not None:
+                return us
+            idx = np.array(cols, dtype=np.int64)
+            # The same arrays as before async scheduling existed: identical results.
+            new_tokens = np.ones(idx.size)
+            new_tokens[len(decode) :] = chunks
+            return self.step_cost.iteration_us(
+                new_tokens, self.ctx[idx], self.tok_bytes[idx], self.model[idx]
+            )
+        new_tokens = np.concatenate((np.ones(len(decode) + g), np.array(chunks, dtype=np.float64)))
+        dec, chi = np.array(decode, dtype=np.int64), np.array(chunk_idx, dtype=np.int64)
+        ctx = np.concatenate((self.ctx[dec], self.ghost[0], self.ctx[chi]))
+        tok = np.concatenate((self.tok_bytes[dec], self.ghost[1], self.tok_bytes[chi]))
+        model = np.concatenate((self.model[dec], self.ghost[2], self.model[chi]))
+        return self.step_cost.iteration_us(new_tokens, ctx, tok, model)
 
     def _account(self, duration: int, steps: int) -> None:
         st = self.stats
@@ -335,33 +322,41 @@ class Batcher(DecodeGrowth):
         if st.iterations // self.trace_every > before // self.trace_every:
             self.events.iteration(self.env.now, self.n, held, duration)
 
-    def _advance(self, decoding: np.ndarray, chunk_idx: np.ndarray, chunks: np.ndarray) -> None:
-        """One mixed step done: a token for each of columns 0..n-1 where `decoding`, the chunks
-        for `chunk_idx`, and the first token of every prompt whose prefill it finished."""
+    def _advance(
+        self, decoding: np.ndarray, num_decode: int, chunk_idx: list[int], chunks: list[int]
+    ) -> None:
+        """One mixed step done: a token for each of columns 0..n-1 where `decoding` (
+        `num_decode` of them), the chunks for `chunk_idx`, and the first token of every prompt
+        whose prefill it finished."""
         now = self.env.now
         n = decoding.size
-        num_decode = int(np.count_nonzero(decoding))
         self.stats.add_gaps(now - self.step_start_us, num_decode)
         # Whole-row arithmetic with the mask: faster than scattering into the decoding columns.
-        self.ctx[:n] += decoding
-        self.decode_left[:n] -= decoding
-        self.generated[:n] += decoding
+        if num_decode:
+            self.ctx[:n] += decoding
+            self.decode_left[:n] -= decoding
+            self.generated[:n] += decoding
         st = self.stats
         st.tokens_decoded += num_decode
-        if not chunk_idx.size:
+        if not chunk_idx:
             self._finish_done()
             return
-        self.ctx[chunk_idx] += chunks
-        self.prefill_left[chunk_idx] -= chunks
-        st.tokens_prefilled += int(chunks.sum())
-        # The iteration that finishes a prefill also produces the first output token.
-        first = chunk_idx[self.prefill_left[chunk_idx] == 0]
-        if first.size:
+        ctx, left = self.ctx, self.prefill_left
+        first = []  # the iteration that finishes a prefill also produces the first output token
+        for i, c in zip(chunk_idx, chunks, strict=True):  # a chunk or two: scalar updates
+            ctx[i] += c
+            left[i] -= c
+            if left[i] == 0:
+                first.append(i)
+        st.tokens_prefilled += sum(chunks)
+        if first:
             self.stats.resumed(first, self.generated, self.slot_req, now)
-            self.decode_left[first] -= 1
-            self.generated[first] += 1
-            st.tokens_decoded += first.size
-            for i in first.tolist():
+            decode_left, generated = self.decode_left, self.generated
+            for i in first:
+                decode_left[i] -= 1
+                generated[i] += 1
+            st.tokens_decoded += len(first)
+            for i in first:
                 req = self.slot_req[i]
                 assert req is not None
                 if req.first_token_us < 0:
@@ -369,23 +364,12 @@ class Batcher(DecodeGrowth):
                     self.events.first_token(now, req)
         self._finish_done()
 
-    def _advance_decode(self, n: int, ends: np.ndarray, finished: bool) -> None:
-        """Decode steps of all n sequences, step j ending `ends[j]` us into the run; only a full
-        run (k = the fewest tokens left, or the run cap) can finish a sequence."""
-        steps = self.stats.add_run(ends, n)
-        self.ctx[:n] += steps
-        self.decode_left[:n] -= steps
-        self.generated[:n] += steps
-        self.stats.tokens_decoded += steps * n
-        if finished:
-            self._finish_done()
-
     def _finish_done(self) -> None:
         n = self.n
-        ended = self.decode_left[:n] <= 0
-        if not self.async_scheduling and not ended.any():
+        left = self.decode_left[:n]
+        if not self.async_scheduling and min(left.tolist(), default=1) > 0:
             return
-        done = np.flatnonzero((self.prefill_left[:n] == 0) & ended)
+        done = ((self.prefill_left[:n] == 0) & (left <= 0)).nonzero()[0]
         if self.async_scheduling:  # they were scheduled into the next step before finishing
             self.ghost = self.state[[CTX, TOKEN_BYTES, MODEL]][:, done]
         if done.size:

@@ -24,7 +24,8 @@ class EngineStats:
     last_token_us: dict[object, int] = field(default_factory=dict, repr=False)
     # Inter-token gaps counted so far (us -> tokens) and decode runs not yet folded into them.
     _gaps: dict[int, int] = field(default_factory=dict, repr=False)
-    _run_ends: list[np.ndarray] = field(default_factory=list, repr=False)
+    _run_ends: list[int] = field(default_factory=list, repr=False)  # every run's, one after another
+    _run_lengths: list[int] = field(default_factory=list, repr=False)
     _run_seqs: list[int] = field(default_factory=list, repr=False)
 
     @property
@@ -40,11 +41,12 @@ class EngineStats:
         if num_tokens > 0:
             self._gaps[gap_us] = self._gaps.get(gap_us, 0) + num_tokens
 
-    def add_run(self, ends_us: np.ndarray, num_seqs: int) -> int:
+    def add_run(self, ends_us: list[int], num_seqs: int) -> int:
         """A decode run whose step j ended `ends_us[j]` after it started: each step gives every
         one of `num_seqs` sequences a token. Returns the number of steps. Runs are kept and
         counted in batches (one vectorized pass per FOLD_RUNS runs, not a loop per step)."""
-        self._run_ends.append(ends_us)
+        self._run_ends += ends_us
+        self._run_lengths.append(len(ends_us))
         self._run_seqs.append(num_seqs)
         if len(self._run_seqs) >= FOLD_RUNS:
             self._fold()
@@ -53,8 +55,8 @@ class EngineStats:
     def _fold(self) -> None:
         if not self._run_seqs:
             return
-        ends = np.concatenate(self._run_ends)
-        lengths = np.fromiter(map(len, self._run_ends), np.int64, len(self._run_ends))
+        ends = np.array(self._run_ends, dtype=np.int64)
+        lengths = np.array(self._run_lengths, dtype=np.int64)
         previous = np.empty_like(ends)
         previous[1:] = ends[:-1]
         previous[np.cumsum(lengths) - lengths] = 0  # each run's first step starts at 0
@@ -63,6 +65,7 @@ class EngineStats:
         for gap in np.flatnonzero(counts).tolist():
             self.add_gaps(gap, int(counts[gap]))
         self._run_ends.clear()
+        self._run_lengths.clear()
         self._run_seqs.clear()
 
     def preempted(self, req: object, now_us: int, decoding: bool) -> None:
@@ -70,13 +73,10 @@ class EngineStats:
         if decoding:
             self.last_token_us[req] = now_us
 
-    def resumed(
-        self, first: np.ndarray, generated: np.ndarray, slot_req: list, now_us: int
-    ) -> None:
+    def resumed(self, first: list[int], generated: np.ndarray, slot_req: list, now_us: int) -> None:
         """Columns `first` made a first token this step; those with tokens from before a
         preemption (`generated` > 0) waited since then (one preempted again mid-prefill, since
         its earlier preemption)."""
-        if first.size == 0:
-            return
-        for i in first[generated[first] > 0].tolist():
-            self.add_gaps(now_us - self.last_token_us.pop(slot_req[i]), 1)
+        for i in first:
+            if generated[i] > 0:
+                self.add_gaps(now_us - self.last_token_us.pop(slot_req[i]), 1)

@@ -22,8 +22,6 @@ if TYPE_CHECKING:
     from cachepilot_sim.components.vram_pool import PoolView
     from cachepilot_sim.trace.events import TraceEvents
 
-_ONE = np.ones(1, dtype=np.int64)
-
 
 class DecodeGrowth:
     """Block growth of decoding sequences and the preemption rule of the imitated engine."""
@@ -54,24 +52,33 @@ class DecodeGrowth:
     def _reserve_decode_blocks(self, k: int) -> int:
         """Reserve blocks for k decode steps, shortening the run when memory is short; the
         single-step fallback evicts and, failing that, preempts. Returns the steps to run."""
-        n = self.n
-        ctx, blocks = self.ctx[:n], self.blocks[:n]
-        need = np.maximum(0, -(-(ctx + k + self.grow_ahead) // self.block_tokens) - blocks)
-        if not need.any():
+        n, bt, ahead = self.n, self.block_tokens, self.grow_ahead
+        ctx, blocks = self.ctx[:n].tolist(), self.blocks[:n].tolist()
+        # Plain ints: the batch is small, and a list pass is cheaper than NumPy calls on it.
+        # room: steps every sequence can take before one needs a block it lacks.
+        room = min([b * bt - c for b, c in zip(blocks, ctx, strict=True)]) - ahead
+        if room >= k:
             return k
-        if not self.reserve_run_blocks:  # blocks as the steps cross into them
-            room = int((blocks * self.block_tokens - ctx).min()) - self.grow_ahead
-            return min(k, room) if room >= 1 else (1 if self._grow_decode() else 0)
-        num_bytes = int(np.dot(need, self.block_bytes[:n]))
-        if num_bytes <= self.pool.free_bytes:
-            idx = np.flatnonzero(need)
-            grown = self._grow(idx, need[idx])
-            assert grown
-            return k
-        room = int((blocks * self.block_tokens - ctx).min()) - self.grow_ahead
+        if self.reserve_run_blocks:
+            need = [max(0, -(-(c + k + ahead) // bt) - b) for c, b in zip(ctx, blocks, strict=True)]
+            size = self.block_bytes[:n].tolist()
+            if sum([x * y for x, y in zip(need, size, strict=True)]) <= self.pool.free_bytes:
+                idx = [i for i, x in enumerate(need) if x]
+                grown = self._grow(idx, [need[i] for i in idx])
+                assert grown
+                return k
+        # Memory is short, or blocks are taken as the steps cross into them: stop at the first
+        # block boundary; at one, a single step that evicts and, failing that, preempts.
         if room >= 1:
             return min(k, room)
         return 1 if self._grow_decode() else 0
+
+    def _at_block_boundary(self) -> bool:
+        """Some decoding sequence needs a block before its next token (`_needing` is not empty)."""
+        n, bt, ahead = self.n, self.block_tokens, self.grow_ahead
+        pl, ctx = self.prefill_left[:n].tolist(), self.ctx[:n].tolist()
+        blocks = self.blocks[:n].tolist()
+        return any(p == 0 and c + ahead >= b * bt for p, c, b in zip(pl, ctx, blocks, strict=True))
 
     def _needing(self) -> np.ndarray:
         """Columns of decoding sequences at a block boundary, in admission order."""
@@ -88,8 +95,8 @@ class DecodeGrowth:
         if self.preemption == Preemption.STARVED_BACK and not self._grow_starved():
             return False
         while self.n:
-            idx = self._needing()
-            if idx.size == 0 or self._grow(idx, np.ones(idx.size, dtype=np.int64)):
+            idx = self._needing().tolist()
+            if not idx or self._grow(idx, [1] * len(idx)):
                 return True
             self._preempt_one()
         return False
@@ -99,14 +106,14 @@ class DecodeGrowth:
         without one (starved) are preempted newest first until the others get theirs, never the
         last running sequence. Simplification: the surviving starved sequences get their block
         at once, where the engine lets them sit out this one step. False: nothing is running."""
-        starved = [int(i) for i in self._needing() if not self._grow(np.array([i]), _ONE)]
+        starved = [i for i in self._needing().tolist() if not self._grow([i], [1])]
         while starved and self.n > 1:
             reqs = [self.slot_req[i] for i in starved]
             self._preempt_column(starved[-1], front=False)
             self.block_new = True
             cols = {id(r): i for i, r in enumerate(self.slot_req[: self.n])}
             left = sorted((cols[id(r)] for r in reqs[:-1]), key=lambda i: int(self.order[i]))
-            starved = [i for i in left if not self._grow(np.array([i]), _ONE)]
+            starved = [i for i in left if not self._grow([i], [1])]
         return self.n > 0
 
     def _starve_queued(self, req: Request) -> None:
@@ -123,14 +130,17 @@ class DecodeGrowth:
         self.queue.requeue_back(req)
         self.block_new = True
 
-    def _grow(self, idx: np.ndarray, num_blocks: np.ndarray) -> bool:
+    def _grow(self, idx: list[int], num_blocks: list[int]) -> bool:
         """Ask the KV manager for `num_blocks[j]` more blocks for column `idx[j]`; all or
         nothing.
         """
-        sessions = [self.slot_req[i].session_id for i in idx.tolist()]  # type: ignore[union-attr]
-        if not self.kv.grow(sessions, num_blocks.tolist()):
+        slot_req = self.slot_req
+        sessions = [slot_req[i].session_id for i in idx]  # type: ignore[union-attr]
+        if not self.kv.grow(sessions, num_blocks):
             return False
-        self.blocks[idx] += num_blocks
+        blocks = self.blocks
+        for i, b in zip(idx, num_blocks, strict=True):
+            blocks[i] += b
         return True
 
     def _preempt_one(self) -> None:

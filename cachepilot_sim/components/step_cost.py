@@ -7,6 +7,7 @@ The batcher calls the port and never asks which engine it imitates.
 
 from __future__ import annotations
 
+from operator import mul
 from typing import Protocol
 
 import numpy as np
@@ -14,6 +15,8 @@ import numpy as np
 from cachepilot_sim.config import SimConfig, StepCost
 from cachepilot_sim.cost import ComputeFit, batch_iteration_us, decode_step_slope_us, iteration_us
 from cachepilot_sim.cost.engine_step import EngineStepFit, decode_run_us, engine_step_us
+
+EXACT = 1 << 53  # integers below this are exact in float64, so their float sums are too
 
 
 class StepCostModel(Protocol):
@@ -24,6 +27,13 @@ class StepCostModel(Protocol):
     ) -> float:
         """One step; per request: tokens computed now, KV tokens held, KV bytes per token and
         model index."""
+        ...
+
+    def iteration_us_ints(
+        self, new: list[int], ctx: list[int], tok_bytes: list[int]
+    ) -> float | None:
+        """`iteration_us` of one model's batch from plain ints, the same float; None where the
+        model cannot promise that (the caller then builds the arrays)."""
         ...
 
     def decode_run_us(
@@ -47,6 +57,21 @@ class RooflineStepCost:
         """One step: each model present runs its forward pass (cost.batch_iteration_us)."""
         return batch_iteration_us(self.fit, self.weight_bytes, new, ctx, tok_bytes, model)
 
+    def iteration_us_ints(
+        self, new: list[int], ctx: list[int], tok_bytes: list[int]
+    ) -> float | None:
+        """One model's step from its three sums, taken over ints: the array path's float sums
+        are of integers (tokens, KV bytes) and half-integers (attention pairs) and exact below
+        2^53, in any order, so this is the same float. None for several models or larger sums."""
+        if len(self.weight_bytes) != 1:
+            return None
+        kv_read = sum(map(mul, ctx, tok_bytes))
+        pairs2 = sum([x * (2 * c + x) for x, c in zip(new, ctx, strict=True)])  # 2 x pairs
+        if kv_read >= EXACT or pairs2 >= EXACT:
+            return None
+        tokens = float(sum(new))
+        return iteration_us(self.fit, self.weight_bytes[0], tokens, float(kv_read), pairs2 / 2)
+
     def decode_run_us(
         self, ctx: np.ndarray, tok_bytes: np.ndarray, model: np.ndarray, num_steps: int
     ) -> np.ndarray:
@@ -54,15 +79,14 @@ class RooflineStepCost:
         n = ctx.size
         if len(self.weight_bytes) > 1:
             first = self.iteration_us(np.ones(n), ctx, tok_bytes, model)
-        else:
+            slope = decode_step_slope_us(self.fit, float(tok_bytes.sum()), n)
+        else:  # integer sums (exact, like NumPy's int64 ones) over lists: cheaper on small batches
+            c, t = ctx.tolist(), tok_bytes.tolist()
+            kv_read = float(sum(map(mul, c, t)))
             first = iteration_us(
-                self.fit,
-                self.weight_bytes[0],
-                n,
-                float(np.dot(ctx, tok_bytes)),
-                float(ctx.sum()) + 0.5 * n,
+                self.fit, self.weight_bytes[0], n, kv_read, float(sum(c)) + 0.5 * n
             )
-        slope = decode_step_slope_us(self.fit, float(tok_bytes.sum()), n)
+            slope = decode_step_slope_us(self.fit, float(sum(t)), n)
         return first + slope * np.arange(num_steps)
 
 
@@ -77,6 +101,12 @@ class FittedStepCost:
     ) -> float:
         """One step over its padded launch shape (cost.engine_step.engine_step_us)."""
         return engine_step_us(self.fit, new, ctx)
+
+    def iteration_us_ints(
+        self, new: list[int], ctx: list[int], tok_bytes: list[int]
+    ) -> float | None:
+        """None: the padded-shape model takes the arrays (`iteration_us`)."""
+        return None
 
     def decode_run_us(
         self, ctx: np.ndarray, tok_bytes: np.ndarray, model: np.ndarray, num_steps: int
