@@ -281,13 +281,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if grouping:
         _group_by_shared_fixtures(items)
     result = yield
-    if grouping:
-        from _pytest.nodeid import NodeId
+    for item in items if grouping else []:
+        grouped = item.__dict__.get("_nodeid")
+        if isinstance(grouped, str) and grouped != item.nodeid and hasattr(item, "_id"):
+            from _pytest.nodeid import NodeId  # pytest >= 9.2 only
 
-        for item in items:
-            grouped = item.__dict__.get("_nodeid")
-            if isinstance(grouped, str) and grouped != item.nodeid and hasattr(item, "_id"):
-                item._id = NodeId.parse(grouped)
+            item._id = NodeId.parse(grouped)
     return result
 
 
