@@ -122,13 +122,18 @@ def test_publishing_changes_nothing_and_ends_at_the_run_metrics() -> None:
     assert value("cachepilot_sim_ttft_seconds_sum") == pytest.approx(done["ttft_us"].sum() / 1e6)
 
 
-def test_live_metrics_on_or_off_write_the_same_results(tmp_path: Path) -> None:
+def test_live_metrics_on_or_off_write_the_same_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Workers in multiprocess mode (jobs=2): trace parts, request tables and metrics.json are
     byte-identical (but for the run id, a digest of the whole config, telemetry included); the
     multiprocess folder is gone afterwards."""
     sim = make_sim_config(vram_gb=10.0, workload=make_workload(num_requests=120))
     values = {k: getattr(sim, k) for k in ("seed", "vram_gb", "model", "workload", "kv")}
-    before = set(Path(tempfile.gettempdir()).glob("cachepilot-prom-*"))
+    # A temp folder of this test's own: another xdist worker's run may hold one in /tmp meanwhile.
+    own_tmp = tmp_path / "tmp"
+    own_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))
     runs = {}
     for every_s in (0.0, 0.25):
         cfg = RunConfig(
@@ -147,4 +152,4 @@ def test_live_metrics_on_or_off_write_the_same_results(tmp_path: Path) -> None:
     assert on_json == (off / "metrics.json").read_text()
     assert "cachepilot_sim_ttft_seconds_bucket" in (on / "metrics.prom").read_text()
     assert "cachepilot_sim_" not in (off / "metrics.prom").read_text()
-    assert set(Path(tempfile.gettempdir()).glob("cachepilot-prom-*")) <= before
+    assert not list(own_tmp.glob("cachepilot-prom-*"))
