@@ -223,7 +223,7 @@ class Batcher(DecodeRuns, DecodeGrowth):
         while True:
             budget, max_seqs = limits()
             first_new = self._admit_seq
-            if self.grow_before_admit and self.n and self._needing().size:
+            if self.grow_before_admit and self.n and self._at_block_boundary():
                 self._grow_decode()  # the engine serves running sequences' blocks first
             admit(budget, max_seqs)
             if self.n == 0:

@@ -258,14 +258,7 @@ def preempt_log(folder: Path) -> None:
     )
 
 
-SCALED = (
-    "kv_read_token_us",
-    "kv_read_token2_us",
-    "seqlen_us",
-    "seqlen_per_sqrt_request_us",
-    "prefill_seqlen_us",
-    "request_us",
-)
+SCALED = FEATURES  # every coefficient of the fit (those replaced by q_shape_us are 0 there)
 SENSITIVITY_KEYS = ("ttft_mean", "ttft_p99", "tpot_mean", "tpot_p99", "e2e_mean", "e2e_p99")
 
 

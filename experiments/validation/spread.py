@@ -5,6 +5,13 @@ TTFT, TPOT and E2E latency and output-token throughput: run 1, run 2 and the rel
 (run2 - run1) / run1. An error of the simulator below this spread is within the engine's noise.
 
     PYTHONPATH=. python experiments/validation/spread.py experiments/validation/hf_cb/2026-12-01
+
+`--base OTHER_ROOT --run runK` compares OTHER_ROOT's run 1 of each workload with ROOT's run K
+instead (a later capture of the same request list against the validation run):
+
+    PYTHONPATH=. python experiments/validation/spread.py \
+        experiments/validation/hf_cb/2026-12-02-preemptdiag \
+        --base experiments/validation/hf_cb/2026-12-01 --run run1
 """
 
 from __future__ import annotations
@@ -27,11 +34,15 @@ METRICS = (
 )
 
 
-def spread(root: Path) -> dict[str, dict]:
-    """workload -> {metric: {"run1", "run2", "rel_diff"}} for workloads with both runs."""
+def spread(root: Path, base: Path | None = None, run: str = "run2") -> dict[str, dict]:
+    """workload -> {metric: {"run1", "run2", "rel_diff"}} for workloads with both runs ("run1":
+    `base`'s run 1 when given, else ROOT's; "run2": ROOT's `run`)."""
     out: dict[str, dict] = {}
-    for wl in sorted(p for p in root.iterdir() if (p / "run1").is_dir() and (p / "run2").is_dir()):
-        s1, s2 = (summarize(load_ground_truth(wl / r)) for r in ("run1", "run2"))
+    first = base or root
+    for wl in sorted(p for p in root.iterdir() if (first / p.name / "run1").is_dir()):
+        if not (wl / run).is_dir():
+            continue
+        s1, s2 = (summarize(load_ground_truth(p)) for p in (first / wl.name / "run1", wl / run))
         row: dict = {"requests": s1["requests"]}
         for key, _ in METRICS:
             a, b = s1[key], s2[key]
@@ -63,9 +74,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("root", type=Path)
     ap.add_argument("--json", type=Path, help="also write the numbers as JSON")
+    ap.add_argument("--base", type=Path, help="take run 1 from this root instead")
+    ap.add_argument("--run", default="run2", help="ROOT's run to compare (default run2)")
     args = ap.parse_args()
     try:
-        table = spread(args.root)
+        table = spread(args.root, args.base, args.run)
     except GroundTruthError as err:
         sys.exit(f"error: {err}")
     print(markdown(table))
