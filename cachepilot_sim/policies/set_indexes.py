@@ -19,7 +19,7 @@ time. ARC walks T1 in the key's own order, (last use, id), and subtracts as `pre
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedList
@@ -30,37 +30,50 @@ if TYPE_CHECKING:
     from cachepilot_sim.policies.classic import ArcPolicy, SlruPolicy
 
 
-class _Lanes:
-    """Idle entries in a few segments, each a `SortedList` of (last use, ±id, entry id)."""
+Item = tuple[int, int, int]  # (last use, id or -id, entry id): a lane's order
+# Per lane of a chained decision: items before `cut` (None: all) rank with the first segment
+# number, the others with the second (`SetTails`, `components/kv/set_tails.py`).
+LaneCut = tuple[Item | None, int, int]
 
-    __slots__ = ("lanes", "where", "lane_bytes", "num_visits")
+
+class _Lanes:
+    """Idle entries in a few segments, each a `SortedList` of `Item`, with byte sums."""
+
+    __slots__ = ("lanes", "where", "lane_bytes", "sizes", "num_visits")
 
     def __init__(self, num_lanes: int) -> None:
         self.lanes = [SortedList() for _ in range(num_lanes)]
-        self.where: dict[int, tuple[int, tuple[int, int, int], CacheEntry]] = {}
+        self.where: dict[int, tuple[int, Item, CacheEntry, int]] = {}  # id -> lane, item, bytes
         self.lane_bytes = [0] * num_lanes
+        self.sizes: list[dict[int, int]] = [{} for _ in range(num_lanes)]  # bytes -> count
         self.num_visits = 0  # items looked at by decisions (a complexity probe for tests)
 
     def __len__(self) -> int:
         return len(self.where)
 
-    def put(self, entry: CacheEntry, lane: int, item: tuple[int, int, int]) -> None:
+    def put(self, entry: CacheEntry, lane: int, item: Item) -> None:
         self.drop(entry.entry_id)
         self.lanes[lane].add(item)
-        self.where[entry.entry_id] = (lane, item, entry)
+        self.where[entry.entry_id] = (lane, item, entry, entry.num_bytes)
         self.lane_bytes[lane] += entry.num_bytes
+        sizes = self.sizes[lane]
+        sizes[entry.num_bytes] = sizes.get(entry.num_bytes, 0) + 1
 
     def drop(self, entry_id: int) -> None:
         where = self.where.pop(entry_id, None)
         if where is not None:
-            lane, item, entry = where
+            lane, item, _, num_bytes = where
             self.lanes[lane].remove(item)
-            self.lane_bytes[lane] -= entry.num_bytes
+            self.lane_bytes[lane] -= num_bytes
+            sizes = self.sizes[lane]
+            sizes[num_bytes] -= 1
+            if not sizes[num_bytes]:
+                del sizes[num_bytes]
 
     def excluded(self, exclude_id: int) -> tuple[int, int]:
         """(lane, bytes) of the excluded candidate; (-1, 0) when it is not one."""
         where = self.where.get(exclude_id)
-        return (-1, 0) if where is None else (where[0], where[2].num_bytes)
+        return (-1, 0) if where is None else (where[0], where[3])
 
     def walk(self, lane: int, exclude_id: int) -> Iterator[CacheEntry]:
         """The lane's entries but `exclude_id`, in its order; each counts one visit."""
@@ -69,6 +82,27 @@ class _Lanes:
             self.num_visits += 1
             if item[2] != exclude_id:
                 yield where[item[2]][2]
+
+    def cut(self, lane: int, done: Callable[[int], bool]) -> Item | None:
+        """The first item of `lane` at which `done(bytes of the items before it)` holds (None:
+        nowhere); `done` must stay true once true. A binary search when the lane's entries are
+        all one size (prefix blocks), else a walk from the front."""
+        order, sizes = self.lanes[lane], self.sizes[lane]
+        if len(sizes) <= 1:
+            size = next(iter(sizes), 0)
+            lo, hi = 0, len(order)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                self.num_visits += 1
+                lo, hi = (lo, mid) if done(size * mid) else (mid + 1, hi)
+            return order[lo] if lo < len(order) else None
+        older = 0
+        for item in order:
+            self.num_visits += 1
+            if done(older):
+                return item  # type: ignore[no-any-return]
+            older += self.where[item[2]][3]
+        return None
 
 
 def _greedy(
@@ -176,6 +210,26 @@ class SlruIndex:
         self.policy.kept = {e.entry_id for e, k in zip(victims, origin, strict=True) if k == 1}
         return victims
 
+    # -- chains (the prefix manager): no excluded entry, every candidate one size ----------------
+    descending = (False, True)  # per lane: ids descend within a last use (the protected lane)
+
+    def lane_item(self, entry_id: int) -> tuple[int, Item] | None:
+        """The candidate's lane and item; None when it is not a candidate."""
+        where = self._lanes.where.get(entry_id)
+        return None if where is None else (where[0], where[1])
+
+    def chain_cuts(self) -> list[LaneCut]:
+        """`prepare` over every candidate: unprotected ones rank 0; protected ones rank 0 (demoted)
+        before the first that fits in room, 1 from it on."""
+        lanes = self._lanes
+        protected = lanes.lane_bytes[1]
+        room = self.policy.protected_fraction * sum(lanes.lane_bytes)
+        return [(None, 0, 0), (lanes.cut(1, lambda older: protected - older <= room), 0, 1)]
+
+    def record(self, victims: list[tuple[CacheEntry, int]]) -> None:
+        """The chained decision's victims and their segments: the keys read after it."""
+        self.policy.kept = {e.entry_id for e, seg in victims if seg == 1}
+
     def _groups(self, exclude_id: int) -> Iterator[list[CacheEntry]]:
         """The protected entries but `exclude_id`, one list per last-use time, oldest first."""
         group: list[CacheEntry] = []
@@ -247,6 +301,26 @@ class ArcIndex:
         victims, origin = _greedy(streams, bytes_needed)
         policy.t1_excess = {e.entry_id for e, k in zip(victims, origin, strict=True) if k == 0}
         return victims
+
+    # -- chains (the prefix manager): no excluded entry, every candidate one size ----------------
+    descending = (False, False)
+
+    def lane_item(self, entry_id: int) -> tuple[int, Item] | None:
+        """The candidate's lane and item; None when it is not a candidate."""
+        where = self._lanes.where.get(entry_id)
+        return None if where is None else (where[0], where[1])
+
+    def chain_cuts(self) -> list[LaneCut]:
+        """`prepare` over every candidate (ARC's c grows to their bytes): T1 ranks 0 before the
+        first item at which T1's remaining bytes are within the target, 2 from it on; T2 1."""
+        lanes, policy = self._lanes, self.policy
+        policy.capacity_bytes = max(policy.capacity_bytes, float(sum(lanes.lane_bytes)))
+        t1_bytes, target = lanes.lane_bytes[0], policy.target_bytes
+        return [(lanes.cut(0, lambda older: t1_bytes - older <= target), 0, 2), (None, 1, 1)]
+
+    def record(self, victims: list[tuple[CacheEntry, int]]) -> None:
+        """The chained decision's victims and their segments: the keys read after it."""
+        self.policy.t1_excess = {e.entry_id for e, seg in victims if seg == 0}
 
 
 class TlruIndex:

@@ -203,7 +203,12 @@ def run(
 
 
 def session_config(
-    policy: str, pool_blocks: int, cpu_blocks: int, offload: bool, watermark: float
+    policy: str,
+    pool_blocks: int,
+    cpu_blocks: int,
+    offload: bool,
+    watermark: float,
+    **policy_values: Any,
 ) -> SimConfig:
     block = MODEL.kv_bytes_per_token * 16
     kv = KVConfig(
@@ -215,13 +220,18 @@ def session_config(
     return make_sim_config(
         model=MODEL,
         kv=kv,
-        policy=policy_config(policy),
+        policy=policy_config(policy, **policy_values),
         vram_gb=(1e9 + pool_blocks * block) / 1e9,
     )
 
 
 def prefix_config(
-    policy: str, pool_blocks: int, cpu_blocks: int, offload: bool, watermark: float
+    policy: str,
+    pool_blocks: int,
+    cpu_blocks: int,
+    offload: bool,
+    watermark: float,
+    **policy_values: Any,
 ) -> SimConfig:
     hash_bytes = MODEL.kv_bytes_per_token * HASH_TOKENS
     kv = KVConfig(
@@ -234,7 +244,7 @@ def prefix_config(
     return make_sim_config(
         model=MODEL,
         kv=kv,
-        policy=policy_config(policy),
+        policy=policy_config(policy, **policy_values),
         trace=TraceConfig(enabled=False),
         replay=replay,
         vram_gb=(1e9 + pool_blocks * hash_bytes) / 1e9,

@@ -18,16 +18,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cachepilot_sim.components.kv.forest import HashBlock
 from cachepilot_sim.config import policy_config
 from cachepilot_sim.policies import CacheEntry, make_policy
 from cachepilot_sim.policies.candidates import CandidateIndex
 from cachepilot_sim.policies.reuse import GapEstimator
 from cachepilot_sim.policies.set_indexes import TlruIndex
+from tests.conftest import make_kv
 from tests.property.test_indexed_eviction import (
     Op,
     assert_same,
     ops_strategy,
+    prefix_config,
+    prefix_trees,
     run,
+    seeded_stream,
     session_config,
 )
 
@@ -136,6 +141,50 @@ def test_session_manager_set_indexes_evict_what_the_full_path_evicted(
     assert_same(session_config(policy, pool, cpu, offload, watermark), ops, None)
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    policy=st.sampled_from(SET_INDEXED),
+    pool=st.sampled_from([6, 10, 16]),
+    cpu=st.sampled_from([0, 4, 40]),
+    offload=st.booleans(),
+    watermark=st.sampled_from([0.0, 0.1]),
+    ops=ops_strategy,
+    chains=prefix_trees(),
+    fraction=st.sampled_from([0.0, 0.5, 0.8, 1.0]),
+)
+def test_prefix_set_tails_cut_what_the_forest_path_cut(
+    policy: str,
+    pool: int,
+    cpu: int,
+    offload: bool,
+    watermark: float,
+    ops: list[Op],
+    chains: list[list[int]],
+    fraction: float,
+) -> None:
+    extra = {"slru_protected_fraction": fraction} if policy == "slru" else {}
+    assert_same(prefix_config(policy, pool, cpu, offload, watermark, **extra), ops, chains)
+
+
+@pytest.mark.parametrize("name", SET_INDEXED)
+def test_the_prefix_manager_uses_set_tails_over_the_forests_candidates(name: str) -> None:
+    """The fast run decides through `SetTails`, and its candidates are the forest's blocks."""
+    num_decisions = 0
+    for seed in range(6):
+        ops, chains = seeded_stream(seed)
+        _, log, kv = run(prefix_config(name, 10, 6, seed % 2 == 0, 0.1), None, ops, chains)
+        set_tails = kv.tails.set_tails
+        assert set_tails is not None
+        set_tails.drain()
+        forest = kv.tree.forest()
+        assert sorted(set_tails.index._lanes.where) == sorted(
+            b.entry.entry_id for b in forest.blocks
+        )
+        assert sorted(set_tails.where) == sorted(kv.tree.evictable)
+        num_decisions += len(log) > 0 and set_tails.num_visits > 0
+    assert num_decisions >= 4
+
+
 @pytest.mark.parametrize("name", ["slru", "arc", "tlru"])
 def test_the_session_manager_uses_the_index(name: str) -> None:
     """The streams above compare something: the fast run's decisions go through the index."""
@@ -188,3 +237,62 @@ def test_tlru_index_takes_the_entries_whose_restore_fits_first() -> None:
         index.add(CacheEntry(eid, eid, 0, 0, 0, 1, 1, 0, last_used), restore, -1.0)
     index.discard(3)
     assert [index.pop_min(0) for _ in range(4)] == [2, 4, 1, None]
+
+
+@pytest.mark.parametrize("name", SET_INDEXED)
+def test_a_chained_decision_visits_a_few_tails_whatever_the_tree_size(name: str) -> None:
+    """Complexity, counted: cutting 200 blocks off 1,000 idle chains of 10 (a third of them
+    reused) looks at a few tails per victim, and the segment cut is a binary search."""
+    kv = make_kv(prefix_config(name, 10_100, 0, False, 0.0))
+    tree, policy = kv.tree, kv.policy
+    for c in range(1_000):
+        parent = None
+        for d in range(10):
+            e = CacheEntry(c * 10 + d, c, 0, 0, 0, 512, kv.hash_bytes, 0, c * 10 + d)
+            b = HashBlock(c * 10 + d, parent, e)
+            kv.pool.allocate(kv.hash_bytes)
+            tree.add(b)
+            if parent is not None:
+                tree.unpin(parent)
+            parent = b
+            if c % 3 == 0:
+                policy.on_access(e, 0)  # a hit: protected (SLRU), T2 (ARC)
+                tree.touch(b)
+        tree.unpin(parent)
+    assert kv._evict_blocks(200, allow_offload=False) == 200
+    set_tails = kv.tails.set_tails
+    assert set_tails.num_visits <= 200 * 4 + 4
+    assert set_tails.index.num_visits <= 2 * 14  # two lanes' binary searches over <= 10^4
+    assert kv._evict_blocks(1, allow_offload=False) == 1
+    assert set_tails.num_visits <= 201 * 4 + 8
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    name=st.sampled_from(SET_INDEXED),
+    uses=st.lists(st.tuples(st.integers(0, 6), st.booleans()), min_size=1, max_size=40),
+    fraction=st.sampled_from([0.0, 0.25, 0.5, 0.8, 1.0]),
+    target_blocks=st.sampled_from([0.0, 1.0, 2.5, 7.0]),
+)
+def test_chain_cuts_give_every_candidate_the_segment_prepare_gives_it(
+    name: str, uses: list[tuple[int, bool]], fraction: float, target_blocks: float
+) -> None:
+    """Equal sizes (prefix blocks): the binary-searched cut splits each lane where `prepare`
+    does, boundary cases included (room or target an exact multiple of the block size)."""
+    extra = {"slru_protected_fraction": fraction} if name == "slru" else {}
+    policy = _policy(name, **extra)
+    index = policy.set_index()
+    entries = [CacheEntry(i, i, 0, 0, 0, 1, 64, 0, lu) for i, (lu, _) in enumerate(uses)]
+    for e, (_, reused) in zip(entries, uses, strict=True):
+        if reused:
+            policy.on_access(e, 0)  # a hit: protected (SLRU), T2 (ARC)
+        index.add(e)
+    if name == "arc":
+        policy.target_bytes = 64 * target_blocks
+    cuts = index.chain_cuts()
+    policy.prepare(entries, 0)
+    for e in entries:
+        lane, item = index.lane_item(e.entry_id)
+        cut, before, after = cuts[lane]
+        seg = before if cut is None or item < cut else after
+        assert seg == policy.key(e, 0)[0], (e.entry_id, cuts)
