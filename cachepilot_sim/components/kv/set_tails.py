@@ -31,15 +31,20 @@ class ChainedSetIndex(Protocol):
 
     def __len__(self) -> int: ...
 
-    def add(self, entry: CacheEntry) -> None: ...
+    def add(self, entry: CacheEntry) -> None:
+        """Index an idle candidate (again: its segment may have moved)."""
 
-    def discard(self, entry_id: int) -> None: ...
+    def discard(self, entry_id: int) -> None:
+        """The entry is no longer a candidate (no-op when absent)."""
 
-    def lane_item(self, entry_id: int) -> tuple[int, Item] | None: ...
+    def lane_item(self, entry_id: int) -> tuple[int, Item] | None:
+        """The candidate's lane and its item in the lane's order; None for a non-candidate."""
 
-    def chain_cuts(self) -> list[LaneCut]: ...
+    def chain_cuts(self) -> list[LaneCut]:
+        """`prepare` over every candidate (with its side effects), as one cut per lane."""
 
-    def record(self, victims: list[tuple[CacheEntry, int]]) -> None: ...
+    def record(self, victims: list[tuple[CacheEntry, int]]) -> None:
+        """The decision's victims with their segments: what the policy's key reads after it."""
 
 
 class SetTails:
