@@ -127,8 +127,9 @@ class SharedKvTier:
         return handover_us(fit, num_blocks * self.block_bytes) + self.backlog_us[replica]
 
     def decline(self, req_id: int, num_blocks: int, recompute_us: float) -> None:
-        """Request `req_id` recomputes `num_blocks` of the store's run (CHEAPER found loading
-        dearer; 0 when it loads them), worth `recompute_us`; its latest attempt counts."""
+        """Request `req_id` recomputes `num_blocks` of the store's run that its replica never
+        cached (CHEAPER found loading dearer; 0 when it loads them), worth `recompute_us`; its
+        latest attempt counts."""
         if num_blocks:
             self.declined[req_id] = (num_blocks, recompute_us)
         else:
@@ -312,7 +313,7 @@ class SharedTierPort:
 
     def record_choice(self, req_id: int, num_recomputed: int, recompute_us: float) -> None:
         """The request's latest load-or-recompute choice: blocks of the store's run it
-        recomputes (0 when it loads them) and what that recompute costs (µs)."""
+        recomputes and this replica never cached (0 when it loads them), and their cost (µs)."""
         self.tier.decline(req_id, num_recomputed, recompute_us)
 
     def start_load(self, hash_ids: Sequence[int]) -> simpy.Event:

@@ -104,7 +104,7 @@ class OffGpuLoads:
         if early is not None or self.remote is None:
             return early
         num = self.remote.num_stored(ids, hits)
-        if num == 0 or not self._load_pays(req, hits, num):
+        if num == 0 or not self._load_pays(req, ids, hits, num):
             return None
         chain = [self.tree.blocks[h] for h in ids[:hits]]
         for b in chain:  # pinned first, so making room cannot evict the prefix being extended
@@ -124,17 +124,22 @@ class OffGpuLoads:
         self.env.process(self._land(req, back, self.remote.start_load(ids[hits : hits + num])))
         return Admit.WAIT
 
-    def _load_pays(self, req: Request, hits: int, num: int) -> bool:
+    def _load_pays(self, req: Request, ids: list[int], hits: int, num: int) -> bool:
         """ALWAYS: load. CHEAPER: load when the transfer is modelled below the recompute of the
-        `num` blocks after the `hits` GPU ones (the choice is recorded for the metrics)."""
+        `num` blocks after the `hits` GPU ones. A recompute chosen is recorded for the metrics,
+        less the blocks this replica had cached before (`realized_recompute_s` counts those)."""
         remote = self.remote
         assert remote is not None
         if not remote.load_when_cheaper:
             return True
-        tokens = remote.hash_tokens
-        cost = recompute_us(self.fit, (hits + num) * tokens) - recompute_us(self.fit, hits * tokens)
+        tokens, fit = remote.hash_tokens, self.fit
+        cost = recompute_us(fit, (hits + num) * tokens) - recompute_us(fit, hits * tokens)
         pays = remote.load_estimate_us(num) < cost
-        remote.record_choice(req.req_id, 0 if pays else num, 0.0 if pays else cost)
+        fresh = [] if pays else [j for j in range(hits, hits + num) if ids[j] not in self.seen]
+        fresh_us = sum(
+            recompute_us(fit, (j + 1) * tokens) - recompute_us(fit, j * tokens) for j in fresh
+        )
+        remote.record_choice(req.req_id, len(fresh), fresh_us)
         return pays
 
     def _land(
