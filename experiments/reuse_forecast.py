@@ -9,6 +9,7 @@
     python experiments/reuse_forecast.py mooncake --online   # its row on the Mooncake trace
     python experiments/reuse_forecast.py transfer    # mooncake's table on mixed_spike seeds 0-9
     python experiments/reuse_forecast.py mooncake --transfer  # mixed_spike's table on the trace
+    python experiments/reuse_forecast.py drift       # think times x3 from request 400: online?
 
 Evaluation seeds 0-9 and the second half of the Mooncake trace; the shipped tables were trained
 on seeds 100-199 and on the first half of the trace (cachepilot-sim train-forecast). Results go to
@@ -213,6 +214,26 @@ def cmd_transfer() -> None:
     print("vs the in-domain table:", json.dumps(data["vs_in_domain"]))
 
 
+DRIFT = ["workload.think_drift_multiplier=3", "workload.think_drift_at_request=400"]
+
+
+def cmd_drift() -> None:
+    """Reuse that drifts away from the training data: mixed_spike with every think time that
+    starts after request 400 three times longer. Does the online update recover what the
+    offline table (trained without drift) loses?"""
+    variants = {"lru": ("lru", {}), "perc": ("perc", {}), "lfu": ("lfu", {}),
+                "reuse_forecast": ("reuse_forecast", {}),
+                "reuse_forecast online": ("reuse_forecast", ONLINE_KNOBS),
+                "perc_clairvoyant": ("perc_clairvoyant", {})}  # fmt: skip
+    evaluate(variants, base("mixed_spike", DRIFT), "drift", set())
+    path = OUT / "drift.json"
+    data = json.loads(path.read_text())
+    data["online_vs_offline"] = paired(data["seeds"], "reuse_forecast")["reuse_forecast online"]
+    data["overrides"] = DRIFT
+    path.write_text(json.dumps(data, indent=1))
+    print("online vs offline:", json.dumps(data["online_vs_offline"]))
+
+
 def cmd_mooncake(limit: int, online: bool, transfer: bool = False) -> None:
     """LRU, LFU and reuse_forecast on the trace; with `online` (or `transfer`: the mixed_spike
     table, synthetic to trace) only that row is run and added to the results file (the others
@@ -296,7 +317,17 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "what",
-        choices=["eval", "ablate", "wrong", "calibrate", "mooncake", "bench", "online", "transfer"],
+        choices=[
+            "eval",
+            "ablate",
+            "wrong",
+            "calibrate",
+            "mooncake",
+            "bench",
+            "online",
+            "transfer",
+            "drift",
+        ],
     )
     p.add_argument("--online", action="store_true", help="mooncake: add the online row only")
     p.add_argument("--transfer", action="store_true", help="mooncake: the mixed_spike table's row")
@@ -313,7 +344,8 @@ def main() -> None:
             cmd_eval(a.baselines)
         else:
             cmds = {"ablate": cmd_ablate, "wrong": cmd_wrong, "calibrate": cmd_calibrate}
-            {**cmds, "online": cmd_online, "transfer": cmd_transfer}[a.what]()
+            cmds.update(online=cmd_online, transfer=cmd_transfer, drift=cmd_drift)
+            cmds[a.what]()
 
 
 if __name__ == "__main__":
