@@ -4,8 +4,9 @@ A session takes one of `max_active_sessions` slots (the front end's concurrency 
 turn, waits for the full answer, thinks, and sends the next turn, whose prompt extends its whole
 earlier context. The arrival rate is multiplied by `spike_multiplier` once `spike_at_request`
 requests have been issued; a think time that starts once `think_drift_at_request` requests have
-been issued is multiplied by `think_drift_multiplier` (the draws are unchanged). TTFT counts from the moment a turn is sent; the time a new session waited
-for a slot is recorded separately on its first turn (`session_wait_us`).
+been issued is multiplied by `think_drift_multiplier` (the draws are unchanged). TTFT counts from
+the moment a turn is sent; the time a new session waited for a slot is recorded separately on its
+first turn (`session_wait_us`).
 
 A request is handed to the `on_end` watchers (the run's request log, live telemetry) when it ends
 and then forgotten: the clients hold only the requests in flight, so a 10^6-request run does not
