@@ -10,9 +10,9 @@ reuse_forecast/calibration.json, the figure to reuse_forecast_calibration.png.
 from __future__ import annotations
 
 import json
-from typing import Any
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
