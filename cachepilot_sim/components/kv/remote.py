@@ -171,18 +171,23 @@ class OffGpuLoads:
         if not b.computed or remote.holds(b.hash_id):
             return False
         e = b.entry
-        landed = lambda _: self._written(b, dispose)  # noqa: E731
+
+        def landed(_: int) -> None:
+            self._written(b, dispose)
+
         if remote.store([(b.hash_id, e.session_id, e.recompute_us)], landed) == 0:
             return False
         self.tree.pin(b)  # out of the idle count; its parent keeps it as a GPU child
         b.tier = Tier.FLIGHT_OUT  # not reusable while the NIC reads it
         self.pool.start_offload(self.hash_bytes)
+        self.cpu_tier.transfers.pending_free_bytes += self.hash_bytes  # the room rule waits
         return True
 
     def _written(self, b: HashBlock, dispose: Dispose) -> None:
         """The write of `b` landed: back to an idle GPU tail for a moment, then disposed of as
         its eviction chose; its parent may be a tail now, and blocked requests may go."""
         self.pool.finish_reload(self.hash_bytes)
+        self.cpu_tier.transfers.pending_free_bytes -= self.hash_bytes
         b.tier = Tier.GPU
         self.tree.unpin(b)
         dispose(b, int(self.env.now), True)
