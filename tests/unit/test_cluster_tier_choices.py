@@ -247,3 +247,31 @@ def test_the_choices_are_deterministic_per_seed() -> None:
     assert a.requests.equals(b.requests)
     assert same_metrics(a.metrics, b.metrics) == []
     assert a.metrics["shared_write_blocks"] > 0
+
+
+@pytest.mark.parametrize("vram_gb", [18.0, 24.0])
+@pytest.mark.parametrize("load", [TierLoad.ALWAYS, TierLoad.CHEAPER])
+def test_every_request_ends_when_evictions_wait_on_a_slow_network(
+    vram_gb: float, load: TierLoad
+) -> None:
+    """Write-back over a 0.5 GB/s link (~134 ms a block) on small GPUs: evictions wait on the
+    network, yet every request completes or is rejected with a reason and nothing is left in
+    flight."""
+    cluster = tier_cluster(4, 20.0, write=EVICT, load=load, link=LinkKind.TCP, tcp_gb_per_s=0.5)
+    cfg = replay_cfg(
+        limit=120, vram_gb=vram_gb, cluster=cluster, router=router_config("round_robin")
+    )
+    sim = make_simulation(cfg)
+    assert isinstance(sim, ClusterSimulation)
+    result = sim.run()
+    m = result.metrics
+    assert m["completed"] + m["rejected"] == m["requests"] == 120
+    rejected = result.requests.filter(result.requests["outcome"] != "completed")
+    assert rejected["reject_reason"].null_count() == 0
+    assert m["shared_write_blocks"] > 0
+    tier = sim.shared
+    assert tier is not None and tier.conserved() and tier.writing_bytes == 0
+    for i in range(4):
+        pool = kv(sim, i).pool
+        assert pool.conserved() and pool.in_flight_bytes == 0
+        assert not any(b.tier == Tier.FLIGHT_OUT for b in kv(sim, i).tree.blocks.values())
