@@ -5,6 +5,7 @@ or recomputes the store's run (`cluster.shared_tier.load`: ALWAYS or CHEAPER).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Generator
 from dataclasses import replace
@@ -33,7 +34,7 @@ from cachepilot_sim.config import (
 )
 from cachepilot_sim.result import SimResult
 from cachepilot_sim.sim import make_simulation
-from tests.unit.test_cluster import replay_cfg, same_metrics
+from tests.unit.test_cluster import MOONCAKE, replay_cfg, same_metrics
 
 CONF = Path(__file__).resolve().parents[2] / "cachepilot_sim" / "conf"
 EVICT, COMPLETE = TierWrite.ON_EVICTION, TierWrite.ON_COMPLETION
@@ -275,3 +276,22 @@ def test_every_request_ends_when_evictions_wait_on_a_slow_network(
         pool = kv(sim, i).pool
         assert pool.conserved() and pool.in_flight_bytes == 0
         assert not any(b.tier == Tier.FLIGHT_OUT for b in kv(sim, i).tree.blocks.values())
+
+
+def test_the_experiment_section_runs_and_writes_its_row() -> None:
+    """`experiments/kv_tier.py --part shared` at a tiny size: one composed run, one table row."""
+    spec = importlib.util.spec_from_file_location(
+        "kv_tier", Path(__file__).parents[2] / "experiments" / "kv_tier.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    register_configs()
+    m = module.shared_run([
+        "+experiment=mooncake_synthetic", f"replay.path={MOONCAKE}", "replay.limit=40",
+        "cluster=shared_tier", "router=round_robin", "policy=lru", *module.LINKS["TCP 3.1 GB/s"],
+        "cluster.shared_tier.write=ON_EVICTION", "cluster.shared_tier.load=CHEAPER",
+    ])  # fmt: skip
+    assert (m["shared_tier_write"], m["shared_tier_load"]) == ("on_eviction", "cheaper")
+    row = module.shared_row("TCP 3.1 GB/s", "ON_EVICTION", "CHEAPER", m)
+    assert row.startswith("| TCP 3.1 GB/s | on_eviction | cheaper |") and row.count("|") == 13
