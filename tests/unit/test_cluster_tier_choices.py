@@ -59,6 +59,7 @@ def trace_run(
     cluster: ClusterConfig,
     max_blocks: int = 0,
     probe: Any = None,
+    offload: bool = True,
 ) -> tuple[ClusterSimulation, SimResult]:
     """Requests (arrival ms, hash ids) of 512 tokens a block and 16 output tokens, placed by
     round robin; `max_blocks` caps each replica's cached blocks (0: no cap); `probe(sim)` is
@@ -72,7 +73,9 @@ def trace_run(
     path.write_text(text)
     cfg = replay_cfg(limit=0, cluster=cluster, router=router_config("round_robin"))
     cfg = replace(
-        cfg, replay=replace(cfg.replay, path=str(path), prefix_cache_max_blocks=max_blocks)
+        cfg,
+        replay=replace(cfg.replay, path=str(path), prefix_cache_max_blocks=max_blocks),
+        kv=replace(cfg.kv, offload_enabled=offload),
     )
     sim = make_simulation(cfg)
     assert isinstance(sim, ClusterSimulation)
@@ -112,6 +115,33 @@ def test_on_eviction_writes_only_the_evicted_blocks_and_another_replica_hits_the
     _, through = trace_run(tmp_path, EVICTION_ROWS, tier_cluster(2, write=COMPLETE), max_blocks=6)
     assert through.metrics["shared_write_blocks"] == 12
     assert through.metrics["shared_load_blocks"] == 4
+
+
+def test_a_parent_the_store_holds_waits_for_its_child_being_written(tmp_path: Path) -> None:
+    """Replica 1 evicts (writes) block 0; replica 0 then evicts the chain 0 <- 1 in one cut with
+    no CPU tier: 1 is written, and 0 (which the store holds) must not be dropped, taking 1 with
+    it, while 1 is in flight: it waits for 1's write, then is dropped."""
+    rows = [
+        (0, [0, 1]),  # A on 0
+        (1, [0]),  # X on 1
+        (2, [30]),  # P on 0
+        (5_000, [20, 21, 22, 23, 24, 25]),  # Y on 1: evicts X's block 0 (written)
+        (10_000, [10, 11, 12, 13, 14, 15]),  # B on 0: evicts 1, 0 and 30
+        (20_000, [0, 1, 2]),  # C on 1: loads 0 and 1 from the store
+    ]
+    sim, result = trace_run(
+        tmp_path, rows, tier_cluster(2, write=EVICT), max_blocks=6, offload=False
+    )
+    assert result.requests["replica"].to_list() == [0, 1, 0, 1, 0, 1]
+    tier = sim.shared
+    assert tier is not None
+    # 0 once (from replica 1), 1 and 30 from replica 0, and Y's tails when C came to replica 1.
+    assert sorted(tier.blocks) == [0, 1, 23, 24, 25, 30]
+    assert result.metrics["shared_write_blocks"] == len(tier.entries) == 6
+    manager = kv(sim, 0)
+    assert not {0, 1, 30} & set(manager.tree.blocks) and manager.pool.in_flight_bytes == 0
+    assert result.metrics["shared_load_blocks"] == 2
+    assert sim.clients.requests[5].prefill_tokens == 512
 
 
 def test_an_evicted_block_being_written_is_in_flight_not_free_and_then_disposed(

@@ -95,6 +95,8 @@ class OffGpuLoads:
         self.fit, self.wake = deps.fit, deps.wake
         self.cpu_tier, self.tree, self.hash_bytes = cpu_tier, cpu_tier.tree, cpu_tier.hash_bytes
         self.make_room, self.insert, self.seen = make_room, insert, seen
+        # ON_EVICTION: hash id of a held block -> what it waits for (its write, held children).
+        self.holding: dict[int, int] = {}
 
     def continuation(self, req: Request, ids: list[int], hits: int) -> Admit | None:
         """The CPU tier's reload (`PrefixCpuTier.continuation`) when the chain continues there;
@@ -161,35 +163,49 @@ class OffGpuLoads:
             self.remote.store([(b.hash_id, req.group_id, b.entry.recompute_us) for b in chain])
 
     def write_evicted(self, b: HashBlock, allow_offload: bool, dispose: Dispose) -> bool:
-        """ON_EVICTION: start writing an evicted idle tail the store lacks and hold it until the
-        write lands (then `dispose(b, now, True)`); False when the caller disposes of it now: no
-        write policy, the store holds it or has no room, or the bytes are needed at once
-        (`allow_offload` False: decode growth)."""
+        """ON_EVICTION: hold an evicted idle tail on the GPU (pinned, FLIGHT_OUT, its bytes in
+        flight) while its write to the store runs, and while children cut before it in the same
+        decision are held (dropping it would drop them mid-write); when all that has landed,
+        `dispose(b, now, True)`. False when the caller disposes of it now: no write policy, or
+        nothing to wait for (the store holds it or has no room, and no child is held), or the
+        bytes are needed at once (`allow_offload` False: decode growth)."""
         remote = self.remote
-        if remote is None or not remote.write_on_eviction or not allow_offload:
+        if remote is None or not remote.write_on_eviction:
             return False
-        if not b.computed or remote.holds(b.hash_id):
-            return False
-        e = b.entry
+        waits = sum(c.hash_id in self.holding for c in b.children.values())
+        writes = allow_offload and b.computed and not remote.holds(b.hash_id)
+        if writes:
+            e = b.entry
 
-        def landed(_: int) -> None:
-            self._written(b, dispose)
+            def landed(_: int) -> None:
+                self._settle(b, dispose)
 
-        if remote.store([(b.hash_id, e.session_id, e.recompute_us)], landed) == 0:
+            writes = remote.store([(b.hash_id, e.session_id, e.recompute_us)], landed) > 0
+        if not writes and not waits:
             return False
+        self.holding[b.hash_id] = waits + writes
         self.tree.pin(b)  # out of the idle count; its parent keeps it as a GPU child
         b.tier = Tier.FLIGHT_OUT  # not reusable while the NIC reads it
         self.pool.start_offload(self.hash_bytes)
         self.cpu_tier.transfers.pending_free_bytes += self.hash_bytes  # the room rule waits
         return True
 
-    def _written(self, b: HashBlock, dispose: Dispose) -> None:
-        """The write of `b` landed: back to an idle GPU tail for a moment, then disposed of as
-        its eviction chose; its parent may be a tail now, and blocked requests may go."""
+    def _settle(self, b: HashBlock, dispose: Dispose) -> None:
+        """One thing `b` waited for landed (its write, or a held child's release). When none is
+        left: back to an idle GPU tail for a moment, then disposed of as its eviction chose; a
+        held parent waits for one thing less, and blocked requests may go."""
+        left = self.holding[b.hash_id] - 1
+        if left:
+            self.holding[b.hash_id] = left
+            return
+        del self.holding[b.hash_id]
         self.pool.finish_reload(self.hash_bytes)
         self.cpu_tier.transfers.pending_free_bytes -= self.hash_bytes
         b.tier = Tier.GPU
         self.tree.unpin(b)
         dispose(b, int(self.env.now), True)
         self.tree.expose_parent(b)
+        p = b.parent
+        if p is not None and p.hash_id in self.holding:
+            self._settle(p, dispose)
         self.wake.notify()
