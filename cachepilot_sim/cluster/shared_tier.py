@@ -10,24 +10,27 @@ strands the rest (a load stops at the first missing).
 
 When a replica writes (`cluster.shared_tier.write`; `components/kv/remote.py` is its side):
 ON_COMPLETION writes the blocks a finished request computed and the store lacks (LMCache stores
-on the save path of each forward, `save_decode_cache` off and `save_unfull_chunk` off by default:
+on the save path of each forward, `save_decode_cache` and `save_unfull_chunk` off by default:
 the prompt's full chunks, while the GPU still holds them, so another replica can hit them at
 once). ON_EVICTION writes a block only when the replica's GPU evicts it and the store has no
-record of it (write-back: fewer bytes and less store churn, later hits for other replicas). That
-is the eviction-aware lazy offload of LMCache PR #4499 (stores deferred until the GPU blocks near
-eviction, so nothing the GPU prefix cache still serves is copied down) and Mooncake's
-`offload_on_evict` between its DRAM and SSD tiers. The write reads the GPU copy (GPUDirect RDMA,
-as Mooncake's transfer engine does, zero-copy from VRAM): its GPU bytes are in flight, neither free
-nor reusable, until it lands; then the block is disposed of as the eviction would have done.
+record of it (write-back: fewer bytes and less store churn, later hits for other replicas), as
+the eviction-aware lazy offload proposed in LMCache PR #4499 (stores deferred until the GPU
+blocks near eviction, so nothing the GPU prefix cache still serves is copied down) and Mooncake
+master's `offload_on_evict` (its DRAM tier to SSD) do. The write reads the GPU copy (GPUDirect
+RDMA, as Mooncake's transfer engine does, zero-copy from VRAM): its GPU bytes are in flight,
+neither free nor reusable, until it lands; then the block is disposed of as the eviction chose.
 
 Whether a replica loads (`cluster.shared_tier.load`): ALWAYS loads the store's run of blocks after
 its GPU prefix; CHEAPER loads it only when `load_estimate_us` (latency + bytes / bandwidth + the
 loads queued on the replica's ingress lane) is below the recompute of those tokens at their depth
-(`cost.recompute_us`, the prefix manager's price of a block), else recomputes: LMCache's
-`min_retrieve_tokens` and SGLang HiCache's L3 prefetch threshold (256 tokens) skip small
-retrievals by a fixed token count; this prices them. All or nothing: the saving of loading the
-first k blocks, recompute(k) - load(k), is convex in k (recompute grows with depth, a load is
-linear after its latency), so it peaks at k = 0 or the whole run and a partial load never wins.
+(`cost.recompute_us`, the prefix manager's price of a block), else recomputes. LMCache's
+`min_retrieve_tokens` and SGLang HiCache's L3 prefetch threshold (256 tokens by default, per
+sgl-project/sglang#12092) skip small retrievals by a fixed token count; this prices the choice.
+All or nothing: the saving of loading the first k blocks, recompute(k) - load(k), is convex in k
+(recompute grows with depth, a load is linear after its latency), so it peaks at k = 0 or at the
+whole run and a partial load never wins. (Sources read: LMCache
+docs/source/api_reference/configurations.rst and PR #4499; Mooncake issue #3331 and
+doc/en/architecture.md.)
 
 A transfer holds a GPU's lane of `cluster.shared_tier.link` (the same lane P/D handovers use)
 and one of the store's `store_ports` lanes that way, for latency + bytes / bandwidth
