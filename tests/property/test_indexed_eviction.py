@@ -369,7 +369,7 @@ def test_a_hook_that_rekeys_an_idle_entry_reorders_the_index() -> None:
     assert index.num_visits == 2  # the stale item is skipped, not re-sorted
 
 
-@pytest.mark.parametrize("name", ["lru", "lfu", "fifo", "priority"])
+@pytest.mark.parametrize("name", ["lru", "lfu", "fifo", "priority", "mru"])
 def test_an_indexed_decision_visits_only_its_victims_whatever_the_cache_size(name: str) -> None:
     """Complexity, counted: 100 one-victim decisions over 10^4 idle entries (each followed by a
     release, as in steady state) look at about 100 heap items, not 10^6."""
