@@ -22,6 +22,8 @@ those. No simulator import; `now` may move either way.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedList
@@ -31,7 +33,16 @@ from cachepilot_sim.policies.base import CacheEntry
 if TYPE_CHECKING:
     from cachepilot_sim.policies.lrb import Bucket, LrbPolicy
 
-Span = tuple[int, float, int]  # idle in [lo, hi); the gap index that predicts it (-1: none)
+
+@dataclass(frozen=True, slots=True)
+class _Spans:
+    """Where one version of a bucket's gaps puts an idle entry: beyond the boundary for idle in
+    [lows[j], highs[j]) (ascending, disjoint, merged), and the within spans as (bound on the
+    residual, lo, hi, predicting gap), largest bound first."""
+
+    lows: list[int]
+    highs: list[float]
+    within: list[tuple[int, int, float, int]]
 
 
 class LrbIndex:
@@ -46,8 +57,8 @@ class LrbIndex:
         self._buckets: dict[Bucket, SortedList] = {}  # bucket -> (last use, id)
         self._where: dict[int, tuple[Bucket, int]] = {}  # id -> (bucket, last use)
         self._entries: dict[int, CacheEntry] = {}
-        # (bucket whose gaps predict, its version) -> (beyond spans, within spans)
-        self._spans: dict[Bucket, tuple[int, list[Span], list[Span]]] = {}
+        # bucket whose gaps predict -> (their version, the spans they give)
+        self._spans: dict[Bucket, tuple[int, _Spans]] = {}
 
     def __len__(self) -> int:
         return len(self._where)
@@ -74,82 +85,99 @@ class LrbIndex:
             del self._buckets[bucket]
         del self._entries[entry_id]
 
-    def _spans_of(self, bucket: Bucket) -> tuple[list[Span], list[Span]]:
-        """Idle-time spans beyond the boundary (oldest first, merged) and within it (with the
-        index of the gap that predicts each), for the gaps that predict `bucket` now."""
+    def _spans_of(self, bucket: Bucket) -> _Spans:
+        """The idle-time spans beyond and within the boundary for the gaps that predict
+        `bucket` now (computed once per version of those gaps)."""
         model = self.policy.model
         src, order = model.source(bucket)
         version = model.version.get(src, 0)
         cached = self._spans.get(src)
         if cached is not None and cached[0] == version:
-            return cached[1], cached[2]
-        beyond: list[Span] = []
-        within: list[Span] = []
+            return cached[1]
+        lows: list[int] = []  # beyond: [lows[j], highs[j]), ascending and disjoint
+        highs: list[float] = []
+        within: list[tuple[int, int, float, int]] = []  # (bound, lo, hi, gap) by bound desc
         gaps = list(order) if order else []
         m = len(gaps)
         floor_b = math.floor(self.policy.boundary_us)
         for k in range(m + 1):
             lo = gaps[k - 1] if k > 0 else 0
             hi: float = gaps[k] if k < m else math.inf
-            mid = k + (m - k) // 2
-            cut = gaps[mid] - floor_b if k < m else math.inf
-            if lo < min(hi, cut):  # residual > B below cut
-                if beyond and beyond[-1][1] == lo:
-                    beyond[-1] = (beyond[-1][0], min(hi, cut), -1)
+            gap = gaps[k + (m - k) // 2] if k < m else 0
+            cut: float = gap - floor_b if k < m else math.inf  # beyond while idle < cut
+            if lo < min(hi, cut):
+                if highs and highs[-1] == lo:
+                    highs[-1] = min(hi, cut)
                 else:
-                    beyond.append((lo, min(hi, cut), -1))
-            if max(lo, cut) < hi:
-                within.append((int(max(lo, cut)), hi, mid))
-        beyond.reverse()  # oldest (longest idle) first
-        self._spans[src] = (version, beyond, within)
-        return beyond, within
+                    lows.append(lo)
+                    highs.append(min(hi, cut))
+            if k < m and max(lo, cut) < hi:  # residual gap - idle, at most gap - start here
+                start = int(max(lo, cut))
+                within.append((gap - start, start, hi, gap))
+        within.sort(key=lambda w: (-w[0], w[1]))
+        spans = _Spans(lows, highs, within)
+        self._spans[src] = (version, spans)
+        return spans
 
     def _oldest_beyond(
-        self, items: SortedList, spans: list[Span], now_us: int, best: tuple[int, int] | None
+        self, items: SortedList, spans: _Spans, now_us: int, best: tuple[int, int] | None
     ) -> tuple[int, int] | None:
         """The smallest (last use, id) among `best` and the bucket's entries beyond the
-        boundary: entries idle in [lo, hi) have last use in (now - hi, now - lo]."""
-        for lo, hi, _ in spans:
-            after = now_us - hi
-            if best is not None and after >= best[0]:
-                break  # this span and the later ones hold only newer entries
+        boundary. From the oldest entry: if its idle time is in a beyond span it is the one;
+        else the next candidates are idle less than the beyond span below its idle time (one
+        bisection per alternation of the entries between the two sides)."""
+        lows, highs = spans.lows, spans.highs
+        below: float = math.inf  # look at entries idle less than this
+        while True:
             self.num_probes += 1
-            i = items.bisect_right((after, math.inf))
+            i = items.bisect_right((now_us - below, math.inf))  # first with idle < below
             if i == len(items):
-                break
+                return best
             item = items[i]
-            if lo == 0 or item[0] <= now_us - lo:  # idle is max(now - L, 0)
-                return item if best is None or item < best else best
-        return best
+            if best is not None and item > best:
+                return best
+            idle = max(now_us - item[0], 0)
+            j = bisect_right(lows, idle) - 1
+            if j < 0:
+                return best  # no beyond span at or below its idle time
+            if idle < highs[j]:
+                return item
+            below = highs[j]
 
     def _ranked_within(self, now_us: int) -> int | None:
-        """No entry is beyond the boundary: the youngest entry of each within-span of each
-        bucket is a candidate (the residual falls with idle time inside a span); the policy's
-        key picks among them."""
+        """No entry is beyond the boundary: in a within span the residual gap - idle is
+        largest for its youngest entry, and at most gap - span start; spans are tried by that
+        bound, down to the best residual found (ties: the policy's key decides, by id)."""
         key = self.policy.key
-        best: tuple[tuple[float | int, ...], int] | None = None
+        best_residual = -math.inf
+        cands: list[tuple[tuple[float | int, ...], int]] = []
         for bucket, items in self._buckets.items():
-            for lo, hi, _ in self._spans_of(bucket)[1]:
+            for bound, lo, hi, gap in self._spans_of(bucket).within:
+                if bound < best_residual:
+                    break
                 self.num_probes += 1
                 top = math.inf if lo == 0 else now_us - lo
                 i = items.bisect_right((top, math.inf)) - 1
                 if i < 0 or items[i][0] <= now_us - hi:
-                    continue
+                    continue  # no entry idle in [lo, hi)
                 last = items[i][0]
+                residual = gap - max(now_us - last, 0)
+                if residual < best_residual:
+                    continue
+                best_residual = residual
                 eid = items[items.bisect_left((last, -math.inf))][1]  # smallest id at that time
                 self.num_keyed += 1
-                cand = (key(self._entries[eid], now_us), eid)
-                if best is None or cand < best:
-                    best = cand
-        return None if best is None else best[1]
+                cands.append((key(self._entries[eid], now_us), eid))
+        return min(cands)[1] if cands else None
 
     def peek_min(self, now_us: int) -> int | None:
         """The id LRB's sort would put first at `now_us`, or None when empty."""
         best: tuple[int, int] | None = None
-        for bucket, items in self._buckets.items():
-            if best is not None and items[0] > best:
-                continue  # its oldest entry is newer than the best
-            best = self._oldest_beyond(items, self._spans_of(bucket)[0], now_us, best)
+        fronts = sorted((items[0], bucket) for bucket, items in self._buckets.items())
+        for front, bucket in fronts:  # oldest first: the first hit bounds the rest
+            if best is not None and front > best:
+                break  # this bucket's oldest entry, and every later bucket's, is newer
+            best = self._oldest_beyond(self._buckets[bucket], self._spans_of(bucket), now_us, best)
         if best is not None:
             return best[1]
         return self._ranked_within(now_us)
