@@ -267,10 +267,14 @@ class ForecastIndex:
             bounds = np.where(used, 0.0, np.inf)  # not monotone: nothing is bounded
         else:
             rows = self._row
-            t_min = np.maximum(now_us - np.where(used, self._hi, 0.0), 0.0)
+            t_near = (
+                np.maximum(now_us - np.where(used, self._hi, 0.0), 0.0) + delta
+            )  # shortest idle + delta
             t_max = np.maximum(now_us - np.where(used, self._lo, 0.0), 0.0)
-            s_far = _survival(table, rows, t_max) - _S_ERR  # <= S(t) on the block
-            s_near = _survival(table, rows, t_min + delta) + _S_ERR  # >= S(t + delta)
+            both = _survival(table, np.concatenate([rows, rows]), np.concatenate([t_max, t_near]))
+            num = len(rows)
+            s_far = both[:num] - _S_ERR  # <= S(t) on the block
+            s_near = both[num:] + _S_ERR  # >= S(t + delta)
             ratio = np.divide(s_near, s_far, out=np.ones_like(s_far), where=s_far > 1e-12)
             p_lo = np.maximum(1.0 - ratio, 0.0)
             bounds = np.where(used, p_lo * np.where(used, self._wmin, 0.0) * (1.0 - _REL), np.inf)
@@ -288,20 +292,23 @@ class ForecastIndex:
         self, slots: np.ndarray, now_us: int, best: tuple[float, int, int] | None
     ) -> tuple[float, int, int] | None:
         """The smallest key among `best` and the items of the blocks in `slots`."""
-        blocks = [self._slot_block[s] for s in slots.tolist()]
-        counts = [b.n for b in blocks if b is not None]
-        live = [b for b in blocks if b is not None]
-        if not live:
-            return best
-        last = np.concatenate([b.last[: b.n] for b in live])
-        w = np.concatenate([b.w[: b.n] for b in live])
-        ids = np.concatenate([b.ids[: b.n] for b in live])
-        rows = np.repeat(np.array([b.row for b in live], dtype=np.int64), counts)
-        self.num_approx += len(ids)
+        live = [b for b in map(self._slot_block.__getitem__, slots.tolist()) if b is not None]
+        if len(live) == 1:
+            b = live[0]
+            last, w, ids = b.last[: b.n], b.w[: b.n], b.ids[: b.n]
+            rows = np.full(2 * b.n, b.row, dtype=np.int64)
+        else:
+            last = np.concatenate([b.last[: b.n] for b in live])
+            w = np.concatenate([b.w[: b.n] for b in live])
+            ids = np.concatenate([b.ids[: b.n] for b in live])
+            counts = [b.n for b in live] * 2
+            rows = np.repeat(np.array([b.row for b in live] * 2, dtype=np.int64), counts)
+        num = len(ids)
+        self.num_approx += num
         table, delta = self.policy.table, self.policy.delta_us
         idle = np.maximum(now_us - last, 0.0)
-        s_now = _survival(table, rows, idle)
-        s_later = _survival(table, rows, idle + delta)
+        both = _survival(table, rows, np.concatenate([idle, idle + delta]))
+        s_now, s_later = both[:num], both[num:]
         sure = s_now > _SURE
         safe = np.where(sure, s_now, 1.0)
         p = np.where(sure, np.maximum(1.0 - s_later / safe, 0.0), 0.0)

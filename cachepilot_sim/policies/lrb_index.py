@@ -9,14 +9,17 @@ x in [G[k-1], min(G[k], G[mid_k] - floor(B))) for each k (residual - x is an int
 "> B" is "> floor(B)"), and x >= G[m-1]. They are computed once per version of G (the policy
 counts observations per bucket) and merged.
 
-Each bucket keeps its idle entries by (last use, id). A query walks every bucket with entries
-(O(buckets), not O(entries)): the bucket's oldest entry beyond the boundary is the first entry
-after the lower end of the oldest interval that holds one (a bisection per interval tried,
-stopping at the first hit or once the intervals are newer than the best found); the smallest
-(last use, id) over the buckets is LRB's victim. Only when no entry is beyond the boundary
-anywhere are the others ranked: within one interval of a bucket the residual falls as x grows,
-so the youngest entry of each interval is its candidate, and the policy's own key picks among
-those. No simulator import; `now` may move either way.
+Each bucket keeps its idle entries by (last use, id), and the buckets are kept by their oldest
+entry. A query walks the buckets oldest first until a bucket's oldest entry is newer than the
+best found: one bucket when the oldest entry of all is beyond the boundary (as it is once idle
+longer than every gap its predictor holds), at most every bucket, never every entry. In a
+bucket, from its oldest entry: an entry whose idle time lies in a beyond span is the bucket's
+answer; else the next candidate is the first entry idle less than the top of the beyond span
+below it (one bisection per alternation between the sides). The smallest (last use, id) over the
+buckets is LRB's victim. Only when no entry is beyond the boundary anywhere are the others
+ranked: inside a within span the residual gap - x is largest for its youngest entry and at most
+gap - (span start), so spans are tried by that bound, down to the best residual found, and the
+policy's own key picks among the candidates (ties by id). `now` may move either way.
 """
 
 from __future__ import annotations
@@ -48,13 +51,23 @@ class _Spans:
 class LrbIndex:
     """LRB's idle entries per feature bucket; `pop_min(now)` is the entry its sort puts first."""
 
-    __slots__ = ("policy", "num_probes", "num_keyed", "_buckets", "_where", "_entries", "_spans")
+    __slots__ = (
+        "policy",
+        "num_probes",
+        "num_keyed",
+        "_buckets",
+        "_fronts",
+        "_where",
+        "_entries",
+        "_spans",
+    )
 
     def __init__(self, policy: LrbPolicy) -> None:
         self.policy = policy
         self.num_probes = 0  # bisections made by queries (a complexity probe)
         self.num_keyed = 0  # entries keyed with the policy's key by queries
         self._buckets: dict[Bucket, SortedList] = {}  # bucket -> (last use, id)
+        self._fronts: SortedList = SortedList()  # (each bucket's oldest (last use, id), bucket)
         self._where: dict[int, tuple[Bucket, int]] = {}  # id -> (bucket, last use)
         self._entries: dict[int, CacheEntry] = {}
         # bucket whose gaps predict -> (their version, the spans they give)
@@ -69,7 +82,13 @@ class LrbIndex:
         eid = entry.entry_id
         self.discard(eid)
         bucket = self.policy.bucket_of(entry)
-        self._buckets.setdefault(bucket, SortedList()).add((entry.last_used_us, eid))
+        items = self._buckets.setdefault(bucket, SortedList())
+        item = (entry.last_used_us, eid)
+        if not items or item < items[0]:
+            if items:
+                self._fronts.remove((items[0], bucket))
+            self._fronts.add((item, bucket))
+        items.add(item)
         self._where[eid] = (bucket, entry.last_used_us)
         self._entries[eid] = entry
 
@@ -80,7 +99,13 @@ class LrbIndex:
             return
         bucket, last = where
         items = self._buckets[bucket]
-        items.remove((last, entry_id))
+        item = (last, entry_id)
+        front = items[0] == item
+        items.remove(item)
+        if front:
+            self._fronts.remove((item, bucket))
+            if items:
+                self._fronts.add((items[0], bucket))
         if not items:
             del self._buckets[bucket]
         del self._entries[entry_id]
@@ -173,8 +198,7 @@ class LrbIndex:
     def peek_min(self, now_us: int) -> int | None:
         """The id LRB's sort would put first at `now_us`, or None when empty."""
         best: tuple[int, int] | None = None
-        fronts = sorted((items[0], bucket) for bucket, items in self._buckets.items())
-        for front, bucket in fronts:  # oldest first: the first hit bounds the rest
+        for front, bucket in self._fronts:  # oldest first: the first hit bounds the rest
             if best is not None and front > best:
                 break  # this bucket's oldest entry, and every later bucket's, is newer
             best = self._oldest_beyond(self._buckets[bucket], self._spans_of(bucket), now_us, best)

@@ -163,3 +163,30 @@ def test_a_decision_keys_few_of_many_entries() -> None:
     assert len(index) == size
     assert index.num_keyed <= 200 * 5
     assert index.num_approx <= 200 * size // 20
+
+
+def test_a_flat_stretch_forecasts_zero_exactly_so_its_entries_go_oldest_first() -> None:
+    """S = 0.45 from grid point 10 to 30 (1 s to 100 s on this grid): within it P(resume within
+    δ) is exactly 0, not ±1e-16 of interpolation noise (0.45 (1 - f) + 0.45 f is not always 0.45),
+    and the keys of such entries tie at 0 and go by last use (LRU), as the docstring says."""
+    curve = np.array([1.0] * 10 + [0.45] * 21 + [0.2] * 10)
+    table = SurvivalTable(("class",), (0.1, 1000.0, 41), [()], curve[None, :])
+    grid = table.grid_us()
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        t = float(rng.uniform(grid[10], grid[30] / 2))
+        assert table.resume_within_at(0, t, grid[30] - 2 * t) == 0.0
+    policy = make_forecast(None, True, forecast_delta="fixed")
+    policy.table = table
+    policy.delta_us = float(grid[12] - grid[11])
+    now = int(grid[30]) // 2 + 10**6
+    entries = []
+    for i in range(40):  # idle from grid[11] to grid[30] / 2: all inside the flat stretch
+        idle = float(rng.uniform(grid[11], grid[30] / 2 - policy.delta_us))
+        e = CacheEntry(i, i, 0, 0, 0, 16, 4096, 0, now - int(idle))
+        e.restore_us = float(rng.uniform(1.0, 1e4))
+        policy.on_release(e, now)
+        entries.append(e)
+    order = sorted(entries, key=lambda e: policy.key(e, now))
+    assert [policy.key(e, now)[0] for e in order] == [0.0] * 40
+    assert order == sorted(entries, key=lambda e: (e.last_used_us, e.entry_id))
