@@ -7,26 +7,29 @@ fast makes it rise), so no time-independent order exists; but every curve is non
 (the shipped tables, and the online refit's product-limit curves), and that bounds P over a range
 of idle times: for t in [a, b], P(t) >= 1 - S(a + δ) / S(b).
 
-Each row keeps its entries in blocks of contiguous last-use times (L), at most 2 x `block_items`
-each, and every block's L range and smallest weight w = restore / bytes sit in NumPy arrays
-shared by all rows. A query (1) bounds every block's keys from below with one vectorised pass,
-(2) keys the block with the smallest bound exactly, (3) keys the items of every block whose
-bound can still beat that (or tie it with an older last use) in one vectorised pass of
-approximate keys (NumPy's log may differ from `math.log` by an ulp), and (4) computes the exact
-key, with the policy's own scalar function, only of items whose approximate key is within its
-error bound of the best: so the result is exactly the full sort's first entry. Equal keys (a
-flat stretch of a curve gives P = 0 exactly, `SurvivalTable.survival_at`) go to the oldest
-last use, and a block newer than the best such entry is not looked at.
+Each row keeps its entries in blocks of contiguous last-use times (L) of about sqrt(n) entries
+(at least 64; `block_items` fixes the size), and every block's L range and smallest weight
+w = restore / bytes sit in NumPy arrays shared by all rows. A query (1) bounds every block's keys
+from below in one vectorised pass, (2) keys exactly the lightest and the oldest entry of the
+block with the smallest bound (the oldest such block among equals), (3) gives an approximate key
+(NumPy's log may differ from `math.log` by an ulp) to every entry of the blocks whose bound can
+still beat that key, or tie it with an older last use, in one vectorised pass, and (4) computes
+the exact key, with the policy's own scalar function (`score_at`), only of the entries whose
+approximate key is within its error bound of the best: the result is exactly the full sort's
+first entry. Keys that tie (a flat stretch of a curve gives P = 0 exactly,
+`SurvivalTable.survival_at`) go to the oldest last use; a block newer than the best such entry
+is not looked at.
 
-Cost per query: O(number of blocks) in NumPy (n / 256 floats) plus the items of the blocks
-whose bound does not exclude them: few where the blocks are narrow in time (a large or dense
-cache), all of them where one block spans more idle time than δ and P's range (a small cache:
-there the full set is small). A table whose curves are not non-increasing is not bounded: every
-block is scanned (exact, O(n) vectorised).
+Cost per query: O(n / block size) in NumPy for the bounds, plus the entries of the blocks whose
+bound does not exclude them: a few blocks where blocks are narrow in idle time against δ and the
+curves' slopes (a large or dense cache); every block where one spans more idle time than that (a
+small cache, where the whole set is small). A table whose curves are not non-increasing is not
+bounded: every block is scanned (exact, O(n) vectorised).
 """
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +41,7 @@ if TYPE_CHECKING:
     from cachepilot_sim.policies.forecast_model import SurvivalTable
     from cachepilot_sim.policies.reuse_forecast import ReuseForecastPolicy
 
-BLOCK_ITEMS = 256
+BLOCK_ITEMS = 64  # a block's least size target; sqrt(n) once larger
 _S_ERR = 1e-12  # bound on |NumPy S - scalar S| (about 4e-14: an ulp of log t, times 40 / ln step)
 _REL = 1e-12  # p * restore / bytes against p * (restore / bytes): a few ulps
 _SURE = 1e-10  # below this S(t), P's exact value is not bounded from the approximation
@@ -100,8 +103,8 @@ class ForecastIndex:
         "_monotone_at",
     )
 
-    def __init__(self, policy: ReuseForecastPolicy, block_items: int = BLOCK_ITEMS) -> None:
-        if block_items < 1:
+    def __init__(self, policy: ReuseForecastPolicy, block_items: int | None = None) -> None:
+        if block_items is not None and block_items < 1:
             raise ValueError(f"ForecastIndex: block_items must be >= 1, got {block_items}")
         self.policy = policy
         self.block_items = block_items
@@ -156,7 +159,7 @@ class ForecastIndex:
         self._wmin[s] = min(self._wmin[s], w)
         if self._bounds is not None:
             self._bounds[s] = 0.0  # keys are >= 0: still a lower bound
-        if b.n > 2 * self.block_items:
+        if b.n > 2 * self._target():
             self._split(row, k)
 
     def discard(self, entry_id: int) -> None:
@@ -180,6 +183,13 @@ class ForecastIndex:
         if last == self._lo[s] or last == self._hi[s]:  # keep the range tight: victims are old
             self._lo[s], self._hi[s] = b.last[:j].min(), b.last[:j].max()
 
+    def _target(self) -> int:
+        """Items per block: `block_items` when given, else sqrt(n) and at least BLOCK_ITEMS
+        (a query's bounds cost n / size, its scans a few blocks' size)."""
+        if self.block_items is not None:
+            return self.block_items
+        return max(BLOCK_ITEMS, math.isqrt(len(self._items)))
+
     def _new_block(self, row: int) -> _Block:
         if not self._free:
             old = len(self._slot_block)
@@ -193,7 +203,7 @@ class ForecastIndex:
             if self._bounds is not None:
                 self._bounds = np.concatenate([self._bounds, np.full(cap - old, np.inf)])
         s = self._free.pop()
-        b = _Block(s, row, 2 * self.block_items + 1)
+        b = _Block(s, row, 2 * self._target() + 1)
         self._slot_block[s] = b
         self._row[s] = row
         self._lo[s], self._hi[s], self._wmin[s] = np.inf, -np.inf, np.inf
@@ -343,17 +353,17 @@ class ForecastIndex:
         bounds = self._block_bounds(now_us)
         m = float(bounds.min())
         first = np.flatnonzero(bounds == m)
-        k0 = first[np.argmin(self._lo[first])]
-        best = self._scan(np.array([k0]), now_us, None)
-        assert best is not None
+        b = self._slot_block[int(first[np.argmin(self._lo[first])])]
+        assert b is not None
+        # A first best from the most promising block, without scanning it: its lightest and
+        # its oldest entry (the oldest decides among keys that tie at 0).
+        picks = {int(b.ids[int(np.argmin(b.w[: b.n]))]), int(b.ids[int(np.argmin(b.last[: b.n]))])}
+        best = min(self._exact(eid, now_us) for eid in picks)
         key, last, _ = best
         more = (bounds < key) | ((bounds <= key) & (self._lo <= last))
-        more[k0] = False
-        slots = np.flatnonzero(more)
-        if len(slots):
-            best = self._scan(slots, now_us, best)
-            assert best is not None
-        return best[2]
+        found = self._scan(np.flatnonzero(more), now_us, best)
+        assert found is not None
+        return found[2]
 
     def pop_min(self, now_us: int) -> int | None:
         """`peek_min`, and the entry leaves the index."""

@@ -62,7 +62,7 @@ ops_strategy = st.lists(
     monotone=st.booleans(),
     delta=st.sampled_from(["eviction_age", "fixed"]),
     pricing=st.sampled_from(["restore", "none"]),
-    block_items=st.sampled_from([1, 2, 256]),
+    block_items=st.sampled_from([1, 2, None]),
 )
 def test_pops_follow_the_policy_key(
     ops: list[tuple[int, int, int, int]],
@@ -70,7 +70,7 @@ def test_pops_follow_the_policy_key(
     monotone: bool,
     delta: str,
     pricing: str,
-    block_items: int,
+    block_items: int | None,
 ) -> None:
     policy = make_forecast(
         table, monotone or table is None, forecast_delta=delta, forecast_pricing=pricing
