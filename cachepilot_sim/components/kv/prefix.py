@@ -253,7 +253,8 @@ class PrefixKvManager:
                 self.policy.on_evict(b.entry, now)
             for b in cut:
                 tree.evictable.pop(b.hash_id, None)
-                self._dispose(b, now, allow_offload)
+                if not self.off_gpu.write_evicted(b, allow_offload, self._dispose):  # shared tier
+                    self._dispose(b, now, allow_offload)
                 done += 1
             for b in cut:  # what the cut leaves idle and childless is a tail now
                 tree.expose_parent(b)
