@@ -10,6 +10,8 @@ test_indexed_eviction.py; the operation counts here say a decision keys few entr
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,6 +23,7 @@ from cachepilot_sim.policies.forecast_index import ForecastIndex
 from cachepilot_sim.policies.forecast_model import SurvivalTable
 from cachepilot_sim.policies.reuse import GapEstimator
 from cachepilot_sim.policies.reuse_forecast import ReuseForecastPolicy
+from tests.property import test_indexed_eviction as streams
 
 FEATURES = ("class", "tokens")
 
@@ -190,3 +193,24 @@ def test_a_flat_stretch_forecasts_zero_exactly_so_its_entries_go_oldest_first() 
     order = sorted(entries, key=lambda e: policy.key(e, now))
     assert [policy.key(e, now)[0] for e in order] == [0.0] * 40
     assert order == sorted(entries, key=lambda e: (e.last_used_us, e.entry_id))
+
+
+def test_online_and_unpriced_modes_evict_through_both_managers_as_the_full_path() -> None:
+    """The managers' streams of test_indexed_eviction.py with the curves refit at every
+    observation, and with a fixed δ and no pricing (one index for every restore regime)."""
+    modes = (
+        {"forecast_online": True, "forecast_online_every": 1},
+        {"forecast_delta": "fixed", "forecast_pricing": "none"},
+    )
+    for knobs in modes:
+        for seed in range(2):
+            ops, chains = streams.seeded_stream(seed)
+            for offload in (False, True):
+                for make, tree in ((streams.session_config, None), (streams.prefix_config, chains)):
+                    pool = 90 if tree is None else 10
+                    cfg = make("reuse_forecast", pool, 40, offload, 0.1)
+                    cfg = replace(cfg, policy=policy_config("reuse_forecast", **knobs))
+                    streams.assert_same(cfg, ops, tree)
+                    _, log, kv = streams.run(cfg, None, ops, tree)
+                    index = kv.candidates if tree is None else kv.tails
+                    assert log and index._timed
