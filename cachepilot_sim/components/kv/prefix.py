@@ -124,9 +124,8 @@ class PrefixKvManager:
 
     # -- admission ---------------------------------------------------------------------------
     def _block_recompute_us(self, depth: int) -> float:
-        return recompute_us(self.fit, (depth + 1) * self.hash_tokens) - recompute_us(
-            self.fit, depth * self.hash_tokens
-        )
+        fit, n = self.fit, self.hash_tokens
+        return recompute_us(fit, (depth + 1) * n) - recompute_us(fit, depth * n)
 
     def admit(self, req: Request) -> Admit:
         """Reuse the cached leading blocks, reload CPU ones, allocate the rest + private pages."""
@@ -237,26 +236,23 @@ class PrefixKvManager:
         return self._evict_blocks(num_blocks, allow_offload) * self.hash_bytes
 
     def _evict_blocks(self, num_blocks: int, allow_offload: bool = True) -> int:
-        """Evict up to num_blocks blocks: the policy picks tails of the idle prefix forest.
-
-        Returns the number evicted (fewer when nothing else is idle). A decision that frees less
-        than asked (a policy may stop short) is repeated on what is left.
-        """
-        now = int(self.env.now)
-        done = 0
-        tree = self.tree
+        """Evict up to num_blocks tails of the idle prefix forest, picked by the policy; returns how
+        many (fewer when nothing else is idle). A decision that frees less than asked (a policy may
+        stop short) is repeated on what is left."""
+        now, done, tree = int(self.env.now), 0, self.tree
+        offloaded: list[HashBlock] = []
         while done < num_blocks and tree.evictable:
             cut = self._choose(num_blocks - done, now, allow_offload)
             if not cut:
                 break
             for b in cut:
                 self.policy.on_evict(b.entry, now)
-            for b in cut:
-                tree.evictable.pop(b.hash_id, None)
-                self._dispose(b, now, allow_offload)
-                done += 1
+            self._dispose(cut, now, allow_offload, offloaded)
+            done += len(cut)
             for b in cut:  # what the cut leaves idle and childless is a tail now
                 tree.expose_parent(b)
+        if offloaded:  # nothing above schedules an event: the copies start as if one by one
+            self.cpu_tier.start_copies(offloaded)
         return done
 
     def _choose(self, num_blocks: int, now: int, allow_offload: bool) -> list[HashBlock]:
@@ -288,27 +284,31 @@ class PrefixKvManager:
             )
         return e
 
-    def _dispose(self, b: HashBlock, now: int, allow_offload: bool) -> None:
-        """Offload an evicted tail when allowed and the store has room; else drop it with its
-        CPU descendants. Decode growth needs bytes now (allow_offload False): an offload frees
-        them only later."""
-        e = b.entry
-        expected = self.estimator.resume_probability(e, now) * e.restore_us
-        self.stats.expected_evict_cost_us += expected
-        score = float(self.policy.key(e, now)[0])
-        offload = allow_offload and self.offload_enabled and self.cpu_tier.has_room()
-        st = self.stats
-        if offload:
-            st.evictions_offload += 1
-            st.evicted_bytes_offload += self.hash_bytes
-        else:
-            st.evictions_drop += 1
-            st.evicted_bytes_drop += self.hash_bytes
-        self.events.evict(now, e, 1, self.hash_bytes, offload, score, expected)
-        if offload:
-            self.cpu_tier.offload(b)
-        else:
-            self.cpu_tier.forget(b)
+    def _dispose(
+        self, cut: list[HashBlock], now: int, allow_offload: bool, offloaded: list[HashBlock]
+    ) -> None:
+        """Offload each evicted tail (into `offloaded`) when allowed and the store has room, else
+        drop it with its CPU descendants (decode growth needs bytes now: allow_offload False)."""
+        st, tier, estimator, key = self.stats, self.cpu_tier, self.estimator, self.policy.key
+        evictable, num_bytes = self.tree.evictable, self.hash_bytes
+        may_offload = allow_offload and self.offload_enabled
+        for b in cut:
+            evictable.pop(b.hash_id, None)
+            e = b.entry
+            expected = estimator.resume_probability(e, now) * e.restore_us
+            st.expected_evict_cost_us += expected
+            score = float(key(e, now)[0])
+            offload = may_offload and tier.has_room()
+            self.events.evict(now, e, 1, num_bytes, offload, score, expected)
+            if offload:
+                st.evictions_offload += 1
+                st.evicted_bytes_offload += num_bytes
+                tier.offload(b)
+                offloaded.append(b)
+            else:
+                st.evictions_drop += 1
+                st.evicted_bytes_drop += num_bytes
+                tier.forget(b)
 
     def _enforce_cap(self) -> None:
         n = self.tree.num_gpu_blocks

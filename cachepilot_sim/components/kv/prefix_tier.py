@@ -51,12 +51,18 @@ class PrefixCpuTier:
         )
 
     def offload(self, b: HashBlock) -> None:
-        """Start copying an evicted idle tail out; its GPU bytes are free when the copy lands."""
+        """An evicted idle tail leaves the GPU for the store: its GPU bytes are in flight and its
+        store bytes reserved now; its copy starts with the others of its eviction call
+        (`start_copies`), and its GPU bytes are free when the copy lands."""
         self.transfers.start_offload(self.hash_bytes)
         self.cpu.reserve(self.cpu_hash_bytes)
         self.tree.leave_gpu(b)
-        self.transfers.offload_then(
-            self.hash_bytes, self.cpu_hash_bytes, lambda duration: self._offloaded(b, duration)
+
+    def start_copies(self, blocks: list[HashBlock]) -> None:
+        """Start the copies of the tails `offload` took out, in that order (call it before any
+        other event is scheduled: `Transfers.offload_each_then`)."""
+        self.transfers.offload_each_then(
+            self.hash_bytes, self.cpu_hash_bytes, blocks, self._offloaded
         )
 
     def continuation(self, req: Request, ids: list[int], hits: int) -> Admit | None:
