@@ -15,7 +15,7 @@ from __future__ import annotations
 from cachepilot_sim.components.kv.cpu_store import CpuStore
 from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
 from cachepilot_sim.components.kv.prefix_tier import PrefixCpuTier
-from cachepilot_sim.components.kv.protocol import Admit, KvDeps, KvStats
+from cachepilot_sim.components.kv.protocol import Admit, KvDeps, KvStats, Tier
 from cachepilot_sim.components.kv.remote import OffGpuLoads
 from cachepilot_sim.components.kv.room import RoomRule
 from cachepilot_sim.components.kv.tails import TailIndex
@@ -85,6 +85,7 @@ class PrefixKvManager:
         # the policy (its uses, its ghost-list record), as a returning session is.
         self.hash_entries: dict[int, CacheEntry] = {}
         self._next_entry_id = 0
+        self._block_costs: list[float] = []  # _block_recompute_us by depth
         self.off_gpu = OffGpuLoads(deps, self.cpu_tier, self._make_room, self._insert, self.seen)
 
     def blocks_for(self, num_tokens: int) -> int:
@@ -124,8 +125,13 @@ class PrefixKvManager:
 
     # -- admission ---------------------------------------------------------------------------
     def _block_recompute_us(self, depth: int) -> float:
+        """Recompute of the hash block at `depth` of a chain (µs): computed once per depth."""
+        costs = self._block_costs
         fit, n = self.fit, self.hash_tokens
-        return recompute_us(fit, (depth + 1) * n) - recompute_us(fit, depth * n)
+        while len(costs) <= depth:
+            j = len(costs)
+            costs.append(recompute_us(fit, (j + 1) * n) - recompute_us(fit, j * n))
+        return costs[depth]
 
     def admit(self, req: Request) -> Admit:
         """Reuse the cached leading blocks, reload CPU ones, allocate the rest + private pages."""
@@ -137,9 +143,9 @@ class PrefixKvManager:
         total_bytes = len(ids) * self.hash_bytes + final_private * self.block_bytes[0]
         if total_bytes > self.pool.capacity_bytes or final_tokens > self.max_context:
             return Admit.REJECT
-        tree = self.tree
+        tree, blocks, on_gpu = self.tree, self.tree.blocks, Tier.GPU
         hits = 0
-        while hits < len(ids) and tree.on_gpu(ids[hits]):
+        while hits < len(ids) and (b := blocks.get(ids[hits])) is not None and b.tier == on_gpu:
             hits += 1
         early = self.off_gpu.continuation(req, ids, hits)
         if early is not None:
@@ -182,16 +188,21 @@ class PrefixKvManager:
     def _insert(self, chain: list[HashBlock], new_ids: list[int], req: Request) -> None:
         group = req.group_id
         parent = chain[-1] if chain else None
-        now = int(self.env.now)
+        now, priority, entries, add = (
+            int(self.env.now),
+            req.priority,
+            self.hash_entries,
+            self.tree.add,
+        )
         for h in new_ids:
-            entry = self.hash_entries.get(h)
+            entry = entries.get(h)
             if entry is None:
                 entry = CacheEntry(
                     entry_id=self._next_entry_id,
                     session_id=group,
                     model_index=0,
                     class_index=0,
-                    priority=req.priority,
+                    priority=priority,
                     num_tokens=self.hash_tokens,
                     num_bytes=self.hash_bytes,
                     created_us=now,
@@ -199,11 +210,11 @@ class PrefixKvManager:
                     recompute_us=self._block_recompute_us(len(chain)),
                 )
                 self._next_entry_id += 1
-                self.hash_entries[h] = entry
+                entries[h] = entry
             else:  # cached again after eviction: the same entry, used now
-                entry.session_id, entry.priority, entry.last_used_us = group, req.priority, now
+                entry.session_id, entry.priority, entry.last_used_us = group, priority, now
             b = HashBlock(h, parent, entry)
-            self.tree.add(b)
+            add(b)
             chain.append(b)
             parent = b
 
@@ -247,7 +258,7 @@ class PrefixKvManager:
                 break
             for b in cut:
                 self.policy.on_evict(b.entry, now)
-            self._dispose(cut, now, allow_offload, offloaded)
+            self.cpu_tier.dispose(cut, now, allow_offload and self.offload_enabled, offloaded)
             done += len(cut)
             for b in cut:  # what the cut leaves idle and childless is a tail now
                 tree.expose_parent(b)
@@ -283,32 +294,6 @@ class PrefixKvManager:
                 self.estimator.delta_us,
             )
         return e
-
-    def _dispose(
-        self, cut: list[HashBlock], now: int, allow_offload: bool, offloaded: list[HashBlock]
-    ) -> None:
-        """Offload each evicted tail (into `offloaded`) when allowed and the store has room, else
-        drop it with its CPU descendants (decode growth needs bytes now: allow_offload False)."""
-        st, tier, estimator, key = self.stats, self.cpu_tier, self.estimator, self.policy.key
-        evictable, num_bytes = self.tree.evictable, self.hash_bytes
-        may_offload = allow_offload and self.offload_enabled
-        for b in cut:
-            evictable.pop(b.hash_id, None)
-            e = b.entry
-            expected = estimator.resume_probability(e, now) * e.restore_us
-            st.expected_evict_cost_us += expected
-            score = float(key(e, now)[0])
-            offload = may_offload and tier.has_room()
-            self.events.evict(now, e, 1, num_bytes, offload, score, expected)
-            if offload:
-                st.evictions_offload += 1
-                st.evicted_bytes_offload += num_bytes
-                tier.offload(b)
-                offloaded.append(b)
-            else:
-                st.evictions_drop += 1
-                st.evicted_bytes_drop += num_bytes
-                tier.forget(b)
 
     def _enforce_cap(self) -> None:
         n = self.tree.num_gpu_blocks
