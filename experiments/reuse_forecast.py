@@ -7,6 +7,9 @@
     python experiments/reuse_forecast.py mooncake    # the whole Mooncake trace, second half apart
     python experiments/reuse_forecast.py online      # + policy.forecast_online=true, seeds 0-9
     python experiments/reuse_forecast.py mooncake --online   # its row on the Mooncake trace
+    python experiments/reuse_forecast.py transfer    # mooncake's table on mixed_spike seeds 0-9
+    python experiments/reuse_forecast.py mooncake --transfer  # mixed_spike's table on the trace
+    python experiments/reuse_forecast.py drift       # think times x3 from request 400: online?
 
 Evaluation seeds 0-9 and the second half of the Mooncake trace; the shipped tables were trained
 on seeds 100-199 and on the first half of the trace (cachepilot-sim train-forecast). Results go to
@@ -193,14 +196,53 @@ def cmd_calibrate() -> None:
     calibration(base("mixed_spike", []), EVAL_SEEDS, OUT)
 
 
-def cmd_mooncake(limit: int, online: bool) -> None:
-    """LRU, LFU and reuse_forecast on the trace; with `online` only the online row is run and
-    added to the results file (the others are kept from it)."""
+def cmd_transfer() -> None:
+    """Transfer, trace to synthetic: the table trained on the Mooncake trace's first half ranks
+    mixed_spike's sessions (seeds 0-9), paired against the committed LRU and in-domain rows."""
+    committed = json.loads((OUT / "mixed_spike.json").read_text())["seeds"]
+    path = OUT / "transfer.json"
+    if not path.exists():
+        keep = {k: committed[k] for k in ("lru", "reuse_forecast")}
+        path.write_text(json.dumps({"seeds": keep}, indent=1))
+    label = "reuse_forecast (mooncake_synthetic table)"
+    variants = {"lru": ("lru", {}), "reuse_forecast": ("reuse_forecast", {}),
+                label: ("reuse_forecast", {"forecast_model": "mooncake_synthetic"})}  # fmt: skip
+    evaluate(variants, base("mixed_spike", []), "transfer", {label})
+    data = json.loads(path.read_text())
+    data["vs_in_domain"] = paired(data["seeds"], "reuse_forecast")[label]
+    path.write_text(json.dumps(data, indent=1))
+    print("vs the in-domain table:", json.dumps(data["vs_in_domain"]))
+
+
+DRIFT = ["workload.think_drift_multiplier=3", "workload.think_drift_at_request=400"]
+
+
+def cmd_drift() -> None:
+    """Reuse that drifts away from the training data: mixed_spike with every think time that
+    starts after request 400 three times longer. Does the online update recover what the
+    offline table (trained without drift) loses?"""
+    variants = {"lru": ("lru", {}), "perc": ("perc", {}), "lfu": ("lfu", {}),
+                "reuse_forecast": ("reuse_forecast", {}),
+                "reuse_forecast online": ("reuse_forecast", ONLINE_KNOBS),
+                "perc_clairvoyant": ("perc_clairvoyant", {})}  # fmt: skip
+    evaluate(variants, base("mixed_spike", DRIFT), "drift", set())
+    path = OUT / "drift.json"
+    data = json.loads(path.read_text())
+    data["online_vs_offline"] = paired(data["seeds"], "reuse_forecast")["reuse_forecast online"]
+    data["overrides"] = DRIFT
+    path.write_text(json.dumps(data, indent=1))
+    print("online vs offline:", json.dumps(data["online_vs_offline"]))
+
+
+def cmd_mooncake(limit: int, online: bool, transfer: bool = False) -> None:
+    """LRU, LFU and reuse_forecast on the trace; with `online` (or `transfer`: the mixed_spike
+    table, synthetic to trace) only that row is run and added to the results file (the others
+    are kept from it)."""
     over = [f"replay.limit={limit}"] if limit else []
     cfg = base("mooncake_synthetic", over)
     arrivals = None
     path = OUT / f"mooncake{limit or ''}.json"
-    out = json.loads(path.read_text()) if online else {}
+    out = json.loads(path.read_text()) if online or transfer else {}
     table: dict[str, object] = {"forecast_model": "mooncake_synthetic"}
     runs: list[tuple[str, str, dict[str, object]]] = [
         ("lru", "lru", {}),
@@ -208,9 +250,10 @@ def cmd_mooncake(limit: int, online: bool) -> None:
         ("reuse_forecast", "reuse_forecast", table),
         ("reuse_forecast online", "reuse_forecast", {**table, **ONLINE_KNOBS}),
         ("reuse_forecast online prior 10", "reuse_forecast", {**table, **ONLINE_FAST}),
+        ("reuse_forecast (mixed_spike table)", "reuse_forecast", {"forecast_model": "mixed_spike"}),
     ]
     for label, name, knobs in runs:
-        if label in out or ("online" in label and not online):
+        if label in out or ("online" in label and not online) or ("(" in label and not transfer):
             continue
         sim = build(replace(cfg, seed=0, policy=policy_config(name, **knobs)))
         m = sim.run().metrics
@@ -273,15 +316,27 @@ def main() -> None:
     register_configs()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
-        "what", choices=["eval", "ablate", "wrong", "calibrate", "mooncake", "bench", "online"]
+        "what",
+        choices=[
+            "eval",
+            "ablate",
+            "wrong",
+            "calibrate",
+            "mooncake",
+            "bench",
+            "online",
+            "transfer",
+            "drift",
+        ],
     )
     p.add_argument("--online", action="store_true", help="mooncake: add the online row only")
+    p.add_argument("--transfer", action="store_true", help="mooncake: the mixed_spike table's row")
     p.add_argument("--limit", type=int, default=0, help="mooncake: first N requests (0: all)")
     p.add_argument("--baselines", action="store_true", help="eval: the baselines only")
     a = p.parse_args()
     assert model_path("mixed_spike").is_file()
     if a.what == "mooncake":
-        cmd_mooncake(a.limit, a.online)
+        cmd_mooncake(a.limit, a.online, a.transfer)
     elif a.what == "bench":
         cmd_bench()
     else:
@@ -289,7 +344,8 @@ def main() -> None:
             cmd_eval(a.baselines)
         else:
             cmds = {"ablate": cmd_ablate, "wrong": cmd_wrong, "calibrate": cmd_calibrate}
-            {**cmds, "online": cmd_online}[a.what]()
+            cmds.update(online=cmd_online, transfer=cmd_transfer, drift=cmd_drift)
+            cmds[a.what]()
 
 
 if __name__ == "__main__":

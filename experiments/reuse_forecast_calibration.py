@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -82,7 +83,7 @@ def calibration(cfg: SimConfig, seeds: range, out_dir: Path) -> None:
     at_evict = reliability(np.array(ev_p), np.array(ev_hit, dtype=float))
     med, real = np.concatenate(pred_med), np.concatenate(real_gap)
     rho = stats.spearmanr(med, real).statistic
-    summary = {
+    summary: dict[str, dict[str, Any]] = {
         "at_release_within_30s": at_release,
         "at_eviction_within_delta": at_evict,
         "median_gap": {

@@ -3,8 +3,10 @@
 A session takes one of `max_active_sessions` slots (the front end's concurrency limit), sends a
 turn, waits for the full answer, thinks, and sends the next turn, whose prompt extends its whole
 earlier context. The arrival rate is multiplied by `spike_multiplier` once `spike_at_request`
-requests have been issued. TTFT counts from the moment a turn is sent; the time a new session waited
-for a slot is recorded separately on its first turn (`session_wait_us`).
+requests have been issued; a think time that starts once `think_drift_at_request` requests have
+been issued is multiplied by `think_drift_multiplier` (the draws are unchanged). TTFT counts from
+the moment a turn is sent; the time a new session waited for a slot is recorded separately on its
+first turn (`session_wait_us`).
 
 A request is handed to the `on_end` watchers (the run's request log, live telemetry) when it ends
 and then forgotten: the clients hold only the requests in flight, so a 10^6-request run does not
@@ -150,8 +152,9 @@ class Clients:
             if self.num_issued >= self.wl.num_requests:
                 return
             req = self._make_request(spec, turn, context, self.env.now)
+            think_us = self._think_us(spec, turn)
             if turn + 1 < spec.num_turns:
-                req.next_gap_us = int(spec.think_us[turn])
+                req.next_gap_us = think_us
             if turn == 0:
                 req.session_wait_us = self.env.now - arrived_us
             self.num_issued += 1
@@ -165,7 +168,16 @@ class Clients:
                 return
             context = req.total_tokens
             if turn + 1 < spec.num_turns:
-                yield self.env.timeout(int(spec.think_us[turn]))
+                yield self.env.timeout(think_us)
+
+    def _think_us(self, spec: SessionSpec, turn: int) -> int:
+        """The think time after `turn`, drifted when the drift has begun (decided as the turn is
+        sent, so the clairvoyant `next_gap_us` is the gap the session then waits)."""
+        think_us = int(spec.think_us[turn]) if turn < len(spec.think_us) else 0
+        wl = self.wl
+        if wl.think_drift_multiplier != 1.0 and self.num_issued >= wl.think_drift_at_request:
+            think_us = max(0, round(think_us * wl.think_drift_multiplier))
+        return think_us
 
     def _make_request(self, spec: SessionSpec, turn: int, context: int, sent_us: int) -> Request:
         ci = spec.class_index

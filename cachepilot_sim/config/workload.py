@@ -35,7 +35,9 @@ def _default_classes() -> dict[str, WorkloadClass]:
 
 @dataclass
 class WorkloadConfig(Sealed):
-    """Synthetic sessions: Poisson session arrivals, a rate spike from a given request on."""
+    """Synthetic sessions: Poisson session arrivals, a rate spike from a given request on, and
+    think times scaled by `think_drift_multiplier` from `think_drift_at_request` on (reuse that
+    drifts away from what a model was trained on)."""
 
     section: ClassVar[str | None] = "workload"
     name: str = "chat"
@@ -44,6 +46,8 @@ class WorkloadConfig(Sealed):
     session_rate_per_s: float = bounded(0.5, gt=0)
     spike_multiplier: float = bounded(1.0, gt=0)
     spike_at_request: int = bounded(0, ge=0)
+    think_drift_multiplier: float = bounded(1.0, gt=0)
+    think_drift_at_request: int = bounded(0, ge=0)
     max_active_sessions: int = bounded(48, gt=0)
 
     def validate(self, prefix: str) -> None:

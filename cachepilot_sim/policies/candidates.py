@@ -10,10 +10,12 @@ or False: `static_restore` gives it), a decision pops from that index; when the 
 time (a CPU store whose residency is below δ), the decision keys every candidate (`num_full`).
 Any other policy gets every candidate, as `select_victims` always did.
 
-The order is a `SortedList` rather than a binary heap: both are O(log n), but taking the smallest
-item touches one short list at the front instead of a root-to-leaf path through n scattered
-items, and recency keys are inserted at the back: at 10^6 items the heap's cache misses made a
-decision 5x slower than at 10^3 (`experiments/bench_eviction.md`).
+The order is a `FrontOrder` (`policies/front_order.py`) rather than a binary heap: keys that
+arrive in increasing order (LRU's: an entry goes idle now, after every other) are appended to a
+deque and popped from its front in O(1), the others kept in a `SortedList`; the smallest item is
+the smaller front. A heap's root-to-leaf paths through n scattered items made a decision 5x
+slower at 10^6 items than at 10^3, a `SortedList`'s bisection over tuples spread in memory 3x
+(`experiments/bench_eviction.md`).
 """
 
 from __future__ import annotations
@@ -21,9 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from sortedcontainers import SortedList
-
 from cachepilot_sim.policies.base import CacheEntry, EvictionPolicy, KeyScope
+from cachepilot_sim.policies.front_order import FrontOrder
 
 # Rebuild the order when stale items outnumber live ones by this factor (bounds memory; amortized).
 _COMPACT_FACTOR = 2
@@ -79,7 +80,7 @@ class CandidateIndex:
         self._timed: dict[bool, TimeIndex] = {}  # restore regime (offload?) -> index, made on use
         # A key that reads no restore estimate: one index (regime False) serves every decision.
         self.reads_restore = getattr(policy, "time_index_reads_restore", True)
-        self._order: SortedList = SortedList()  # of (key, stamp, entry)
+        self._order = FrontOrder()  # of (key, stamp, entry): recency keys arrive in order
         self._stamp: dict[int, int] = {}
         self._next_stamp = 0
 
@@ -164,7 +165,7 @@ class CandidateIndex:
         self._order.add((self.policy.key(entry, now_us), stamp, entry))
         if len(self._order) > _COMPACT_FACTOR * len(self.entries) + 64:
             stamps = self._stamp
-            self._order = SortedList(
+            self._order = FrontOrder(
                 item for item in self._order if stamps.get(item[2].entry_id) == item[1]
             )
 
@@ -203,7 +204,7 @@ class CandidateIndex:
         order, stamps = self._order, self._stamp
         freed = 0
         while order and freed < bytes_needed:
-            item = order.pop(0)
+            item = order.pop_min()
             self.num_visits += 1
             entry = item[2]
             if stamps.get(entry.entry_id) != item[1]:
