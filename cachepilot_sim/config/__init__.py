@@ -20,6 +20,8 @@ from cachepilot_sim.config.cluster import (
     LinkKind,
     RouterConfig,
     SharedTierConfig,
+    TierLoad,
+    TierWrite,
     known_routers,
     router_config,
 )
@@ -58,6 +60,8 @@ __all__ = [
     "BatcherConfig",
     "ClusterConfig",
     "SharedTierConfig",
+    "TierLoad",
+    "TierWrite",
     "ConfigError",
     "EngineConfig",
     "GpuSpecConfig",

@@ -26,6 +26,20 @@ class LinkKind(StrEnum):
     TCP = "tcp"
 
 
+class TierWrite(StrEnum):
+    """When a replica writes a prefix block to the shared store."""
+
+    ON_COMPLETION = "on_completion"  # the blocks a request computed, when it finishes
+    ON_EVICTION = "on_eviction"  # a block its GPU evicts and the store lacks, before it is freed
+
+
+class TierLoad(StrEnum):
+    """Whether a replica loads the store's run of blocks after its GPU prefix."""
+
+    ALWAYS = "always"  # load whenever the store holds a continuation
+    CHEAPER = "cheaper"  # load only when the modelled transfer beats recomputing those tokens
+
+
 @dataclass
 class SharedTierConfig(Sealed):
     """A KV store shared by every replica (Mooncake Store, LMCache's remote backend): prefix blocks
@@ -45,6 +59,14 @@ class SharedTierConfig(Sealed):
     # each way at once (Mooncake Store spreads objects over many nodes' DRAM and NICs).
     link: LinkKind = LinkKind.RDMA
     store_ports: int = bounded(8, ge=1, integer=True)
+    # When to write (`cluster/shared_tier.py` cites LMCache and Mooncake on each): ON_COMPLETION
+    # (write-through when the request finishes) or ON_EVICTION (write-back: a block the GPU evicts
+    # and the store lacks is written first, its GPU bytes in flight until the write lands).
+    write: TierWrite = TierWrite.ON_COMPLETION
+    # Load or recompute: ALWAYS load the store's run, or only when CHEAPER than recomputing it
+    # (latency + bytes / bandwidth + the lane's queued loads against the step-cost model's
+    # recompute of those tokens at their depth).
+    load: TierLoad = TierLoad.ALWAYS
 
     @property
     def enabled(self) -> bool:
@@ -58,6 +80,14 @@ class SharedTierConfig(Sealed):
             self.policy,
             f"unknown eviction policy; known: {POLICIES.names()}",
         )
+        for key, kind in (("write", TierWrite), ("load", TierLoad), ("link", LinkKind)):
+            value = getattr(self, key)
+            require(
+                isinstance(value, kind),
+                f"{prefix}.{key}",
+                value,
+                f"must be one of {[m.name for m in kind]}",
+            )
 
 
 @dataclass

@@ -86,6 +86,8 @@ class PrefixKvManager:
         self.hash_entries: dict[int, CacheEntry] = {}
         self._next_entry_id = 0
         self._block_costs: list[float] = []  # _block_recompute_us by depth
+        # Evicted tails may go to the cluster's shared tier first (its write on eviction)
+        self.writes_evicted = deps.remote is not None and deps.remote.write_on_eviction
         self.off_gpu = OffGpuLoads(deps, self.cpu_tier, self._make_room, self._insert, self.seen)
 
     def blocks_for(self, num_tokens: int) -> int:
@@ -258,13 +260,27 @@ class PrefixKvManager:
                 break
             for b in cut:
                 self.policy.on_evict(b.entry, now)
-            self.cpu_tier.dispose(cut, now, allow_offload and self.offload_enabled, offloaded)
+            if self.writes_evicted:  # the shared tier may hold each one for its write
+                for b in cut:
+                    tree.evictable.pop(b.hash_id, None)
+                    if not self.off_gpu.write_evicted(b, allow_offload, self._dispose):
+                        self._dispose(b, now, allow_offload)
+            else:
+                self.cpu_tier.dispose(cut, now, allow_offload and self.offload_enabled, offloaded)
             done += len(cut)
             for b in cut:  # what the cut leaves idle and childless is a tail now
                 tree.expose_parent(b)
         if offloaded:  # nothing above schedules an event: the copies start as if one by one
             self.cpu_tier.start_copies(offloaded)
         return done
+
+    def _dispose(self, b: HashBlock, now: int, allow_offload: bool) -> None:
+        """Dispose of one evicted tail, its copy started now: the shared tier's writes on eviction
+        schedule events between tails (a held tail goes when its write lands), so one by one."""
+        offloaded: list[HashBlock] = []
+        self.cpu_tier.dispose([b], now, allow_offload and self.offload_enabled, offloaded)
+        if offloaded:
+            self.cpu_tier.start_copies(offloaded)
 
     def _choose(self, num_blocks: int, now: int, allow_offload: bool) -> list[HashBlock]:
         """One decision: the tails to cut, in order. A policy ranking each block alone picks from

@@ -3,13 +3,18 @@ shared tier: Mooncake Store, LMCache's remote backend).
 
 A request whose chain continues, past its GPU (and CPU) blocks, into blocks the store holds loads
 them over the network into GPU blocks held in flight, and is handed back to the front of the queue
-when they land, where it finds them on the GPU (a hit): the load replaces their recompute. When a
-request finishes, its computed blocks that the store lacks are written to it (write-through on
-completion, not on eviction: a block is in the store while its GPU copy is still in use, so
-another replica can hit it at once, as LMCache's store-on-prefill does).
+when they land, where it finds them on the GPU (a hit): the load replaces their recompute. With
+`cluster.shared_tier.load=CHEAPER` the run is loaded only when the modelled transfer is below
+the recompute of its tokens at their depth, else recomputed (all or nothing: the store's module
+docstring says why). Writes (`cluster.shared_tier.write`): ON_COMPLETION writes a finished
+request's computed blocks the store lacks; ON_EVICTION writes a block the GPU evicts and the store
+lacks: it stays on the GPU, pinned and marked FLIGHT_OUT (not reusable: a request that needs it
+waits), its bytes in flight, until the write lands; then it is disposed of as the eviction chose
+(offloaded to the CPU tier or dropped), and its parent may become a tail.
 
-The store itself (capacity, eviction, network lanes) is the cluster's (`cluster/shared_tier.py`);
-the manager sees it through `RemoteKv`, one port per replica, handed in with `KvDeps`.
+The store itself (capacity, eviction, network lanes, the cited designs) is the cluster's
+(`cluster/shared_tier.py`); the manager sees it through `RemoteKv`, one port per replica, handed
+in with `KvDeps`.
 """
 
 from __future__ import annotations
@@ -23,10 +28,30 @@ from cachepilot_sim.components.kv.forest import HashBlock
 from cachepilot_sim.components.kv.prefix_tier import PrefixCpuTier
 from cachepilot_sim.components.kv.protocol import Admit, KvDeps, Tier
 from cachepilot_sim.components.request import Request
+from cachepilot_sim.cost import recompute_us
+
+# The manager's disposal of an evicted block: (block, now µs, allow_offload).
+Dispose = Callable[[HashBlock, int, bool], None]
 
 
 class RemoteKv(Protocol):
     """One replica's port to the shared store of prefix blocks (by hash)."""
+
+    write_on_eviction: bool  # cluster.shared_tier.write == ON_EVICTION
+    load_when_cheaper: bool  # cluster.shared_tier.load == CHEAPER
+    hash_tokens: int  # tokens of one block
+
+    def holds(self, hash_id: int) -> bool:
+        """The store has the block or is writing it."""
+        ...
+
+    def load_estimate_us(self, num_blocks: int) -> int:
+        """Modelled time (µs) to load `num_blocks` into this replica if started now."""
+        ...
+
+    def record_choice(self, req_id: int, num_recomputed: int, recompute_us: float) -> None:
+        """The request's latest load-or-recompute choice (0 blocks recomputed: it loads)."""
+        ...
 
     def num_stored(self, hash_ids: Sequence[int], start: int) -> int:
         """How many blocks of `hash_ids`, from position `start` on, the store can serve now
@@ -38,9 +63,14 @@ class RemoteKv(Protocol):
         value is the transfer time paid (µs) when they have landed."""
         ...
 
-    def store(self, blocks: Sequence[tuple[int, int, float]]) -> None:
+    def store(
+        self,
+        blocks: Sequence[tuple[int, int, float]],
+        landed: Callable[[int], None] | None = None,
+    ) -> int:
         """Write (hash id, group id, recompute µs) blocks this replica computed to the store;
-        those it already holds or is writing are skipped."""
+        those it already holds or is writing are skipped. Returns how many are being written;
+        `landed(µs paid)` runs when they are stored."""
         ...
 
 
@@ -62,8 +92,11 @@ class OffGpuLoads:
         req)`: new GPU blocks extending `chain`, referenced once, appended to it) and the hash
         ids ever cached (`seen`)."""
         self.env, self.pool, self.queue, self.remote = deps.env, deps.pool, deps.queue, deps.remote
+        self.fit, self.wake = deps.fit, deps.wake
         self.cpu_tier, self.tree, self.hash_bytes = cpu_tier, cpu_tier.tree, cpu_tier.hash_bytes
         self.make_room, self.insert, self.seen = make_room, insert, seen
+        # ON_EVICTION: hash id of a held block -> what it waits for (its write, held children).
+        self.holding: dict[int, int] = {}
 
     def continuation(self, req: Request, ids: list[int], hits: int) -> Admit | None:
         """The CPU tier's reload (`PrefixCpuTier.continuation`) when the chain continues there;
@@ -73,7 +106,7 @@ class OffGpuLoads:
         if early is not None or self.remote is None:
             return early
         num = self.remote.num_stored(ids, hits)
-        if num == 0:
+        if num == 0 or not self._load_pays(req, ids, hits, num):
             return None
         chain = [self.tree.blocks[h] for h in ids[:hits]]
         for b in chain:  # pinned first, so making room cannot evict the prefix being extended
@@ -93,6 +126,24 @@ class OffGpuLoads:
         self.env.process(self._land(req, back, self.remote.start_load(ids[hits : hits + num])))
         return Admit.WAIT
 
+    def _load_pays(self, req: Request, ids: list[int], hits: int, num: int) -> bool:
+        """ALWAYS: load. CHEAPER: load when the transfer is modelled below the recompute of the
+        `num` blocks after the `hits` GPU ones. A recompute chosen is recorded for the metrics,
+        less the blocks this replica had cached before (`realized_recompute_s` counts those)."""
+        remote = self.remote
+        assert remote is not None
+        if not remote.load_when_cheaper:
+            return True
+        tokens, fit = remote.hash_tokens, self.fit
+        cost = recompute_us(fit, (hits + num) * tokens) - recompute_us(fit, hits * tokens)
+        pays = remote.load_estimate_us(num) < cost
+        fresh = [] if pays else [j for j in range(hits, hits + num) if ids[j] not in self.seen]
+        fresh_us = sum(
+            recompute_us(fit, (j + 1) * tokens) - recompute_us(fit, j * tokens) for j in fresh
+        )
+        remote.record_choice(req.req_id, len(fresh), fresh_us)
+        return pays
+
     def _land(
         self, req: Request, back: list[HashBlock], load: simpy.Event
     ) -> Generator[simpy.Event, object, None]:
@@ -107,6 +158,54 @@ class OffGpuLoads:
         self.queue.requeue_front(req)
 
     def write_through(self, req: Request, chain: list[HashBlock]) -> None:
-        """The finished request's computed blocks go to the store (if there is one)."""
-        if self.remote is not None:
+        """ON_COMPLETION: the finished request's computed blocks go to the store."""
+        if self.remote is not None and not self.remote.write_on_eviction:
             self.remote.store([(b.hash_id, req.group_id, b.entry.recompute_us) for b in chain])
+
+    def write_evicted(self, b: HashBlock, allow_offload: bool, dispose: Dispose) -> bool:
+        """ON_EVICTION: hold an evicted idle tail on the GPU (pinned, FLIGHT_OUT, its bytes in
+        flight) while its write to the store runs, and while children cut before it in the same
+        decision are held (dropping it would drop them mid-write); when all that has landed,
+        `dispose(b, now, True)`. False when the caller disposes of it now: no write policy, or
+        nothing to wait for (the store holds it or has no room, and no child is held), or the
+        bytes are needed at once (`allow_offload` False: decode growth)."""
+        remote = self.remote
+        if remote is None or not remote.write_on_eviction:
+            return False
+        waits = sum(c.hash_id in self.holding for c in b.children.values())
+        writes = allow_offload and b.computed and not remote.holds(b.hash_id)
+        if writes:
+            e = b.entry
+
+            def landed(_: int) -> None:
+                self._settle(b, dispose)
+
+            writes = remote.store([(b.hash_id, e.session_id, e.recompute_us)], landed) > 0
+        if not writes and not waits:
+            return False
+        self.holding[b.hash_id] = waits + writes
+        self.tree.pin(b)  # out of the idle count; its parent keeps it as a GPU child
+        b.tier = Tier.FLIGHT_OUT  # not reusable while the NIC reads it
+        self.pool.start_offload(self.hash_bytes)
+        self.cpu_tier.transfers.pending_free_bytes += self.hash_bytes  # the room rule waits
+        return True
+
+    def _settle(self, b: HashBlock, dispose: Dispose) -> None:
+        """One thing `b` waited for landed (its write, or a held child's release). When none is
+        left: back to an idle GPU tail for a moment, then disposed of as its eviction chose; a
+        held parent waits for one thing less, and blocked requests may go."""
+        left = self.holding[b.hash_id] - 1
+        if left:
+            self.holding[b.hash_id] = left
+            return
+        del self.holding[b.hash_id]
+        self.pool.finish_reload(self.hash_bytes)
+        self.cpu_tier.transfers.pending_free_bytes -= self.hash_bytes
+        b.tier = Tier.GPU
+        self.tree.unpin(b)
+        dispose(b, int(self.env.now), True)
+        self.tree.expose_parent(b)
+        p = b.parent
+        if p is not None and p.hash_id in self.holding:
+            self._settle(p, dispose)
+        self.wake.notify()
