@@ -409,3 +409,23 @@ def test_the_prefix_tail_heap_visits_only_its_victims_whatever_the_tree_size() -
     assert kv.tails.num_visits == 200
     assert kv._evict_blocks(1, allow_offload=False) == 1
     assert kv.tails.num_visits == 201
+
+
+TIME_INDEXED = [
+    p
+    for p in INDEXED
+    if hasattr(make_policy(policy_config(p), GapEstimator(0.3, 1e6, 1e6)), "time_index")
+]
+
+
+@pytest.mark.parametrize("policy", TIME_INDEXED)
+def test_both_managers_decide_through_the_policys_time_index(policy: str) -> None:
+    """A DECISION policy with `time_index` is served by it on both managers (no CPU tier: the
+    restore estimate is fixed while idle), not by keying every candidate: the streams above
+    compare victims, this checks which path made them."""
+    assert {"perc", "gdsf", "wild", "reuse_forecast"} <= set(TIME_INDEXED)
+    ops, chains = seeded_stream(0)
+    _, log, kv = run(session_config(policy, 90, 0, False, 0.1), None, ops, None)
+    assert log and kv.candidates._timed and kv.candidates.num_full == 0
+    _, log, kv = run(prefix_config(policy, 10, 0, False, 0.1), None, ops, chains)
+    assert log and kv.tails._timed and kv.tails.num_full == 0
