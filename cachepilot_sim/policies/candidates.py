@@ -88,6 +88,7 @@ class CandidateIndex:
         "_order",
         "_stamp",
         "_next_stamp",
+        "_recheck",
     )
 
     def __init__(self, policy: EvictionPolicy, static_restore: StaticRestore | None = None) -> None:
@@ -107,6 +108,9 @@ class CandidateIndex:
         self._order = FrontOrder()  # of (key, stamp, entry): recency keys arrive in order
         self._stamp: dict[int, int] = {}
         self._next_stamp = 0
+        # The last decision's excluded entry stayed idle and was skipped, not keyed: the victims'
+        # hooks may have moved its key (SIEVE's hand passing it), so the next decision re-keys it.
+        self._recheck = -1
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -232,6 +236,11 @@ class CandidateIndex:
         victims: list[CacheEntry] = []
         if bytes_needed <= 0:
             return victims
+        if self._recheck >= 0:
+            again = self.entries.get(self._recheck)
+            self._recheck = -1
+            if again is not None:
+                self._push(again, now_us)
         skipped: list[tuple[tuple[float | int, ...], int, CacheEntry]] = []
         order, stamps = self._order, self._stamp
         freed = 0
@@ -249,5 +258,6 @@ class CandidateIndex:
             freed += entry.num_bytes
         for item in skipped:
             order.add(item)
+            self._recheck = exclude_id
         # Every restore estimate is read before any victim is evicted, as on the full path.
         return [prepare(e) for e in victims]

@@ -82,14 +82,18 @@ class SurvivalTable:
         pos = min(max((math.log(max(t_us, 1.0)) - self.log_start) / self.log_step, 0.0), last)
         i = min(int(pos), last - 1)
         f = pos - i
-        return curve[i] * (1.0 - f) + curve[i + 1] * f
+        a, b = curve[i], curve[i + 1]
+        # A flat segment is its value exactly: a * (1 - f) + a * f can be off by an ulp either
+        # way, and P would then order entries of a flat stretch by that noise, not LRU.
+        return a if a == b else a * (1.0 - f) + b * f
 
     def resume_within_at(self, row: int, idle_us: float, delta_us: float) -> float:
-        """`resume_within` for one item."""
+        """`resume_within` for one item; never negative (S is non-increasing; rounding could
+        make S(t + delta) exceed S(t) by an ulp)."""
         s_now = self.survival_at(row, idle_us)
         if s_now <= 1e-12:
             return 0.0
-        return 1.0 - self.survival_at(row, idle_us + delta_us) / s_now
+        return max(1.0 - self.survival_at(row, idle_us + delta_us) / s_now, 0.0)
 
     def grid_us(self) -> np.ndarray:
         """The gap times (µs) the curves are given at."""
@@ -112,14 +116,16 @@ class SurvivalTable:
         pos = np.clip(pos, 0.0, curves.shape[1] - 1.0)
         i = np.minimum(pos.astype(np.int64), curves.shape[1] - 2)
         f = pos - i
-        s = curves[rows, i] * (1.0 - f) + curves[rows, i + 1] * f
+        a, b = curves[rows, i], curves[rows, i + 1]
+        s = np.where(a == b, a, a * (1.0 - f) + b * f)  # flat: exactly its value (survival_at)
         return np.where(t_us < self.grid[0] * 1e6, 1.0, s)
 
     def resume_within(self, rows: np.ndarray, idle_us: np.ndarray, delta_us: float) -> np.ndarray:
         """P(next use within delta | idle so far) = 1 - S(idle + delta) / S(idle)."""
         s_now = self.survival(rows, idle_us)
         s_later = self.survival(rows, idle_us + delta_us)
-        return np.where(s_now > 1e-12, 1.0 - s_later / np.maximum(s_now, 1e-12), 0.0)
+        p = np.where(s_now > 1e-12, 1.0 - s_later / np.maximum(s_now, 1e-12), 0.0)
+        return np.maximum(p, 0.0)
 
     def to_json(self) -> dict[str, Any]:
         start, stop, num = self.grid

@@ -8,7 +8,8 @@ the predictor is an empirical distribution of observed gaps per feature bucket (
 session's gap EMA), not LightGBM over 32 past deltas and decayed counters; it predicts the gap left
 given the time already idle (the paper's age feature, here by conditioning); every idle entry is
 ranked rather than 64 sampled; the boundary is a config field, not learned from Belady's decisions
-on the past window; and among entries beyond it the least recently used goes first.
+on the past window; and among entries beyond it the least recently used goes first. Decisions pop
+from an exact index of the key (`policies/lrb_index.py`): O(feature buckets), not O(entries).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from sortedcontainers import SortedList
 
 from cachepilot_sim.config import PolicyConfig, bounded
 from cachepilot_sim.policies.base import CacheEntry, KeyScope, RankingPolicy, register
+from cachepilot_sim.policies.lrb_index import LrbIndex
 from cachepilot_sim.policies.reuse import GapEstimator
 
 Bucket = tuple[int, int, int]
@@ -45,6 +47,7 @@ class GapModel:
         self.min_gaps = min_gaps
         self.recent: dict[Bucket, deque[int]] = {}
         self.sorted: dict[Bucket, SortedList] = {}
+        self.version: dict[Bucket, int] = {}  # observations per bucket (its gaps changed)
         self.num_observed = 0
 
     def observe(self, bucket: Bucket, gap_us: int) -> None:
@@ -55,15 +58,22 @@ class GapModel:
             order = self.sorted.setdefault(b, SortedList())
             recent.append(gap_us)
             order.add(gap_us)
+            self.version[b] = self.version.get(b, 0) + 1
             if len(recent) > self.window:
                 order.remove(recent.popleft())
+
+    def source(self, bucket: Bucket) -> tuple[Bucket, SortedList | None]:
+        """The bucket whose gaps predict `bucket` (itself, or the population when it has too
+        few) and those gaps."""
+        order = self.sorted.get(bucket)
+        if order is None or len(order) < self.min_gaps:
+            return _ALL, self.sorted.get(_ALL)
+        return bucket, order
 
     def residual_us(self, bucket: Bucket, idle_us: int) -> float:
         """Median gap left for an entry idle `idle_us`, among the gaps longer than that in its
         bucket (the population when its bucket has too few); inf when none was that long."""
-        order = self.sorted.get(bucket)
-        if order is None or len(order) < self.min_gaps:
-            order = self.sorted.get(_ALL)
+        order = self.source(bucket)[1]
         if not order:
             return math.inf
         first = order.bisect_right(idle_us)
@@ -91,6 +101,7 @@ class LrbPolicy(RankingPolicy):
 
     name = "lrb"
     key_scope = KeyScope.DECISION
+    time_index_reads_restore = False  # one index serves every decision, whatever the restore
 
     def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
         super().__init__(cfg, estimator)
@@ -109,10 +120,18 @@ class LrbPolicy(RankingPolicy):
         if bucket is not None:
             self.model.observe(bucket, max(now_us - entry.last_used_us, 0))
 
+    def bucket_of(self, entry: CacheEntry) -> Bucket:
+        """The features the entry is predicted from: those of its release, else its own now."""
+        return self.features.get(entry.entry_id) or feature_bucket(entry)
+
     def predicted_residual_us(self, entry: CacheEntry, now_us: int) -> float:
         """The predicted time to the entry's next access (inf: not seen coming back)."""
-        bucket = self.features.get(entry.entry_id) or feature_bucket(entry)
-        return self.model.residual_us(bucket, max(now_us - entry.last_used_us, 0))
+        return self.model.residual_us(self.bucket_of(entry), max(now_us - entry.last_used_us, 0))
+
+    def time_index(self) -> LrbIndex:
+        """An exact index of this key (`policies/lrb_index.py`): a decision looks at each
+        feature bucket's oldest entry beyond the boundary, not at every entry."""
+        return LrbIndex(self)
 
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
         residual = self.predicted_residual_us(entry, now_us)

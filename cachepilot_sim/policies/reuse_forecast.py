@@ -15,6 +15,11 @@ observations, by the product-limit rule from the gaps the hooks observed (a rele
 an access) and the entries still idle (censored at their age now), with the shipped curve as
 `forecast_online_prior` pseudo-releases and only the bucket's last `forecast_online_window`
 releases counted. Off by default: the offline table alone, exactly as before.
+
+Decisions pop from an exact index of the key (`policies/forecast_index.py`, `time_index`), in
+every mode: δ and refit curves are read at each query, so a learned δ and online refits keep it
+exact; the managers fall back to keying every candidate only where the restore estimate moves
+with idle time (`policies/candidates.py`).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from cachepilot_sim.policies.forecast_features import (
     ReleaseTracker,
     bucket_values,
 )
+from cachepilot_sim.policies.forecast_index import ForecastIndex
 from cachepilot_sim.policies.forecast_model import (
     OnlineCurves,
     SurvivalTable,
@@ -101,6 +107,8 @@ class ReuseForecastPolicy(RankingPolicy):
         self.delta_mode = cfg.forecast_delta
         self.age_weight = cfg.forecast_age_weight
         self.priced = cfg.forecast_pricing == ForecastPricing.RESTORE
+        # Unpriced, the key reads no restore estimate: its index serves every decision.
+        self.time_index_reads_restore = self.priced
         self.delta_us = float(estimator.delta_us)
         self.tracker = ReleaseTracker()
         self.rows: dict[int, int] = {}  # entry id -> its curve, fixed at its last release
@@ -156,8 +164,20 @@ class ReuseForecastPolicy(RankingPolicy):
 
     def score(self, entry: CacheEntry, now_us: int) -> float:
         """P x restore_us / bytes (or P alone with forecast_pricing=none)."""
-        p = self.probability(entry, now_us)
-        return p * entry.restore_us / max(entry.num_bytes, 1) if self.priced else p
+        idle = float(max(now_us - entry.last_used_us, 0))
+        row = self.rows.get(entry.entry_id, 0)
+        return self.score_at(row, idle, entry.restore_us, entry.num_bytes)
+
+    def score_at(self, row: int, idle_us: float, restore_us: float, num_bytes: int) -> float:
+        """The score of an entry of curve `row` idle `idle_us` (the one function the sort and
+        the index both key with, so their floats cannot differ)."""
+        p = self.table.resume_within_at(row, idle_us, self.delta_us)
+        return p * restore_us / max(num_bytes, 1) if self.priced else p
+
+    def time_index(self) -> ForecastIndex:
+        """An exact index of this key (`policies/forecast_index.py`): a decision keys the
+        entries of the blocks of idle time whose bound can beat the best, not every entry."""
+        return ForecastIndex(self)
 
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
         # Plain floats, one entry at a time: the prefix manager keys every chain tail alone.

@@ -27,8 +27,10 @@ class SievePolicy(RankingPolicy):
     hand next reaches its position: this lap if the position lies ahead of the hand, the next lap
     if the hand has passed it. A visited entry has its bit cleared there and is evicted one lap
     later, so a hit adds one lap (once: the bit is one bit). The hand moves only to a victim's
-    key, the smallest of the idle keys, so an idle entry's key never changes between its hooks:
-    ENTRY scope, and the smallest key is exactly the entry SIEVE's hand would evict next. When
+    key, the smallest of the idle keys, so an idle entry's key never changes between its hooks
+    (ENTRY scope: the smallest key is exactly the entry SIEVE's hand would evict next), except
+    the one entry a decision leaves out (the session being admitted), which the hand may pass:
+    the session manager's index re-keys it at the next decision (`CandidateIndex`). When
     the victim was the newest entry the hand wraps: the next lap starts at the oldest entry, and
     entries inserted from then on are reached after every older one (they enter at the head).
 

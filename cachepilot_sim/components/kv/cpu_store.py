@@ -59,6 +59,8 @@ class CpuStore:
 
     def make_room(self, num_bytes: int, drop: DropFn) -> bool:
         """Drop the oldest items until `num_bytes` fit (if the store evicts); True when they do."""
+        if self.used_bytes + num_bytes <= self.capacity_bytes:
+            return True
         kept: list[tuple[int, int, int]] = []
         while self.used_bytes + num_bytes > self.capacity_bytes and self._order:
             key, tie, item = heapq.heappop(self._order)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from cachepilot_sim.components.kv.cpu_store import CpuStore
 from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
 from cachepilot_sim.components.kv.prefix_tier import PrefixCpuTier
-from cachepilot_sim.components.kv.protocol import Admit, KvDeps, KvStats
+from cachepilot_sim.components.kv.protocol import Admit, KvDeps, KvStats, Tier
 from cachepilot_sim.components.kv.remote import OffGpuLoads
 from cachepilot_sim.components.kv.room import RoomRule
 from cachepilot_sim.components.kv.tails import TailIndex
@@ -85,6 +85,9 @@ class PrefixKvManager:
         # the policy (its uses, its ghost-list record), as a returning session is.
         self.hash_entries: dict[int, CacheEntry] = {}
         self._next_entry_id = 0
+        self._block_costs: list[float] = []  # _block_recompute_us by depth
+        # Evicted tails may go to the cluster's shared tier first (its write on eviction)
+        self.writes_evicted = deps.remote is not None and deps.remote.write_on_eviction
         self.off_gpu = OffGpuLoads(deps, self.cpu_tier, self._make_room, self._insert, self.seen)
 
     def blocks_for(self, num_tokens: int) -> int:
@@ -124,9 +127,13 @@ class PrefixKvManager:
 
     # -- admission ---------------------------------------------------------------------------
     def _block_recompute_us(self, depth: int) -> float:
-        return recompute_us(self.fit, (depth + 1) * self.hash_tokens) - recompute_us(
-            self.fit, depth * self.hash_tokens
-        )
+        """Recompute of the hash block at `depth` of a chain (µs): computed once per depth."""
+        costs = self._block_costs
+        fit, n = self.fit, self.hash_tokens
+        while len(costs) <= depth:
+            j = len(costs)
+            costs.append(recompute_us(fit, (j + 1) * n) - recompute_us(fit, j * n))
+        return costs[depth]
 
     def admit(self, req: Request) -> Admit:
         """Reuse the cached leading blocks, reload CPU ones, allocate the rest + private pages."""
@@ -138,9 +145,9 @@ class PrefixKvManager:
         total_bytes = len(ids) * self.hash_bytes + final_private * self.block_bytes[0]
         if total_bytes > self.pool.capacity_bytes or final_tokens > self.max_context:
             return Admit.REJECT
-        tree = self.tree
+        tree, blocks, on_gpu = self.tree, self.tree.blocks, Tier.GPU
         hits = 0
-        while hits < len(ids) and tree.on_gpu(ids[hits]):
+        while hits < len(ids) and (b := blocks.get(ids[hits])) is not None and b.tier == on_gpu:
             hits += 1
         early = self.off_gpu.continuation(req, ids, hits)
         if early is not None:
@@ -183,16 +190,21 @@ class PrefixKvManager:
     def _insert(self, chain: list[HashBlock], new_ids: list[int], req: Request) -> None:
         group = req.group_id
         parent = chain[-1] if chain else None
-        now = int(self.env.now)
+        now, priority, entries, add = (
+            int(self.env.now),
+            req.priority,
+            self.hash_entries,
+            self.tree.add,
+        )
         for h in new_ids:
-            entry = self.hash_entries.get(h)
+            entry = entries.get(h)
             if entry is None:
                 entry = CacheEntry(
                     entry_id=self._next_entry_id,
                     session_id=group,
                     model_index=0,
                     class_index=0,
-                    priority=req.priority,
+                    priority=priority,
                     num_tokens=self.hash_tokens,
                     num_bytes=self.hash_bytes,
                     created_us=now,
@@ -200,11 +212,11 @@ class PrefixKvManager:
                     recompute_us=self._block_recompute_us(len(chain)),
                 )
                 self._next_entry_id += 1
-                self.hash_entries[h] = entry
+                entries[h] = entry
             else:  # cached again after eviction: the same entry, used now
-                entry.session_id, entry.priority, entry.last_used_us = group, req.priority, now
+                entry.session_id, entry.priority, entry.last_used_us = group, priority, now
             b = HashBlock(h, parent, entry)
-            self.tree.add(b)
+            add(b)
             chain.append(b)
             parent = b
 
@@ -237,28 +249,38 @@ class PrefixKvManager:
         return self._evict_blocks(num_blocks, allow_offload) * self.hash_bytes
 
     def _evict_blocks(self, num_blocks: int, allow_offload: bool = True) -> int:
-        """Evict up to num_blocks blocks: the policy picks tails of the idle prefix forest.
-
-        Returns the number evicted (fewer when nothing else is idle). A decision that frees less
-        than asked (a policy may stop short) is repeated on what is left.
-        """
-        now = int(self.env.now)
-        done = 0
-        tree = self.tree
+        """Evict up to num_blocks tails of the idle prefix forest, picked by the policy; returns how
+        many (fewer when nothing else is idle). A decision that frees less than asked (a policy may
+        stop short) is repeated on what is left."""
+        now, done, tree = int(self.env.now), 0, self.tree
+        offloaded: list[HashBlock] = []
         while done < num_blocks and tree.evictable:
             cut = self._choose(num_blocks - done, now, allow_offload)
             if not cut:
                 break
             for b in cut:
                 self.policy.on_evict(b.entry, now)
-            for b in cut:
-                tree.evictable.pop(b.hash_id, None)
-                if not self.off_gpu.write_evicted(b, allow_offload, self._dispose):  # shared tier
-                    self._dispose(b, now, allow_offload)
-                done += 1
+            if self.writes_evicted:  # the shared tier may hold each one for its write
+                for b in cut:
+                    tree.evictable.pop(b.hash_id, None)
+                    if not self.off_gpu.write_evicted(b, allow_offload, self._dispose):
+                        self._dispose(b, now, allow_offload)
+            else:
+                self.cpu_tier.dispose(cut, now, allow_offload and self.offload_enabled, offloaded)
+            done += len(cut)
             for b in cut:  # what the cut leaves idle and childless is a tail now
                 tree.expose_parent(b)
+        if offloaded:  # nothing above schedules an event: the copies start as if one by one
+            self.cpu_tier.start_copies(offloaded)
         return done
+
+    def _dispose(self, b: HashBlock, now: int, allow_offload: bool) -> None:
+        """Dispose of one evicted tail, its copy started now: the shared tier's writes on eviction
+        schedule events between tails (a held tail goes when its write lands), so one by one."""
+        offloaded: list[HashBlock] = []
+        self.cpu_tier.dispose([b], now, allow_offload and self.offload_enabled, offloaded)
+        if offloaded:
+            self.cpu_tier.start_copies(offloaded)
 
     def _choose(self, num_blocks: int, now: int, allow_offload: bool) -> list[HashBlock]:
         """One decision: the tails to cut, in order. A policy ranking each block alone picks from
@@ -288,28 +310,6 @@ class PrefixKvManager:
                 self.estimator.delta_us,
             )
         return e
-
-    def _dispose(self, b: HashBlock, now: int, allow_offload: bool) -> None:
-        """Offload an evicted tail when allowed and the store has room; else drop it with its
-        CPU descendants. Decode growth needs bytes now (allow_offload False): an offload frees
-        them only later."""
-        e = b.entry
-        expected = self.estimator.resume_probability(e, now) * e.restore_us
-        self.stats.expected_evict_cost_us += expected
-        score = float(self.policy.key(e, now)[0])
-        offload = allow_offload and self.offload_enabled and self.cpu_tier.has_room()
-        st = self.stats
-        if offload:
-            st.evictions_offload += 1
-            st.evicted_bytes_offload += self.hash_bytes
-        else:
-            st.evictions_drop += 1
-            st.evicted_bytes_drop += self.hash_bytes
-        self.events.evict(now, e, 1, self.hash_bytes, offload, score, expected)
-        if offload:
-            self.cpu_tier.offload(b)
-        else:
-            self.cpu_tier.forget(b)
 
     def _enforce_cap(self) -> None:
         n = self.tree.num_gpu_blocks

@@ -37,6 +37,7 @@ class PrefixCpuTier:
         """`block_bytes`: a hash block's (GPU, CPU store) bytes; `make_room(bytes)`: the
         manager's room rule, True when the bytes are free now."""
         self.env, self.pool, self.events = deps.env, deps.pool, deps.events
+        self.policy, self.estimator = deps.policy, deps.estimator
         self.queue, self.wake = deps.queue, deps.wake
         self.tree, self.cpu, self.transfers, self.stats = tree, cpu, transfers, stats
         self.hash_bytes, self.cpu_hash_bytes = block_bytes
@@ -50,13 +51,46 @@ class PrefixCpuTier:
             self.cpu_hash_bytes, self._drop_cpu_tail
         )
 
+    def dispose(
+        self, cut: list[HashBlock], now: int, may_offload: bool, offloaded: list[HashBlock]
+    ) -> None:
+        """Evict the cut's tails in order: offload each (appending it to `offloaded`) when
+        `may_offload` and the store has room, else drop it with its CPU descendants. Decode growth
+        needs bytes now (the manager passes may_offload False): an offload frees them later.
+        One trace row, expected-cost and byte count per block."""
+        st, estimator, key = self.stats, self.estimator, self.policy.key
+        evictable, num_bytes = self.tree.evictable, self.hash_bytes
+        for b in cut:
+            evictable.pop(b.hash_id, None)
+            e = b.entry
+            expected = estimator.resume_probability(e, now) * e.restore_us
+            st.expected_evict_cost_us += expected
+            score = float(key(e, now)[0])
+            offload = may_offload and self.has_room()
+            self.events.evict(now, e, 1, num_bytes, offload, score, expected)
+            if offload:
+                st.evictions_offload += 1
+                st.evicted_bytes_offload += num_bytes
+                self.offload(b)
+                offloaded.append(b)
+            else:
+                st.evictions_drop += 1
+                st.evicted_bytes_drop += num_bytes
+                self.forget(b)
+
     def offload(self, b: HashBlock) -> None:
-        """Start copying an evicted idle tail out; its GPU bytes are free when the copy lands."""
+        """An evicted idle tail leaves the GPU for the store: its GPU bytes are in flight and its
+        store bytes reserved now; its copy starts with the others of its eviction call
+        (`start_copies`), and its GPU bytes are free when the copy lands."""
         self.transfers.start_offload(self.hash_bytes)
         self.cpu.reserve(self.cpu_hash_bytes)
         self.tree.leave_gpu(b)
-        self.transfers.offload_then(
-            self.hash_bytes, self.cpu_hash_bytes, lambda duration: self._offloaded(b, duration)
+
+    def start_copies(self, blocks: list[HashBlock]) -> None:
+        """Start the copies of the tails `offload` took out, in that order (call it before any
+        other event is scheduled: `Transfers.offload_each_then`)."""
+        self.transfers.offload_each_then(
+            self.hash_bytes, self.cpu_hash_bytes, blocks, self._offloaded
         )
 
     def continuation(self, req: Request, ids: list[int], hits: int) -> Admit | None:
@@ -116,9 +150,13 @@ class PrefixCpuTier:
         b = self.tree.blocks.get(hash_id)
         if b is None or b.tier != Tier.CPU or b.children:
             return None
-        self.cpu.record_drop(int(self.env.now) - b.cpu_since_us)
-        self.events.cpu_drop(int(self.env.now), b.entry, 1, self.hash_bytes)
-        self.forget(b)
+        now = int(self.env.now)
+        self.cpu.record_drop(now - b.cpu_since_us)
+        self.events.cpu_drop(now, b.entry, 1, self.hash_bytes)
+        self.tree.forget_off_gpu(b)  # `forget` of a CPU block without children
+        self.cpu.release(self.cpu_hash_bytes)
+        if b.parent is not None:
+            self._push_cpu_tail(b.parent)
         return True
 
     def _push_cpu_tail(self, b: HashBlock) -> None:
@@ -127,14 +165,16 @@ class PrefixCpuTier:
 
     def _offloaded(self, b: HashBlock, duration: int) -> None:
         """One block's copy landed (`duration` µs paid): it is on the CPU, its GPU bytes free."""
+        now = int(self.env.now)
         if self.tree.blocks.get(b.hash_id) is b:
             b.tier = Tier.CPU
-            b.cpu_since_us = int(self.env.now)
-            self._push_cpu_tail(b)
+            b.cpu_since_us = now
+            if not b.children:  # a CPU tail: droppable
+                self.cpu.push(b.entry.last_used_us, b.entry.entry_id, b.hash_id)
         else:  # its chain was dropped while it was in flight
             self.cpu.release(self.cpu_hash_bytes)
             self.orphans -= 1
-        self.events.offload_done(int(self.env.now), b.entry, 1, self.cpu_hash_bytes, duration)
+        self.events.offload_done(now, b.entry, 1, self.cpu_hash_bytes, duration)
         self.wake.notify()
 
     def forget(self, b: HashBlock) -> None:

@@ -7,7 +7,8 @@ the conversion is charged at the calibrated quantize rate.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
+from typing import TypeVar
 
 import simpy
 from simpy.core import URGENT
@@ -19,6 +20,8 @@ from cachepilot_sim.components.vram_pool import VramPool
 from cachepilot_sim.config import ModelConfig
 from cachepilot_sim.cost import quantize_us
 from cachepilot_sim.cost.kv_bytes import INT8_SCALE_BYTES, kv_bytes_per_token
+
+T = TypeVar("T")
 
 
 def cpu_kv_bytes_per_token(model: ModelConfig, offload_dtype_bytes: int) -> int:
@@ -91,6 +94,39 @@ class Transfers:
                 )
             else:
                 copy_out(0)
+
+        env.schedule(triggered(env, start), URGENT)
+
+    def offload_each_then(
+        self,
+        gpu_bytes: int,
+        cpu_bytes: int,
+        items: Sequence[T],
+        done: Callable[[T, int], None],
+    ) -> None:
+        """`offload_then` once per item, for copies started one after another with no other event
+        scheduled between them (one eviction call's offloads): `done(item, time paid in µs)` as
+        each lands. Their start events would be consecutive in the event order (urgent, now,
+        consecutive ids) and each only converts or requests the lane, so one start event does the
+        same for all, in order; every conversion, grant and landing is at the same time and place
+        in the event order as with one start each. `start_offload` was called for each already."""
+        env, link, items = self.env, self.link, list(items)
+        convert = self.convert_us(gpu_bytes, cpu_bytes)
+
+        def landed(item: T, copy_us: int) -> None:
+            self.pool.finish_offload(gpu_bytes)
+            self.pending_free_bytes -= gpu_bytes
+            done(item, convert + copy_us)
+
+        def copy_out(_: simpy.Event) -> None:
+            link.transfer_each_then("d2h", cpu_bytes, items, landed)
+
+        def start(_: simpy.Event) -> None:
+            if convert:
+                self.stats.convert_us += convert * len(items)
+                env.timeout(convert).callbacks.append(copy_out)  # type: ignore[union-attr]
+            else:
+                copy_out(_)
 
         env.schedule(triggered(env, start), URGENT)
 
