@@ -8,7 +8,12 @@ stale items it skips. A `KeyScope.DECISION` policy that offers an exact index of
 the manager says every candidate's restore estimate is fixed while it is idle (`restore_mode` True
 or False: `static_restore` gives it), a decision pops from that index; when the estimate moves with
 time (a CPU store whose residency is below δ), the decision keys every candidate (`num_full`).
-Any other policy gets every candidate, as `select_victims` always did.
+A `KeyScope.SET` policy whose rule relative to the candidates has an exact incremental form
+(`set_index()`: SLRU's and ARC's segment sums, `policies/set_indexes.py`) gets that index, which
+answers the decision (`prepare` over the candidates but the excluded one, then greedy by key)
+walking only as far as its victims. A policy may rank whole entries by a narrower scope than
+chains of prefix blocks (`key_scope_on_entries`: T-LRU is DECISION here, SET on chains). Any other
+policy gets every candidate, as `select_victims` always did.
 
 The order is a `FrontOrder` (`policies/front_order.py`) rather than a binary heap: keys that
 arrive in increasing order (LRU's: an entry goes idle now, after every other) are appended to a
@@ -46,6 +51,22 @@ class TimeIndex(Protocol):
     def pop_min(self, now_us: int) -> int | None: ...
 
 
+class SetIndex(Protocol):
+    """An exact index of a SET policy's decision over whole entries (a policy's `set_index()`):
+    it keeps the candidates and answers what `select_victims` over all of them would."""
+
+    @property
+    def num_visits(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+    def add(self, entry: CacheEntry) -> None: ...
+
+    def discard(self, entry_id: int) -> None: ...
+
+    def select(self, bytes_needed: int, now_us: int, exclude_id: int) -> list[CacheEntry]: ...
+
+
 class CandidateIndex:
     """Idle entries of one manager in the order its policy evicts them.
 
@@ -63,6 +84,7 @@ class CandidateIndex:
         "static_restore",
         "reads_restore",
         "_timed",
+        "_set",
         "_order",
         "_stamp",
         "_next_stamp",
@@ -72,7 +94,7 @@ class CandidateIndex:
     def __init__(self, policy: EvictionPolicy, static_restore: StaticRestore | None = None) -> None:
         self.policy = policy
         self.entries: dict[int, CacheEntry] = {}  # entry id -> entry, in the order they went idle
-        scope = getattr(policy, "key_scope", KeyScope.SET)
+        scope = getattr(policy, "key_scope_on_entries", getattr(policy, "key_scope", KeyScope.SET))
         self.indexed = scope == KeyScope.ENTRY
         self.num_visits = 0  # items looked at by decisions (a complexity probe for tests)
         self.num_full = 0  # DECISION decisions that keyed every candidate (restore moves with time)
@@ -81,6 +103,8 @@ class CandidateIndex:
         self._timed: dict[bool, TimeIndex] = {}  # restore regime (offload?) -> index, made on use
         # A key that reads no restore estimate: one index (regime False) serves every decision.
         self.reads_restore = getattr(policy, "time_index_reads_restore", True)
+        make_set = getattr(policy, "set_index", None) if scope == KeyScope.SET else None
+        self._set: SetIndex | None = make_set() if make_set is not None else None
         self._order = FrontOrder()  # of (key, stamp, entry): recency keys arrive in order
         self._stamp: dict[int, int] = {}
         self._next_stamp = 0
@@ -102,6 +126,8 @@ class CandidateIndex:
         self.entries[entry.entry_id] = entry
         if self.indexed:
             self._push(entry, now_us)
+        elif self._set is not None:
+            self._set.add(entry)
         elif self._timed:
             assert self.static_restore is not None
             for offload, index in self._timed.items():
@@ -109,13 +135,17 @@ class CandidateIndex:
 
     def refresh(self, entry: CacheEntry, now_us: int) -> None:
         """A hook may have changed an idle entry's key: index it again (no-op when not idle)."""
-        if entry.entry_id in self.entries and (self.indexed or self._timed):
+        if entry.entry_id in self.entries and (
+            self.indexed or self._timed or self._set is not None
+        ):
             self.add(entry, now_us)
 
     def discard(self, entry_id: int) -> None:
         """The entry is in use or evicted: no longer a candidate."""
         self.entries.pop(entry_id, None)
         self._stamp.pop(entry_id, None)
+        if self._set is not None:
+            self._set.discard(entry_id)
         for index in self._timed.values():
             index.discard(entry_id)
 
@@ -196,6 +226,8 @@ class CandidateIndex:
                 self.num_full += 1
             else:
                 return self._select_timed(restore_mode, bytes_needed, now_us, prepare, exclude_id)
+        if self._set is not None:  # victims' estimates are read before any is evicted, as below
+            return [prepare(e) for e in self._set.select(bytes_needed, now_us, exclude_id)]
         if not self.indexed:
             candidates = [prepare(e) for e in self.entries.values() if e.entry_id != exclude_id]
             if not candidates:

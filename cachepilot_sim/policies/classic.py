@@ -17,6 +17,7 @@ from cachepilot_sim.config import PolicyConfig, bounded
 from cachepilot_sim.policies.base import CacheEntry, KeyScope, RankingPolicy, register
 from cachepilot_sim.policies.decision_indexes import GdsfIndex
 from cachepilot_sim.policies.reuse import GapEstimator
+from cachepilot_sim.policies.set_indexes import ArcIndex, SlruIndex
 
 
 class _TracksEvictions(RankingPolicy):
@@ -120,6 +121,12 @@ class SlruPolicy(_TracksEvictions):
         """Probation before the protected segment, each least recently used first."""
         return (int(entry.entry_id in self.kept), entry.last_used_us, entry.entry_id)
 
+    def set_index(self) -> SlruIndex:
+        """An exact index of `prepare` then greedy by key for whole entries: segment byte sums
+        and orders (`policies/set_indexes.py`). After its decision `kept` holds only the victims
+        taken from the protected segment: the keys read after a decision are the victims'."""
+        return SlruIndex(self)
+
 
 @register("arc")
 class ArcPolicy(_TracksEvictions):
@@ -198,6 +205,12 @@ class ArcPolicy(_TracksEvictions):
         eid = entry.entry_id
         segment = 1 if eid in self.frequent else 0 if eid in self.t1_excess else 2
         return (segment, entry.last_used_us, eid)
+
+    def set_index(self) -> ArcIndex:
+        """An exact index of `prepare` then greedy by key for whole entries: T1 and T2 byte sums
+        and orders (`policies/set_indexes.py`). After its decision `t1_excess` holds only the
+        victims taken from T1's excess: the keys read after a decision are the victims'."""
+        return ArcIndex(self)
 
 
 @register("gdsf")

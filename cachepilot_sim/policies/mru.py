@@ -8,12 +8,14 @@ multi-turn conversation loses its parent's blocks as that engine does.
 
 from __future__ import annotations
 
-from cachepilot_sim.policies.base import CacheEntry, RankingPolicy, register
+from cachepilot_sim.policies.base import CacheEntry, KeyScope, RankingPolicy, register
 
 
 @register("mru")
 class MruPolicy(RankingPolicy):
     name = "mru"
+    # The key reads the entry's last use and id: set when it goes idle, fixed while it is idle.
+    key_scope = KeyScope.ENTRY
 
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
         return (-entry.last_used_us, -entry.entry_id)

@@ -31,6 +31,7 @@ from cachepilot_sim.policies.base import (
 )
 from cachepilot_sim.policies.decision_indexes import WildIndex
 from cachepilot_sim.policies.reuse import GapEstimator
+from cachepilot_sim.policies.set_indexes import TlruIndex
 
 
 @dataclass
@@ -152,9 +153,18 @@ class TailLruPolicy(RankingPolicy):
         assert isinstance(cfg, TlruConfig), type(cfg)  # the registry pairs them
         self.threshold_us = cfg.tlru_threshold_ms * 1000.0
 
+    # On whole entries (no chains) the key ranks each entry alone by the decision's restore
+    # estimate: the session manager treats it as DECISION and keeps `time_index()` per regime.
+    key_scope_on_entries = KeyScope.DECISION
+
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
         matters = int(entry.restore_us > self.threshold_us)
         return (matters, entry.last_used_us, entry.entry_id)
+
+    def time_index(self) -> TlruIndex:
+        """An exact index of the whole-entry key for a fixed restore estimate: two LRU lanes
+        (`policies/set_indexes.py`)."""
+        return TlruIndex(self.threshold_us)
 
     def select_victims(
         self,

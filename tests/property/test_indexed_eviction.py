@@ -50,17 +50,25 @@ INDEXED = [
     for p in known_policies()
     if make_policy(policy_config(p), GapEstimator(0.3, 1e6, 1e6)).key_scope != KeyScope.SET
 ]
+# SET-scope policies with an exact index on whole entries (`set_index()`, `policies/set_indexes.py`)
+# or a narrower scope there (`key_scope_on_entries`): indexed in the session manager only.
+SET_INDEXED = ["slru", "arc", "tlru"]
 
 
 class Logged:
-    """Forwards to `inner`; logs every eviction; reports `scope` (SET forces the full path)."""
+    """Forwards to `inner`; logs every eviction; reports `scope`. `full` forces the full path:
+    the scope is SET and no index the policy offers is forwarded."""
 
-    def __init__(self, inner: Any, scope: KeyScope) -> None:
+    def __init__(self, inner: Any, scope: KeyScope, full: bool = False) -> None:
         self.inner, self.key_scope, self.name = inner, scope, inner.name
         self.log: list[tuple[int, int]] = []
         if hasattr(inner, "time_index"):  # an exact index of a DECISION key (PERC's, say)
             self.time_index = inner.time_index
             self.time_index_reads_restore = getattr(inner, "time_index_reads_restore", True)
+        if not full and hasattr(inner, "set_index"):  # SLRU's, ARC's segment sums
+            self.set_index = inner.set_index
+        if not full and hasattr(inner, "key_scope_on_entries"):  # T-LRU on whole entries
+            self.key_scope_on_entries = inner.key_scope_on_entries
 
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
         return self.inner.key(entry, now_us)  # type: ignore[no-any-return]
@@ -104,7 +112,7 @@ def run(
         cfg.policy.ema_weight, cfg.policy.prior_gap_s * 1e6, cfg.policy.delta_s * 1e6
     )
     inner = make_policy(cfg.policy, est)
-    policy = Logged(inner, scope or inner.key_scope)
+    policy = Logged(inner, scope or inner.key_scope, full=scope == KeyScope.SET)
     kv = make_kv(cfg, policy=policy, estimator=est)
     queue: deque[Request] = deque()
     running: dict[int, tuple[Request, int, int]] = {}
@@ -195,7 +203,12 @@ def run(
 
 
 def session_config(
-    policy: str, pool_blocks: int, cpu_blocks: int, offload: bool, watermark: float
+    policy: str,
+    pool_blocks: int,
+    cpu_blocks: int,
+    offload: bool,
+    watermark: float,
+    **policy_values: Any,
 ) -> SimConfig:
     block = MODEL.kv_bytes_per_token * 16
     kv = KVConfig(
@@ -207,13 +220,18 @@ def session_config(
     return make_sim_config(
         model=MODEL,
         kv=kv,
-        policy=policy_config(policy),
+        policy=policy_config(policy, **policy_values),
         vram_gb=(1e9 + pool_blocks * block) / 1e9,
     )
 
 
 def prefix_config(
-    policy: str, pool_blocks: int, cpu_blocks: int, offload: bool, watermark: float
+    policy: str,
+    pool_blocks: int,
+    cpu_blocks: int,
+    offload: bool,
+    watermark: float,
+    **policy_values: Any,
 ) -> SimConfig:
     hash_bytes = MODEL.kv_bytes_per_token * HASH_TOKENS
     kv = KVConfig(
@@ -226,7 +244,7 @@ def prefix_config(
     return make_sim_config(
         model=MODEL,
         kv=kv,
-        policy=policy_config(policy),
+        policy=policy_config(policy, **policy_values),
         trace=TraceConfig(enabled=False),
         replay=replay,
         vram_gb=(1e9 + pool_blocks * hash_bytes) / 1e9,
@@ -250,7 +268,7 @@ def prefix_trees(draw: st.DrawFn) -> list[list[int]]:
 
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 common = dict(
-    policy=st.sampled_from(INDEXED),
+    policy=st.sampled_from(INDEXED + SET_INDEXED),
     cpu=st.sampled_from([0, 4, 40]),
     offload=st.booleans(),
     watermark=st.sampled_from([0.0, 0.1]),
@@ -267,7 +285,7 @@ def assert_same(cfg: SimConfig, ops: list[Op], chains: list[list[int]] | None) -
 
 
 def test_the_index_serves_the_policies_that_rank_entries_alone() -> None:
-    assert {"lru", "lfu", "fifo", "priority", "perc", "gdsf"} <= set(INDEXED)
+    assert {"lru", "lfu", "fifo", "priority", "perc", "gdsf", "mru"} <= set(INDEXED)
     assert "oracle" not in INDEXED and "perc_plus1" not in INDEXED
 
 
@@ -326,7 +344,7 @@ def seeded_stream(seed: int) -> tuple[list[Op], list[list[int]]]:
     return ops, chains
 
 
-@pytest.mark.parametrize("policy", INDEXED)
+@pytest.mark.parametrize("policy", INDEXED + SET_INDEXED)
 def test_seeded_streams_evict_often_and_identically(policy: str) -> None:
     for seed in range(3):
         ops, chains = seeded_stream(seed)
@@ -368,7 +386,7 @@ def test_a_hook_that_rekeys_an_idle_entry_reorders_the_index() -> None:
     assert index.num_visits == 2  # the stale item is skipped, not re-sorted
 
 
-@pytest.mark.parametrize("name", ["lru", "lfu", "fifo", "priority"])
+@pytest.mark.parametrize("name", ["lru", "lfu", "fifo", "priority", "mru"])
 def test_an_indexed_decision_visits_only_its_victims_whatever_the_cache_size(name: str) -> None:
     """Complexity, counted: 100 one-victim decisions over 10^4 idle entries (each followed by a
     release, as in steady state) look at about 100 heap items, not 10^6."""

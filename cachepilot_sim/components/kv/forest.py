@@ -105,6 +105,15 @@ class PrefixTree:
         # by hash (at most one record per cached block); None when no index keeps the tails
         # between decisions (`tails.py`).
         self.exposed: dict[int, HashBlock] | None = None
+        # Blocks whose idle state, tail state or hooks may have changed since a set index looked
+        # (`set_tails.py`: SLRU's and ARC's prepare reads every idle block); None when none does.
+        self.changed: dict[int, HashBlock] | None = None
+
+    def _note(self, b: HashBlock, parent_too: bool = False) -> None:
+        if self.changed is not None:
+            self.changed[b.hash_id] = b
+            if parent_too and b.parent is not None:
+                self.changed[b.parent.hash_id] = b.parent
 
     def tier(self, hash_id: int) -> Tier | None:
         """The tier of a cached block; None when the hash is not cached."""
@@ -122,10 +131,12 @@ class PrefixTree:
             self.num_idle_gpu_blocks -= 1
         b.refcount += 1
         self.evictable.pop(b.hash_id, None)
+        self._note(b)
 
     def unpin(self, b: HashBlock) -> None:
         """A user of b is gone; an idle childless GPU block becomes a tail."""
         b.refcount -= 1
+        self._note(b)
         if b.refcount == 0 and b.tier == Tier.GPU:
             self.num_idle_gpu_blocks += 1
             if b.num_children == 0:
@@ -140,6 +151,7 @@ class PrefixTree:
             p.children[b.hash_id] = b
         self.blocks[b.hash_id] = b
         self.num_gpu_blocks += 1
+        self._note(b, parent_too=True)
 
     def remove_gpu(self, b: HashBlock) -> None:
         """Forget a GPU block with no cached children (the caller frees its bytes)."""
@@ -152,6 +164,7 @@ class PrefixTree:
             b.parent.num_children -= 1
             del b.parent.children[b.hash_id]
         self.num_gpu_blocks -= 1
+        self._note(b, parent_too=True)
 
     def leave_gpu(self, b: HashBlock) -> None:
         """An idle GPU tail starts its copy to the CPU store: no longer on the GPU."""
@@ -162,6 +175,7 @@ class PrefixTree:
         self.num_gpu_blocks -= 1
         if b.parent is not None:
             b.parent.num_children -= 1  # the parent may be a tail now
+        self._note(b, parent_too=True)
 
     def come_back(self, b: HashBlock) -> None:
         """A CPU block starts its copy back, pinned by the request it is for."""
@@ -170,6 +184,7 @@ class PrefixTree:
         self.num_gpu_blocks += 1
         if b.parent is not None:
             b.parent.num_children += 1
+        self._note(b, parent_too=True)
 
     def forget_off_gpu(self, b: HashBlock) -> None:
         """Forget a CPU or outbound block with no cached children."""
@@ -192,6 +207,7 @@ class PrefixTree:
 
     def _set_tail(self, b: HashBlock) -> None:
         self.evictable[b.hash_id] = b
+        self._note(b)
         if self.exposed is not None:
             self.exposed[b.hash_id] = b
 
@@ -199,6 +215,7 @@ class PrefixTree:
         """A hook may have changed an idle tail's key: the tail index looks at it again."""
         if self.exposed is not None and self.evictable.get(b.hash_id) is b:
             self.exposed[b.hash_id] = b
+        self._note(b)  # a set index's segment may move whether b is a tail or not
 
     def forest(self) -> CandidateForest:
         """Every idle GPU block whose GPU subtree is idle, as chains cut at branch points.

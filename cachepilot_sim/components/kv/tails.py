@@ -11,8 +11,9 @@ policy with an exact index of its decaying key (PERC's `time_index`, `policies/p
 its tails stay in that index (one per restore regime, fed by `PrefixTree.exposed`, re-keyed when
 their group's gap EMA moves: `regroup`) and a decision pops from it, whenever every tail's restore
 estimate is fixed while it is idle (no offload, or a store whose residency is at least δ; else
-the decision keys every tail, counted in `num_full`). Policies that need the chains
-(`KeyScope.SET`: the oracle) keep the forest path.
+the decision keys every tail, counted in `num_full`). A SET policy with an exact set index
+(`set_index()`: SLRU, ARC) decides through `set_tails.py`; other policies that need the chains
+(`KeyScope.SET`: the oracle, T-LRU's suffix restores) keep the forest path.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from sortedcontainers import SortedList
 from cachepilot_sim.components.kv.cpu_store import CpuStore
 from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
 from cachepilot_sim.components.kv.protocol import Tier
+from cachepilot_sim.components.kv.set_tails import SetTails
 from cachepilot_sim.policies import CacheEntry, EvictionPolicy, GapEstimator, KeyScope
 from cachepilot_sim.policies.candidates import TimeIndex
 
@@ -74,6 +76,11 @@ class TailIndex:
         self.reads_restore = getattr(policy, "time_index_reads_restore", True)
         if self.persistent or self.timed:
             tree.exposed = {}  # the tree records every block that becomes (or is again) a tail
+        make_set = getattr(policy, "set_index", None) if scope == KeyScope.SET else None
+        self.set_tails = (
+            None if make_set is None else SetTails(tree, make_set(), self._exposed_parent)
+        )
+        self.enabled = self.enabled or self.set_tails is not None
 
     # -- the exact time index (PERC) -------------------------------------------------------
     def regroup(self, group: int) -> None:
@@ -230,6 +237,8 @@ class TailIndex:
         for DECISION keys, each tail ranked) is passed through `prepare` before the policy reads
         it, and before anything is evicted. The caller evicts all of them, in this order.
         `allow_offload` (what `prepare` was built with) lets a time-indexed policy use its index."""
+        if self.set_tails is not None:
+            return self.set_tails.select(num_blocks, now_us, prepare)
         if self.timed and allow_offload is not None:
             self._drain_timed()
             mode = self.restore_mode(allow_offload) if num_blocks > 0 else None

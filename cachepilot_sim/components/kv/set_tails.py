@@ -1,0 +1,149 @@
+"""Chained decisions of a SET policy with an exact set index (SLRU, ARC), without the forest.
+
+On the forest path such a policy's `prepare` reads every idle GPU block whose GPU subtree is idle
+(every idle GPU block: the referenced blocks are closed under parents) and greedy on chains then
+cuts the smallest key among the current tails, step by step. Here the policy's `set_index()`
+holds every candidate (fed by `PrefixTree.changed`, which records each block whose idle state,
+tail state or hooks may have moved) and computes `prepare`'s snapshot as one cut per segment
+(`chain_cuts`: O(log n) with equal block sizes); the tails sit in one `SortedList` per segment in
+the index's order, and the smallest key among them is read at each lane's two ranges (before and
+after its cut): O(log n) per victim. A parent exposed by this decision's cuts joins its lane's
+tails at once, as greedy on chains pushes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from sortedcontainers import SortedList
+
+from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
+from cachepilot_sim.components.kv.protocol import Tier
+from cachepilot_sim.policies import CacheEntry
+from cachepilot_sim.policies.set_indexes import Item, LaneCut
+
+
+class ChainedSetIndex(Protocol):
+    """A set index that also answers chained decisions (`policies/set_indexes.py`)."""
+
+    descending: tuple[bool, ...]
+
+    def __len__(self) -> int: ...
+
+    def add(self, entry: CacheEntry) -> None:
+        """Index an idle candidate (again: its segment may have moved)."""
+
+    def discard(self, entry_id: int) -> None:
+        """The entry is no longer a candidate (no-op when absent)."""
+
+    def lane_item(self, entry_id: int) -> tuple[int, Item] | None:
+        """The candidate's lane and its item in the lane's order; None for a non-candidate."""
+
+    def chain_cuts(self) -> list[LaneCut]:
+        """`prepare` over every candidate (with its side effects), as one cut per lane."""
+
+    def record(self, victims: list[tuple[CacheEntry, int]]) -> None:
+        """The decision's victims with their segments: what the policy's key reads after it."""
+
+
+class SetTails:
+    """The idle tails of `tree` per segment of `index`, and its candidates kept current."""
+
+    def __init__(
+        self,
+        tree: PrefixTree,
+        index: ChainedSetIndex,
+        exposed_parent: Callable[[HashBlock, dict[int, int]], HashBlock | None],
+    ) -> None:
+        self.tree = tree
+        self.index = index
+        self.exposed_parent = exposed_parent
+        self.lanes = [SortedList() for _ in index.descending]
+        self.where: dict[int, tuple[int, Item]] = {}  # hash id -> lane, item of a tail
+        self.blocks: dict[int, HashBlock] = {}  # entry id -> its tail block
+        self.num_visits = 0  # tail lookups by decisions (a complexity probe for tests)
+        tree.changed = {}
+
+    def _put(self, b: HashBlock) -> None:
+        self._drop(b.hash_id)
+        where = self.index.lane_item(b.entry.entry_id)
+        assert where is not None, b.hash_id  # a tail is an idle GPU block: a candidate
+        self.lanes[where[0]].add(where[1])
+        self.where[b.hash_id] = where
+        self.blocks[where[1][2]] = b
+
+    def _drop(self, hash_id: int) -> None:
+        where = self.where.pop(hash_id, None)
+        if where is not None:
+            self.lanes[where[0]].remove(where[1])
+            self.blocks.pop(where[1][2], None)
+
+    def drain(self) -> None:
+        """Bring the candidates and tails up to date with the blocks the tree recorded."""
+        tree = self.tree
+        changed = tree.changed
+        assert changed is not None
+        for h, b in changed.items():
+            cur = tree.blocks.get(h)
+            if cur is not None and cur.refcount == 0 and cur.tier == Tier.GPU:
+                self.index.add(cur.entry)  # again: its hooks may have moved its segment
+            else:
+                self.index.discard(b.entry.entry_id)
+            if cur is not None and tree.evictable.get(h) is cur:
+                self._put(cur)
+            else:
+                self._drop(h)
+        changed.clear()
+
+    def _smallest(self, lane: int, lo: int, hi: int) -> Item:
+        """The smallest (last use, id) among items lo..hi-1 of a lane (ids may descend)."""
+        order = self.lanes[lane]
+        self.num_visits += 1
+        if not self.index.descending[lane]:
+            return order[lo]  # type: ignore[no-any-return]
+        first = order[lo]
+        end = min(hi, order.bisect_left((first[0] + 1,)))
+        return order[end - 1]  # type: ignore[no-any-return]
+
+    def _best(self, cuts: list[LaneCut]) -> tuple[tuple[int, int, int], int] | None:
+        """The smallest (segment, last use, id) among the tails, and its lane."""
+        best: tuple[tuple[int, int, int], int] | None = None
+        for lane, (cut, before, after) in enumerate(cuts):
+            order = self.lanes[lane]
+            k = len(order) if cut is None else order.bisect_left(cut)
+            for lo, hi, seg in ((0, k, before), (k, len(order), after)):
+                if lo < hi:
+                    item = self._smallest(lane, lo, hi)
+                    key = (seg, item[0], item[2])
+                    if best is None or key < best[0]:
+                        best = (key, lane)
+        return best
+
+    def select(
+        self, num_blocks: int, now_us: int, prepare: Callable[[HashBlock], CacheEntry]
+    ) -> list[HashBlock]:
+        """Up to `num_blocks` tails in the order the forest path cuts them (see `TailIndex`)."""
+        self.drain()
+        if num_blocks <= 0 or not len(self.index):
+            return []
+        cuts = self.index.chain_cuts()
+        victims: list[HashBlock] = []
+        segs: list[tuple[CacheEntry, int]] = []
+        cut_children: dict[int, int] = {}
+        while len(victims) < num_blocks:
+            best = self._best(cuts)
+            if best is None:
+                break
+            (seg, _, eid), _ = best
+            b = self.blocks[eid]
+            self._drop(b.hash_id)  # the caller evicts it (and the tree records that)
+            victims.append(b)
+            segs.append((b.entry, seg))
+            p = self.exposed_parent(b, cut_children)
+            if p is not None:
+                self._put(p)
+        self.index.record(segs)
+        for b in victims:  # ranked without the manager's estimates: read them now
+            prepare(b)
+        return victims
