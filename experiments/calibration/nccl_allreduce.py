@@ -53,12 +53,16 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: Any
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group(
-        args.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
     cuda = args.device == "cuda"
     if cuda:
         torch.cuda.set_device(rank)
+    dist.init_process_group(
+        args.backend,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        device_id=torch.device(f"cuda:{rank}") if cuda else None,
+    )
     dev = torch.device(f"cuda:{rank}" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     rows = []
