@@ -141,15 +141,14 @@ def _merge(a: Iterator[CacheEntry], b: Iterator[CacheEntry]) -> Iterator[CacheEn
             y = next(b, None)
 
 
-class SlruIndex:
-    """SLRU's idle entries: unprotected ones by (last use, id), protected ones by (last use, −id)
-    with their bytes summed (see the module docstring)."""
+class _LaneIndex:
+    """What SLRU's and ARC's indexes share: two lanes of idle entries with their bytes summed."""
 
     __slots__ = ("policy", "_lanes")
 
-    def __init__(self, policy: SlruPolicy) -> None:
+    def __init__(self, policy: object) -> None:
         self.policy = policy
-        self._lanes = _Lanes(2)  # 0: unprotected, 1: protected
+        self._lanes = _Lanes(2)
 
     def __len__(self) -> int:
         return len(self._lanes)
@@ -159,6 +158,23 @@ class SlruIndex:
         """Items looked at by decisions so far."""
         return self._lanes.num_visits
 
+    def discard(self, entry_id: int) -> None:
+        """The entry is no longer a candidate (no-op when absent)."""
+        self._lanes.drop(entry_id)
+
+    def lane_item(self, entry_id: int) -> tuple[int, Item] | None:
+        """The candidate's lane and item; None when it is not a candidate."""
+        where = self._lanes.where.get(entry_id)
+        return None if where is None else (where[0], where[1])
+
+
+class SlruIndex(_LaneIndex):
+    """SLRU's idle entries: unprotected ones (lane 0) by (last use, id), protected ones (lane 1)
+    by (last use, −id) with their bytes summed (see the module docstring)."""
+
+    __slots__ = ()
+    policy: SlruPolicy
+
     def add(self, entry: CacheEntry) -> None:
         """Index an idle entry (again: a hook may have protected it)."""
         eid = entry.entry_id
@@ -166,10 +182,6 @@ class SlruIndex:
             self._lanes.put(entry, 1, (entry.last_used_us, -eid, eid))
         else:
             self._lanes.put(entry, 0, (entry.last_used_us, eid, eid))
-
-    def discard(self, entry_id: int) -> None:
-        """The entry is no longer a candidate (no-op when absent)."""
-        self._lanes.drop(entry_id)
 
     def select(self, bytes_needed: int, now_us: int, exclude_id: int) -> list[CacheEntry]:
         """What `prepare` then greedy by key would evict among the candidates but `exclude_id`:
@@ -213,11 +225,6 @@ class SlruIndex:
     # -- chains (the prefix manager): no excluded entry, every candidate one size ----------------
     descending = (False, True)  # per lane: ids descend within a last use (the protected lane)
 
-    def lane_item(self, entry_id: int) -> tuple[int, Item] | None:
-        """The candidate's lane and item; None when it is not a candidate."""
-        where = self._lanes.where.get(entry_id)
-        return None if where is None else (where[0], where[1])
-
     def chain_cuts(self) -> list[LaneCut]:
         """`prepare` over every candidate: unprotected ones rank 0; protected ones rank 0 (demoted)
         before the first that fits in room, 1 from it on."""
@@ -242,32 +249,18 @@ class SlruIndex:
             yield group
 
 
-class ArcIndex:
-    """ARC's idle entries: T1 and T2 by (last use, id), with their bytes summed."""
+class ArcIndex(_LaneIndex):
+    """ARC's idle entries: T1 (lane 0) and T2 (lane 1, frequent) by (last use, id), with their
+    bytes summed."""
 
-    __slots__ = ("policy", "_lanes")
-
-    def __init__(self, policy: ArcPolicy) -> None:
-        self.policy = policy
-        self._lanes = _Lanes(2)  # 0: T1, 1: T2 (frequent)
-
-    def __len__(self) -> int:
-        return len(self._lanes)
-
-    @property
-    def num_visits(self) -> int:
-        """Items looked at by decisions so far."""
-        return self._lanes.num_visits
+    __slots__ = ()
+    policy: ArcPolicy
 
     def add(self, entry: CacheEntry) -> None:
         """Index an idle entry (again: a hook may have moved it to T2)."""
         eid = entry.entry_id
         lane = 1 if eid in self.policy.frequent else 0
         self._lanes.put(entry, lane, (entry.last_used_us, eid, eid))
-
-    def discard(self, entry_id: int) -> None:
-        """The entry is no longer a candidate (no-op when absent)."""
-        self._lanes.drop(entry_id)
 
     def select(self, bytes_needed: int, now_us: int, exclude_id: int) -> list[CacheEntry]:
         """What `prepare` then greedy by key would evict among the candidates but `exclude_id`:
@@ -304,11 +297,6 @@ class ArcIndex:
 
     # -- chains (the prefix manager): no excluded entry, every candidate one size ----------------
     descending = (False, False)
-
-    def lane_item(self, entry_id: int) -> tuple[int, Item] | None:
-        """The candidate's lane and item; None when it is not a candidate."""
-        where = self._lanes.where.get(entry_id)
-        return None if where is None else (where[0], where[1])
 
     def chain_cuts(self) -> list[LaneCut]:
         """`prepare` over every candidate (ARC's c grows to their bytes): T1 ranks 0 before the
