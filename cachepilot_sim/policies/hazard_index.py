@@ -9,23 +9,29 @@ in floating point too, and for t in a block's idle range [a, b], P(t) >= 1 - S(a
 exactly (correctly rounded division and subtraction are monotone): a block's keys are bounded
 below by that times its smallest restore / bytes, less a relative ulp margin.
 
-A query (1) computes each class's curve once per (now, policy version, δ): every pop of one
-decision shares it, (2) bounds every block, (3) keys every entry of the block with the smallest
-bound, then of every block whose bound does not exceed the best key so far (ties go to the
-smallest id, as the policy's key, so a block whose bound ties the best is scanned), with the
-policy's own NumPy operations (the curve lookup is a `searchsorted` gather: no approximation),
-and (4) takes the scalar key p x restore / bytes only of the entries whose p x (restore / bytes)
-is within a relative ulp margin of the smallest. The result is the full sort's first entry.
+Blocks hold about sqrt(n) / 16 entries (at least 8): narrower than reuse_forecast's, since a
+block that spans more idle time than δ has a bound of 0.
+
+A query (1) takes each class's curve once per (now, policy version, δ): every pop of one decision
+shares it (`PercHazardPolicy.curve`), (2) bounds every block, and flags the blocks with no event
+time of their curve between their shortest idle and their longest idle + δ: all their keys are 0
+exactly, and their smallest id (kept per block) is their best key, (3) keys every entry of the
+block with the smallest bound, then of every block that can still win (a smaller bound, or the
+same bound and a smaller smallest id: ties go to the smallest id, as the policy's key), with the
+policy's own NumPy operations (`hazard_p`: the curve lookup is a `searchsorted` gather, no
+approximation), one pass per class, and (4) computes the scalar key p x restore / bytes only for
+the entries whose p x (restore / bytes) is within a relative ulp margin of the smallest (a 0 there
+is exactly 0). The result is the full sort's first entry.
 
 While any class with an indexed entry has no returned gap yet (no curve), the policy prices that
 class with the exponential EMA model (`GapEstimator.resume_probability`), whose gap moves with the
 population's: the index then keys every entry with `PercHazardPolicy.probabilities` (O(n) per
-pop, exact), counted in `num_fallback`. That is the warm-up of a run; a class without a returned
-gap for the whole run keeps every query on this path.
+pop, exact), counted in `num_fallback`. A class's window keeps its last `hazard_max_gaps` gaps,
+returned or not: a class that sees no return for that many releases goes back to this path.
 
-Cost per query otherwise: O(blocks) bounds plus the blocks the bounds do not exclude. Keys that
-tie at 0 (P = 0 on a flat stretch of a curve, or a class whose survival reached 0) exclude no
-block with a 0 bound: those are all scanned.
+Cost per query otherwise: the curves (O(hazard_max_gaps) per class, once per decision), O(blocks)
+bounds in NumPy, and the entries of the blocks the bounds do not exclude
+(tests/property/test_hazard_index.py counts them; experiments/bench_hazard_index.py times them).
 """
 
 from __future__ import annotations
@@ -192,18 +198,23 @@ class HazardIndex(ForecastIndex):
     ) -> tuple[float, int] | None:
         """The smallest (key, id) among `best` and the items of the blocks in `slots`."""
         delta = self.hazard.estimator.delta_us
-        ps, ws, ids = [], [], []
+        by_row: dict[int, list[_Block]] = {}
         for s in slots:
             b = self._slot_block[s]
-            if b is None:
-                continue
-            curve = curves[b.row]
+            if b is not None:
+                by_row.setdefault(b.row, []).append(b)
+        ps: list[np.ndarray] = []
+        ws: list[np.ndarray] = []
+        ids: list[np.ndarray] = []
+        for row, blocks in by_row.items():  # one NumPy pass per class
+            curve = curves[row]
             assert curve is not None
+            last = np.concatenate([b.last[: b.n] for b in blocks])
             # The policy's idle: an int difference, then float64 (exact below 2^53 us).
-            idle = (now_us - b.last[: b.n].astype(np.int64)).astype(np.float64)
+            idle = (now_us - last.astype(np.int64)).astype(np.float64)
             ps.append(hazard_p(*curve, idle, delta))
-            ws.append(b.w[: b.n])
-            ids.append(b.ids[: b.n])
+            ws.extend(b.w[: b.n] for b in blocks)
+            ids.extend(b.ids[: b.n] for b in blocks)
         if not ids:
             return best
         p, w, ii = np.concatenate(ps), np.concatenate(ws), np.concatenate(ids)
