@@ -222,3 +222,25 @@ def test_a_decision_keys_few_of_many_entries_and_one_curve_per_class(
     assert index.num_curves - curves_before == 200 * 3  # once per decision and class
     assert index.num_keyed <= 600 * 5
     assert index.num_approx <= 600 * size // 20
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    pool=st.sampled_from([6, 10, 16]),
+    chains=streams.prefix_trees(),
+    cpu=st.sampled_from([0, 4, 40]),
+    offload=st.booleans(),
+    watermark=st.sampled_from([0.0, 0.1]),
+    ops=streams.ops_strategy,
+)
+def test_prefix_manager_random_streams(
+    pool: int,
+    chains: list[list[int]],
+    cpu: int,
+    offload: bool,
+    watermark: float,
+    ops: list[streams.Op],
+) -> None:
+    streams.assert_same(
+        streams.prefix_config("perc_hazard", pool, cpu, offload, watermark), ops, chains
+    )
