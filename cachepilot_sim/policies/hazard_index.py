@@ -23,10 +23,11 @@ approximation), one pass per class, and (4) computes the scalar key p x restore 
 the entries whose p x (restore / bytes) is within a relative ulp margin of the smallest (a 0 there
 is exactly 0). The result is the full sort's first entry.
 
-While any class with an indexed entry has no returned gap yet (no curve), the policy prices that
-class with the exponential EMA model (`GapEstimator.resume_probability`), whose gap moves with the
-population's: the index then keys every entry with `PercHazardPolicy.probabilities` (O(n) per
-pop, exact), counted in `num_fallback`. A class's window keeps its last `hazard_max_gaps` gaps,
+A class with no returned gap yet (no curve) is priced by the policy with the exponential EMA model
+(`GapEstimator.resume_probability`), whose gap moves with the population's: the index keys every
+entry of such classes at each pop, as the policy does (O(entries of those classes), exact; the
+queries doing so are counted in `num_fallback`), and their best key starts the bounded search over
+the other classes. A class's window keeps its last `hazard_max_gaps` gaps,
 returned or not: a class that sees no return for that many releases goes back to this path.
 
 Cost per query otherwise: the curves (O(hazard_max_gaps) per class, once per decision), O(blocks)
@@ -85,7 +86,7 @@ class HazardIndex(ForecastIndex):
     def __init__(self, policy: PercHazardPolicy, block_items: int | None = None) -> None:
         super().__init__(policy, block_items)  # type: ignore[arg-type]  # only blocks are shared
         self.hazard = policy
-        self.num_fallback = 0  # queries that keyed every entry (a class without a curve)
+        self.num_fallback = 0  # queries that keyed a class without a curve entry by entry
         self.num_curves = 0  # class curves computed by queries (once per decision and class)
         self._entries: dict[int, CacheEntry] = {}
         self._curves: Curves = {}
@@ -148,7 +149,8 @@ class HazardIndex(ForecastIndex):
         zero = np.zeros(len(self._wmin), dtype=bool)
         for c in self._blocks:
             curve = curves[c]
-            assert curve is not None
+            if curve is None:  # the EMA model's class: keyed apart (`_ema_min`), never bounded
+                continue
             sel = np.flatnonzero(used & (self._row == c))
             t_far = now_us - self._lo[sel]  # longest idle in the block
             t_short = now_us - self._hi[sel]  # shortest idle
@@ -240,34 +242,42 @@ class HazardIndex(ForecastIndex):
                 best = (key, eid)
         return best
 
-    def _fallback_min(self, now_us: int) -> int:
-        """Key every entry with the policy's own `probabilities` (a class has no curve yet)."""
+    def _ema_min(self, classes: list[int], now_us: int) -> tuple[float, int]:
+        """The smallest (key, id) among the classes without a curve, every entry keyed as the
+        policy keys them (`GapEstimator.resume_probability`, the EMA model)."""
         self.num_fallback += 1
-        entries = list(self._entries.values())
-        p = self.hazard.probabilities(entries, now_us)
-        self.num_keyed += len(entries)
+        estimator = self.hazard.estimator
         best: tuple[float, int] | None = None
-        for i, e in enumerate(entries):
-            _, _, _, _, restore, size = self._items[e.entry_id]
-            cand = (float(p[i] * restore / size), e.entry_id)
-            if best is None or cand < best:
-                best = cand
+        for c in classes:
+            for b in self._blocks[c]:
+                for eid in b.ids[: b.n].tolist():
+                    _, _, _, _, restore, size = self._items[eid]
+                    p = estimator.resume_probability(self._entries[eid], now_us)
+                    cand = (float(p * restore / size), eid)  # as `PercHazardPolicy.order`
+                    if best is None or cand < best:
+                        best = cand
+                self.num_keyed += b.n
         assert best is not None
-        return best[1]
+        return best
 
     def peek_min(self, now_us: int) -> int | None:
         """The id of the entry with the smallest (key, id) at `now_us`, or None."""
         if not self._items:
             return None
         curves = self._class_curves(now_us)
-        if any(curves[c] is None for c in self._blocks):
-            return self._fallback_min(now_us)
+        best: tuple[float, int] | None = None
+        missing = [c for c in self._blocks if curves[c] is None]
+        if missing:  # keyed entry by entry; the other classes' blocks are bounded as usual
+            best = self._ema_min(missing, now_us)
+            if len(missing) == len(self._blocks):
+                return best[1]
         bounds, zero = self._hazard_bounds(now_us, curves)
         zero = zero & (bounds < np.inf)  # a block emptied since is free (its bound is inf)
-        best: tuple[float, int] | None = None
         if zero.any():  # blocks whose keys are all 0: their smallest id, unscanned
-            best = (0.0, int(self._min_ids(np.flatnonzero(zero)).min()))
-        else:
+            cand = (0.0, int(self._min_ids(np.flatnonzero(zero)).min()))
+            if best is None or cand < best:
+                best = cand
+        if best is None:
             first = int(np.argmin(bounds))
             best = self._hazard_scan([first], now_us, curves, None)
             assert best is not None

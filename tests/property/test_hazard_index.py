@@ -1,6 +1,7 @@
 """perc_hazard's exact index (`policies/hazard_index.py`) pops what the policy's own key puts
 first, on random streams of releases, returns (which move the Kaplan-Meier curves), discards,
-pops and time; a class without a returned gap sends queries to the EMA-model fallback.
+pops and time; a class without a returned gap is keyed entry by entry with the EMA model while the
+others stay bounded.
 
 Keys tie often: returned gaps drawn from a few values give curves with flat stretches (P = 0
 exactly), and restore / bytes from a few values; ties go to the smallest id, as the policy's key.
@@ -125,6 +126,35 @@ def test_keys_are_the_policy_keys_exactly() -> None:
     assert [k[1] for k in keys] == order
     assert sum(k[0] == 0.0 for k in keys) > 10  # ties at 0 were exercised
     assert index.num_fallback == 0
+
+
+def test_a_class_on_the_ema_model_is_keyed_alone_and_the_others_stay_bounded() -> None:
+    """Class 0 has returned gaps, class 1 none: every pop keys class 1's entries (the EMA model's
+    gap moves with the population's) but only a few of class 0's; the order is the policy's."""
+    policy = make_hazard()
+    now = 10**10
+    rng = np.random.default_rng(7)
+    for i in range(200):
+        e = CacheEntry(10**5 + i, 0, 0, 0, 0, 16, 4096, 0, 0)
+        t = now - 2 * 10**9 + i * 10**7
+        policy.on_release(e, t)
+        policy.on_access(e, t + int(rng.integers(10**6, 10**9)))
+    index = HazardIndex(policy)
+    entries = []
+    for i in range(2000):
+        c = 1 if i % 20 == 0 else 0
+        e = CacheEntry(i, i, 0, c, 0, 16, 4096 * int(rng.integers(1, 9)), 0, 0)
+        e.last_used_us = now - int(rng.integers(0, 10**9))
+        e.gap_ema_us = [-1.0, 3e7, 3e8][i % 3]
+        e.restore_us = float(rng.uniform(10.0, 1e4))
+        index.add(e, e.restore_us, e.gap_ema_us)
+        entries.append(e)
+    assert policy.curve(0, now) is not None and policy.curve(1, now) is None
+    order = [x.entry_id for x in policy.order(entries, now)][:50]
+    assert [index.pop_min(now) for _ in range(50)] == order
+    assert index.num_fallback == 50
+    assert index.num_keyed <= 50 * 100 + 50 * 5  # class 1's 100 entries, a few of class 0's
+    assert index.num_approx < 50 * 1900 // 4
 
 
 def test_the_policy_offers_its_index_to_the_managers() -> None:
