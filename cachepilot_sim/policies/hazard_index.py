@@ -25,10 +25,11 @@ is exactly 0). The result is the full sort's first entry.
 
 A class with no returned gap yet (no curve) is priced by the policy with the exponential EMA model
 (`GapEstimator.resume_probability`), whose gap moves with the population's: the index keys every
-entry of such classes at each pop, as the policy does (O(entries of those classes), exact; the
-queries doing so are counted in `num_fallback`), and their best key starts the bounded search over
-the other classes. A class's window keeps its last `hazard_max_gaps` gaps,
-returned or not: a class that sees no return for that many releases goes back to this path.
+entry of such classes at each pop (O(entries of those classes), vectorised, then the policy's
+scalar key near the smallest: exact; such queries are counted in `num_fallback`), and their best
+key starts the bounded search over the other classes. A class's window keeps its last
+`hazard_max_gaps` gaps, returned or not: a class that sees no return for that many releases goes
+back to this path.
 
 Cost per query otherwise: the curves (O(hazard_max_gaps) per class, once per decision), O(blocks)
 bounds in NumPy, and the entries of the blocks the bounds do not exclude
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
 
 _REL = 1e-15  # p * restore / bytes against p * (restore / bytes): a few roundings apart
 HAZARD_BLOCK_ITEMS = 8  # a block's least size target
+_EMA_REL = 1e-12  # NumPy's expm1 against math's, and the products: far above their ulps
 _TINY = 1e-290  # an absolute margin against underflow in those products
 
 
@@ -243,20 +245,38 @@ class HazardIndex(ForecastIndex):
         return best
 
     def _ema_min(self, classes: list[int], now_us: int) -> tuple[float, int]:
-        """The smallest (key, id) among the classes without a curve, every entry keyed as the
-        policy keys them (`GapEstimator.resume_probability`, the EMA model)."""
+        """The smallest (key, id) among the classes without a curve (the EMA model, as the
+        policy keys them): every entry gets a NumPy key (`resume_probabilities`: np.expm1 may
+        differ from math.expm1 by an ulp), those within `_EMA_REL` of the smallest the policy's
+        scalar key (`GapEstimator.resume_probability`)."""
         self.num_fallback += 1
         estimator = self.hazard.estimator
+        blocks = [b for c in classes for b in self._blocks[c]]
+        ids = np.concatenate([b.ids[: b.n] for b in blocks])
+        w = np.concatenate([b.w[: b.n] for b in blocks])
+        last = np.concatenate([b.last[: b.n] for b in blocks]).astype(np.int64)
+        entries = self._entries
+        gap = np.array([entries[eid].gap_ema_us for eid in ids.tolist()], dtype=np.float64)
+        idle = (now_us - last).astype(np.float64)
+        approx = estimator.resume_probabilities(gap, idle) * w
+        self.num_approx += len(ids)
+        zero = approx == 0.0  # restore = 0: the exact key is 0 too
         best: tuple[float, int] | None = None
-        for c in classes:
-            for b in self._blocks[c]:
-                for eid in b.ids[: b.n].tolist():
-                    _, _, _, _, restore, size = self._items[eid]
-                    p = estimator.resume_probability(self._entries[eid], now_us)
-                    cand = (float(p * restore / size), eid)  # as `PercHazardPolicy.order`
-                    if best is None or cand < best:
-                        best = cand
-                self.num_keyed += b.n
+        if zero.any():
+            best = (0.0, int(ids[zero].min()))
+        pos = ~zero
+        if pos.any():
+            cap = float(approx[pos].min()) * (1.0 + _EMA_REL) + _TINY
+            if best is not None:
+                cap = min(cap, _TINY)
+            for j in np.flatnonzero(pos & (approx <= cap)).tolist():
+                eid = int(ids[j])
+                _, _, _, _, restore, size = self._items[eid]
+                self.num_keyed += 1
+                p = estimator.resume_probability(entries[eid], now_us)
+                cand = (float(p * restore / size), eid)  # as `PercHazardPolicy.order`
+                if best is None or cand < best:
+                    best = cand
         assert best is not None
         return best
 
