@@ -138,7 +138,10 @@ class ForecastIndex:
         w = restore_us / size if self.policy.priced else 1.0
         if not 0.0 <= w < np.inf:
             raise ValueError(f"ForecastIndex.add: entry {eid} has weight {w}, need finite >= 0")
-        last = entry.last_used_us
+        self._insert(eid, row, entry.last_used_us, w, restore_us, size)
+
+    def _insert(self, eid: int, row: int, last: int, w: float, restore: float, size: int) -> None:
+        """Put an absent item in its row's block by last use (shared with `hazard_index.py`)."""
         blocks = self._blocks.get(row)
         if blocks is None:
             blocks = self._blocks[row] = [self._new_block(row)]
@@ -152,7 +155,7 @@ class ForecastIndex:
                 setattr(b, name, np.concatenate([old, np.empty_like(old)]))
         b.last[i], b.w[i], b.ids[i] = last, w, eid
         b.n = i + 1
-        self._items[eid] = [b, i, row, last, restore_us, size]
+        self._items[eid] = [b, i, row, last, restore, size]
         s = b.slot
         self._lo[s] = min(self._lo[s], last)
         self._hi[s] = max(self._hi[s], last)

@@ -9,12 +9,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from cachepilot_sim.config import PolicyConfig, bounded
 from cachepilot_sim.policies.base import CacheEntry, Chains, KeyScope, RankingPolicy, register
 from cachepilot_sim.policies.decision_indexes import ClairvoyantIndex
+from cachepilot_sim.policies.hazard_index import HazardIndex, hazard_p
 from cachepilot_sim.policies.knapsack import CoverProblem
 from cachepilot_sim.policies.knapsack_greedy import greedy_by_ratio, greedy_plus_one
 from cachepilot_sim.policies.oracle import cover_problem, expected_costs
@@ -117,11 +119,6 @@ class SurvivalEstimate:
         return times[last], surv[last]
 
 
-def _survival_at(times: np.ndarray, surv: np.ndarray, t: np.ndarray) -> np.ndarray:
-    idx = np.searchsorted(times, t, side="right")
-    return np.where(idx == 0, 1.0, surv[np.maximum(idx - 1, 0)])
-
-
 @dataclass
 class PercHazardConfig(PolicyConfig):
     """PERC-hazard's knob: idle gaps kept per workload class for the survival estimate (oldest
@@ -136,12 +133,16 @@ class PercHazardPolicy(RankingPolicy):
     """PERC with P(resume within delta | idle t) = 1 - S(t + delta) / S(t) per workload class."""
 
     name = "perc_hazard"
+    key_scope = KeyScope.DECISION  # a key per entry, from state shared by the decision
 
     def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
         super().__init__(cfg, estimator)
         assert isinstance(cfg, PercHazardConfig), type(cfg)  # the registry pairs them
         self.max_gaps = cfg.hazard_max_gaps
         self.classes: dict[int, SurvivalEstimate] = {}
+        self.version = 0  # counts releases and returns: the curves at a time change with it
+        # (now, version) -> class -> its curve: the keys of one decision share them.
+        self._curves: tuple[tuple[int, int], dict[int, Any]] = ((-1, -1), {})
 
     def _estimate(self, class_index: int) -> SurvivalEstimate:
         if class_index not in self.classes:
@@ -149,10 +150,23 @@ class PercHazardPolicy(RankingPolicy):
         return self.classes[class_index]
 
     def on_release(self, entry: CacheEntry, now_us: int) -> None:
+        self.version += 1
         self._estimate(entry.class_index).release(entry.entry_id, now_us)
 
     def on_access(self, entry: CacheEntry, now_us: int) -> None:
+        self.version += 1
         self._estimate(entry.class_index).returned(entry.entry_id, now_us)
+
+    def curve(self, class_index: int, now_us: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The class's survival curve at `now_us`, computed once per (now, version)."""
+        at, cache = self._curves
+        if at != (now_us, self.version):
+            cache = {}
+            self._curves = ((now_us, self.version), cache)
+        if class_index not in cache:
+            cache[class_index] = self._estimate(class_index).curve(now_us)
+        curve: tuple[np.ndarray, np.ndarray] | None = cache[class_index]
+        return curve
 
     def probabilities(self, entries: Sequence[CacheEntry], now_us: int) -> np.ndarray:
         """Per entry; the exponential EMA model stands in until its class has a returned gap."""
@@ -160,14 +174,12 @@ class PercHazardPolicy(RankingPolicy):
         delta = self.estimator.delta_us
         for ci in sorted({e.class_index for e in entries}):
             idx = [i for i, e in enumerate(entries) if e.class_index == ci]
-            curve = self._estimate(ci).curve(now_us)
+            curve = self.curve(ci, now_us)
             if curve is None:
                 out[idx] = [self.estimator.resume_probability(entries[i], now_us) for i in idx]
                 continue
             idle = np.array([now_us - entries[i].last_used_us for i in idx], dtype=np.float64)
-            s_now = _survival_at(*curve, idle)
-            s_later = _survival_at(*curve, idle + delta)
-            out[idx] = np.where(s_now > 0, 1.0 - s_later / np.maximum(s_now, 1e-300), 0.0)
+            out[idx] = hazard_p(*curve, idle, delta)
         return out
 
     def order(self, entries: Sequence[CacheEntry], now_us: int) -> list[CacheEntry]:
@@ -179,6 +191,10 @@ class PercHazardPolicy(RankingPolicy):
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
         p = float(self.probabilities([entry], now_us)[0])
         return (p * entry.restore_us / max(entry.num_bytes, 1), entry.entry_id)
+
+    def time_index(self) -> HazardIndex:
+        """An exact index of this key (`policies/hazard_index.py`)."""
+        return HazardIndex(self)
 
 
 @register("perc_clairvoyant")
