@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from cachepilot_sim.config import PolicyConfig, bounded
 from cachepilot_sim.policies.base import CacheEntry, RankingPolicy, register
 from cachepilot_sim.policies.reuse import GapEstimator
-
-MAX_FREQ = 3  # the 2-bit counter's ceiling in M (libCacheSim: MIN(freq, 3) - 1 on reinsertion)
+from cachepilot_sim.policies.s3fifo_index import MAX_FREQ, S3FifoIndex
 
 
 @dataclass
@@ -67,6 +66,10 @@ class S3FifoPolicy(RankingPolicy):
         self.plan_at: dict[int, int] = {}  # victim id -> index of its step in `plan`
         self.replayed = 0
         self.evicted_from = [0, 0]  # victims leaving S, M
+        # The candidates an index reported (`set_index()`, `policies/s3fifo_index.py`) and how
+        # many of them sit in M: what its lazy loop reads instead of every candidate.
+        self.marked: dict[int, None] = {}
+        self.marked_in_main = 0
 
     # -- the queues ---------------------------------------------------------------------------
     def _insert(self, entry: CacheEntry) -> None:
@@ -74,7 +77,7 @@ class S3FifoPolicy(RankingPolicy):
         self.size[eid] = entry.num_bytes
         if eid in self.ghost:  # seen recently and evicted from S: straight to M
             self.ghost_bytes -= self.ghost.pop(eid)
-            self.main[eid] = 0
+            self._enter_main(eid)
             self.queue_bytes[1] += entry.num_bytes
         else:
             self.small[eid] = 0
@@ -85,9 +88,29 @@ class S3FifoPolicy(RankingPolicy):
         """ "S", "M" or "" (not cached, as the policy knows it)."""
         return "S" if entry_id in self.small else "M" if entry_id in self.main else ""
 
+    def _enter_main(self, eid: int) -> None:
+        self.main[eid] = 0  # at M's head, its counter cleared
+        self.marked_in_main += eid in self.marked
+
+    def mark(self, entry_id: int, candidate: bool) -> None:
+        """An index says whether the entry is a candidate now (idle, evictable)."""
+        if candidate == (entry_id in self.marked):
+            return
+        if candidate:
+            self.marked[entry_id] = None
+        else:
+            del self.marked[entry_id]
+        if entry_id in self.main:
+            self.marked_in_main += 1 if candidate else -1
+
+    def set_index(self) -> S3FifoIndex:
+        """The exact lazy index of this policy's decisions (one per policy: it owns `marked`)."""
+        self.marked, self.marked_in_main = {}, 0
+        return S3FifoIndex(self)
+
     def _promote(self, eid: int) -> None:
         del self.small[eid]
-        self.main[eid] = 0  # the counter is cleared on the move
+        self._enter_main(eid)  # the counter is cleared on the move
         self.queue_bytes[0] -= self.size[eid]
         self.queue_bytes[1] += self.size[eid]
 
@@ -138,6 +161,7 @@ class S3FifoPolicy(RankingPolicy):
             self.evicted_from[0] += 1
         elif eid in self.main:
             del self.main[eid]
+            self.marked_in_main -= eid in self.marked
             self.queue_bytes[1] -= self.size[eid]
             self.evicted_from[1] += 1
 

@@ -1,0 +1,110 @@
+"""Chained decisions of a SET policy whose index yields the full path's order lazily (S3-FIFO).
+
+On the forest path such a policy's `prepare` ranks every idle GPU block (S3-FIFO: in the order its
+loop evicts them) and greedy on chains cuts the smallest rank among the current tails, step by
+step. Here the policy's `set_index()` holds every candidate (fed by `PrefixTree.changed`, as for
+`set_tails.py`) and `ranks()` yields them in that order, lazily (`policies/s3fifo_index.py`). The
+smallest-ranked current tail is then the smallest-ranked tail among the blocks ranked so far if
+there is one, else the next ranked block that is a tail: a ranked block that is not a tail waits
+until this decision's cuts expose it (every GPU child of it cut) and then ranks with the others
+that did. A decision costs the ranks taken up to its last victim, not the forest.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Generator
+from typing import Protocol
+
+from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
+from cachepilot_sim.components.kv.protocol import Tier
+from cachepilot_sim.policies import CacheEntry
+
+
+class RankedSetIndex(Protocol):
+    """A set index that yields the full path's order of its candidates (`S3FifoIndex`)."""
+
+    def add(self, entry: CacheEntry) -> None:
+        """The entry is a candidate (again)."""
+
+    def discard(self, entry_id: int) -> None:
+        """The entry is no longer a candidate (no-op when absent)."""
+
+    def ranks(self, exclude_id: int = -1) -> Generator[int, None, None]:
+        """The candidates' ids, first victim first, lazily."""
+
+
+class RankTails:
+    """The idle GPU blocks of `tree` as candidates of `index`, cut in its order on chains."""
+
+    def __init__(
+        self,
+        tree: PrefixTree,
+        index: RankedSetIndex,
+        exposed_parent: Callable[[HashBlock, dict[int, int]], HashBlock | None],
+    ) -> None:
+        self.tree = tree
+        self.index = index
+        self.exposed_parent = exposed_parent
+        self.blocks: dict[int, HashBlock] = {}  # entry id -> its idle GPU block (a candidate)
+        self.num_visits = 0  # ranks taken by decisions (a complexity probe for tests)
+        tree.changed = {}
+
+    def drain(self) -> None:
+        """Bring the candidates up to date with the blocks the tree recorded."""
+        tree = self.tree
+        changed = tree.changed
+        assert changed is not None
+        for h, b in changed.items():
+            cur = tree.blocks.get(h)
+            if cur is not None and cur.refcount == 0 and cur.tier == Tier.GPU:
+                self.blocks[cur.entry.entry_id] = cur
+                self.index.add(cur.entry)
+            else:
+                self.blocks.pop(b.entry.entry_id, None)
+                self.index.discard(b.entry.entry_id)
+        changed.clear()
+
+    def select(
+        self, num_blocks: int, now_us: int, prepare: Callable[[HashBlock], CacheEntry]
+    ) -> list[HashBlock]:
+        """Up to `num_blocks` tails in the order the forest path cuts them (see `TailIndex`)."""
+        self.drain()
+        if num_blocks <= 0 or not self.blocks:
+            return []
+        blocks, evictable = self.blocks, self.tree.evictable
+        ranked = self.index.ranks()
+        order: dict[int, int] = {}  # entry id -> its place in the order, for the ranked ones
+        waiting: dict[int, None] = {}  # ranked, not a tail yet
+        exposed: dict[int, None] = {}  # made a tail by this decision's cuts, not ranked yet
+        ready: list[tuple[int, int]] = []  # (place, entry id) of ranked tails exposed by cuts
+        cut_children: dict[int, int] = {}
+        victims: list[HashBlock] = []
+        while len(victims) < num_blocks:
+            if ready:
+                eid = heapq.heappop(ready)[1]
+            else:
+                got = next(ranked, None)
+                if got is None:
+                    break
+                eid = got
+                self.num_visits += 1
+                order[eid] = len(order)
+                b = blocks[eid]
+                if evictable.get(b.hash_id) is not b and eid not in exposed:
+                    waiting[eid] = None
+                    continue
+            b = blocks[eid]
+            victims.append(b)
+            up = self.exposed_parent(b, cut_children)
+            if up is not None:
+                up_id = up.entry.entry_id
+                if up_id in waiting:
+                    del waiting[up_id]
+                    heapq.heappush(ready, (order[up_id], up_id))
+                else:
+                    exposed[up_id] = None
+        ranked.close()
+        for b in victims:  # ranked without the manager's estimates: read them now
+            prepare(b)
+        return victims

@@ -1,0 +1,258 @@
+"""S3-FIFO's lazy index (`policies/s3fifo_index.py`) evicts what its full path evicted.
+
+The full path is `S3FifoPolicy.prepare` (the loop on copies of the queues over every candidate),
+the sort by key and `on_evict`'s replay of the loop's moves. The index runs the same loop on the
+live queues only as far as the decision's victims reach. Checked three ways: the index alone
+against a full-path twin on random hook histories (same victims, same keys, same queues, ghost
+and byte sums after every step, in-use and excluded entries included); both KV managers on random
+operation streams, once forced onto the full path (with and without a CPU tier); and operation
+counts: a decision takes the loop's steps up to its last victim, not one per cached entry.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cachepilot_sim.components.kv.forest import HashBlock
+from cachepilot_sim.config import policy_config
+from cachepilot_sim.policies import CacheEntry, make_policy
+from cachepilot_sim.policies.candidates import CandidateIndex
+from cachepilot_sim.policies.reuse import GapEstimator
+from tests.conftest import make_kv
+from tests.property.test_indexed_eviction import (
+    Op,
+    assert_same,
+    ops_strategy,
+    prefix_config,
+    prefix_trees,
+    run,
+    seeded_stream,
+    session_config,
+)
+
+# The paper's defaults, a promotion threshold that leaves hit entries in S, a large S.
+KNOBS = [
+    {},
+    {"s3fifo_move_to_main_threshold": 2},
+    {"s3fifo_small_fraction": 0.5, "s3fifo_move_to_main_threshold": 3},
+]
+Step = tuple[int, int, int, int]
+steps_strategy = st.lists(
+    st.tuples(st.integers(0, 6), st.integers(0, 30), st.integers(0, 10**6), st.integers(1, 9)),
+    min_size=10,
+    max_size=200,
+)
+
+
+def _policy(**knobs: Any) -> Any:
+    return make_policy(policy_config("s3fifo", **knobs), GapEstimator(0.3, 1e6, 1e6))
+
+
+def _state(p: Any) -> tuple[Any, ...]:
+    """Everything a later decision or hook of S3-FIFO reads."""
+    return (
+        list(p.small.items()),
+        list(p.main.items()),
+        list(p.ghost.items()),
+        dict(p.size),
+        list(p.queue_bytes),
+        p.ghost_bytes,
+        p.capacity_bytes,
+        list(p.evicted_from),
+    )
+
+
+def drive(steps: list[Step], knobs: dict[str, Any]) -> int:
+    """Replay `steps` (kind, entry, amount, size) on an index and on a full-path twin; returns
+    the number of decisions that evicted something."""
+    fast, ref = _policy(**knobs), _policy(**knobs)
+    index = fast.set_index()
+    known: dict[int, tuple[CacheEntry, CacheEntry]] = {}  # entry id -> (fast's, ref's)
+    idle: dict[int, None] = {}
+    num_decisions = 0
+    for t, (kind, eid, amount, size) in enumerate(steps):
+        if kind <= 1:  # a turn ends: the entry (maybe grown) goes idle
+            pair = known.setdefault(eid, (CacheEntry(eid, eid, 0, 0, 0, 1, 0, t, t),) * 2)
+            if pair[0] is pair[1]:
+                pair = known[eid] = (pair[0], copy.copy(pair[0]))
+            for e, p in zip(pair, (fast, ref), strict=True):
+                e.num_bytes, e.last_used_us = e.num_bytes + size * 100, t
+                p.on_release(e, t)
+            idle[eid] = None
+            index.add(pair[0])
+        elif kind == 2 and eid in known:  # a return: a hit, or a miss after eviction
+            for e, p in zip(known[eid], (fast, ref), strict=True):
+                p.on_access(e, t)
+            if eid in idle:
+                index.add(known[eid][0])
+        elif kind == 3 and eid in idle:  # in use: no longer a candidate
+            del idle[eid]
+            index.discard(eid)
+        elif kind >= 4:  # a decision, maybe excluding one candidate (the entry being admitted)
+            exclude = eid if amount % 2 else -1
+            need = amount % 3000
+            got = index.select(need, t, exclude)
+            cands = [known[i][1] for i in idle if i != exclude]
+            want = ref.select_victims(cands, need, t) if cands else []
+            assert [e.entry_id for e in got] == [e.entry_id for e in want]
+            assert [fast.key(e, t) for e in got] == [ref.key(e, t) for e in want]
+            for e in got:
+                fast.on_evict(e, t)
+                ref.on_evict(known[e.entry_id][1], t)
+                del idle[e.entry_id]
+                index.discard(e.entry_id)
+            num_decisions += bool(got)
+        assert _state(fast) == _state(ref)
+        assert len(index) == len(idle)
+        assert fast.marked_in_main == sum(1 for i in idle if i in fast.main)
+    return num_decisions
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=steps_strategy, knobs=st.sampled_from(KNOBS))
+def test_index_evicts_what_prepare_and_the_sort_evicted(
+    steps: list[Step], knobs: dict[str, Any]
+) -> None:
+    drive(steps, knobs)
+
+
+def test_seeded_histories_decide_often_and_identically() -> None:
+    """Uniform random histories (hypothesis favours short ones) reach many decisions that pass
+    in-use and excluded entries, promote, reinsert and run out of candidates."""
+    import numpy as np
+
+    num_decisions = 0
+    for seed in range(60):
+        rng = np.random.default_rng(seed)
+        draws = rng.integers(0, [7, 31, 10**6, 10], (int(rng.integers(50, 300)), 4)).tolist()
+        steps = [(k, e, a, 1 + s % 9) for k, e, a, s in draws]
+        num_decisions += drive(steps, KNOBS[seed % len(KNOBS)])
+    assert num_decisions > 1500
+
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(
+    knobs=st.sampled_from(KNOBS),
+    pool=st.sampled_from([70, 100, 160]),
+    cpu=st.sampled_from([0, 4, 40]),
+    offload=st.booleans(),
+    watermark=st.sampled_from([0.0, 0.1]),
+    ops=ops_strategy,
+)
+def test_session_manager_index_evicts_what_the_full_path_evicted(
+    knobs: dict[str, Any], pool: int, cpu: int, offload: bool, watermark: float, ops: list[Op]
+) -> None:
+    assert_same(session_config("s3fifo", pool, cpu, offload, watermark, **knobs), ops, None)
+
+
+@SETTINGS
+@given(
+    knobs=st.sampled_from(KNOBS),
+    pool=st.sampled_from([6, 10, 16]),
+    cpu=st.sampled_from([0, 4, 40]),
+    offload=st.booleans(),
+    watermark=st.sampled_from([0.0, 0.1]),
+    ops=ops_strategy,
+    chains=prefix_trees(),
+)
+def test_prefix_manager_index_cuts_what_the_forest_path_cut(
+    knobs: dict[str, Any],
+    pool: int,
+    cpu: int,
+    offload: bool,
+    watermark: float,
+    ops: list[Op],
+    chains: list[list[int]],
+) -> None:
+    assert_same(prefix_config("s3fifo", pool, cpu, offload, watermark, **knobs), ops, chains)
+
+
+@pytest.mark.parametrize("knobs", KNOBS)
+def test_seeded_streams_use_the_index_and_evict_identically(knobs: dict[str, Any]) -> None:
+    """Long streams that surely evict, on both managers: the fast run decides through the index
+    (its candidates are the manager's), and the full-path run evicts the same."""
+    for seed in range(3):
+        ops, chains = seeded_stream(seed)
+        for offload in (False, True):
+            cfg = session_config("s3fifo", 90, 40, offload, 0.1, **knobs)
+            _, log, kv = run(cfg, None, ops, None)
+            index = kv.candidates._set
+            assert len(log) >= 3 and index is not None and index.num_visits >= len(log)
+            assert sorted(index.entries) == sorted(kv.idle)
+            assert_same(cfg, ops, None)
+            cfg = prefix_config("s3fifo", 10, 6, offload, 0.1, **knobs)
+            _, log, kv = run(cfg, None, ops, chains)
+            tails = kv.tails.set_tails
+            assert len(log) >= 3 and tails is not None and tails.num_visits >= 3
+            tails.drain()
+            forest = kv.tree.forest()
+            assert sorted(tails.blocks) == sorted(b.entry.entry_id for b in forest.blocks)
+            assert_same(cfg, ops, chains)
+
+
+def _fill(size: int, reused_every: int) -> tuple[Any, CandidateIndex]:
+    """`size` idle entries entered in order; every `reused_every`-th one hit once."""
+    policy = _policy()
+    index = CandidateIndex(policy)
+    for i in range(size):
+        e = CacheEntry(i, i, 0, 0, 0, 16, 100, i, i)
+        policy.on_release(e, i)
+        if i % reused_every == 0:
+            policy.on_access(e, i)  # promoted to M when the loop reaches it
+        index.add(e, i)
+    return policy, index
+
+
+@pytest.mark.parametrize("size", [1_000, 10_000])
+def test_a_decision_takes_the_loops_steps_not_the_cache_size(size: int) -> None:
+    """Complexity, counted: 300 one-victim decisions, each followed by a release (steady state),
+    take the loop's steps up to their victims (the victim, promotions on the way, M's
+    reinsertions once M is over its share), the same count whatever the number of entries."""
+    policy, index = _fill(size, 3)
+    for k in range(300):
+        t = size + k
+        (victim,) = index.select(100, t, lambda e: e)
+        steps = len(policy.plan)
+        assert steps <= 3  # the victim and the promotions of hit entries in front of it
+        policy.on_evict(victim, t)
+        index.discard(victim.entry_id)
+        e = CacheEntry(t, t, 0, 0, 0, 16, 100, t, t)
+        policy.on_release(e, t)
+        index.add(e, t)
+    assert len(index) == size
+    assert policy.evicted_from == [300, 0]
+    assert index._set.num_visits <= 300 * 3  # type: ignore[union-attr]
+
+
+def test_a_chained_decision_takes_a_chains_blocks_not_the_trees() -> None:
+    """Complexity, counted: 1,000 idle chains of 10 blocks, released root first (S holds roots
+    before tails): cutting 200 blocks ranks the 200 blocks of 20 chains, root to tail, each cut
+    once its tail is; a further one-block cut ranks one more chain."""
+    kv = make_kv(prefix_config("s3fifo", 10_100, 0, False, 0.0))
+    tree, policy = kv.tree, kv.policy
+    for c in range(1_000):
+        parent = None
+        for d in range(10):
+            e = CacheEntry(c * 10 + d, c, 0, 0, 0, 512, kv.hash_bytes, 0, c)
+            b = HashBlock(c * 10 + d, parent, e)
+            kv.pool.allocate(kv.hash_bytes)
+            tree.add(b)
+            parent = b
+        for d in range(10):
+            b = tree.blocks[c * 10 + d]
+            tree.unpin(b)
+            policy.on_release(b.entry, c)
+    assert kv._evict_blocks(200, allow_offload=False) == 200
+    tails = kv.tails.set_tails
+    assert tails.num_visits == 200
+    assert sorted(tree.blocks) == list(range(200, 10_000))
+    assert kv._evict_blocks(1, allow_offload=False) == 1
+    assert tails.num_visits == 210  # chain 20 ranked root to tail, its tail cut
