@@ -145,9 +145,7 @@ class S3FifoIndex:
                 yield eid
             small, main = p.small, p.main
             yield from sorted(
-                eid
-                for eid in entries
-                if eid != exclude_id and eid not in small and eid not in main
+                eid for eid in entries if eid != exclude_id and eid not in small and eid not in main
             )
         finally:
             self.num_visits += loop.num_steps

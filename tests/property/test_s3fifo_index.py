@@ -20,11 +20,12 @@ from hypothesis import strategies as st
 
 from cachepilot_sim.components.kv.forest import HashBlock
 from cachepilot_sim.config import policy_config
-from cachepilot_sim.policies import CacheEntry, make_policy
+from cachepilot_sim.policies import CacheEntry, KeyScope, make_policy
 from cachepilot_sim.policies.candidates import CandidateIndex
 from cachepilot_sim.policies.reuse import GapEstimator
 from tests.conftest import make_kv
 from tests.property.test_indexed_eviction import (
+    Logged,
     Op,
     assert_same,
     ops_strategy,
@@ -43,7 +44,7 @@ KNOBS = [
 ]
 Step = tuple[int, int, int, int]
 steps_strategy = st.lists(
-    st.tuples(st.integers(0, 6), st.integers(0, 30), st.integers(0, 10**6), st.integers(1, 9)),
+    st.tuples(st.integers(0, 7), st.integers(0, 30), st.integers(0, 10**6), st.integers(1, 9)),
     min_size=10,
     max_size=200,
 )
@@ -85,15 +86,19 @@ def drive(steps: list[Step], knobs: dict[str, Any]) -> int:
                 p.on_release(e, t)
             idle[eid] = None
             index.add(pair[0])
-        elif kind == 2 and eid in known:  # a return: a hit, or a miss after eviction
+        elif kind == 2 and eid in known:  # returns: a hit, or a miss after eviction, then hits
             for e, p in zip(known[eid], (fast, ref), strict=True):
-                p.on_access(e, t)
+                for _ in range(1 + amount % 5):  # M's counter is capped on reinsertion
+                    p.on_access(e, t)
             if eid in idle:
                 index.add(known[eid][0])
         elif kind == 3 and eid in idle:  # in use: no longer a candidate
             del idle[eid]
             index.discard(eid)
-        elif kind >= 4:  # a decision, maybe excluding one candidate (the entry being admitted)
+        elif kind == 4 and eid in known and eid not in idle:  # reloaded: idle without a hook
+            idle[eid] = None  # (in no queue when it was evicted after its return's access)
+            index.add(known[eid][0])
+        elif kind >= 5:  # a decision, maybe excluding one candidate (the entry being admitted)
             exclude = eid if amount % 2 else -1
             need = amount % 3000
             got = index.select(need, t, exclude)
@@ -129,7 +134,7 @@ def test_seeded_histories_decide_often_and_identically() -> None:
     num_decisions = 0
     for seed in range(60):
         rng = np.random.default_rng(seed)
-        draws = rng.integers(0, [7, 31, 10**6, 10], (int(rng.integers(50, 300)), 4)).tolist()
+        draws = rng.integers(0, [8, 31, 10**6, 10], (int(rng.integers(50, 300)), 4)).tolist()
         steps = [(k, e, a, 1 + s % 9) for k, e, a, s in draws]
         num_decisions += drive(steps, KNOBS[seed % len(KNOBS)])
     assert num_decisions > 1500
@@ -256,3 +261,60 @@ def test_a_chained_decision_takes_a_chains_blocks_not_the_trees() -> None:
     assert sorted(tree.blocks) == list(range(200, 10_000))
     assert kv._evict_blocks(1, allow_offload=False) == 1
     assert tails.num_visits == 210  # chain 20 ranked root to tail, its tail cut
+
+
+def _parent_ranked_after_its_child(full: bool) -> list[tuple[int, int]]:
+    """Chain 0 -> 1 and a root 2, released in that order; 0 and 2 hit (promoted to M when the
+    loop passes them), so the loop ranks 1, then 0, then 2: cutting 1 exposes 0 before its rank."""
+    cfg = prefix_config("s3fifo", 100, 0, False, 0.0)
+    inner = make_policy(cfg.policy, GapEstimator(0.3, 1e6, 1e6))
+    policy = Logged(inner, KeyScope.SET, full=full)
+    kv = make_kv(cfg, policy=policy)
+    tree = kv.tree
+    for h, parent in ((0, None), (1, 0), (2, None)):
+        b = HashBlock(
+            h,
+            None if parent is None else tree.blocks[parent],
+            CacheEntry(h, h, *[0] * 3, 512, kv.hash_bytes, 0, 0),
+        )
+        kv.pool.allocate(kv.hash_bytes)
+        tree.add(b)
+    for h in (0, 1, 2):
+        tree.unpin(tree.blocks[h])
+        policy.on_release(tree.blocks[h].entry, 0)
+    for h in (0, 2):
+        policy.on_access(tree.blocks[h].entry, 1)
+        tree.touch(tree.blocks[h])
+    assert kv._evict_blocks(3, allow_offload=False) == 3
+    return policy.log
+
+
+def test_a_parent_exposed_before_the_loop_ranks_it_is_cut_at_its_rank() -> None:
+    assert _parent_ranked_after_its_child(full=True) == [(0, 1), (0, 0), (0, 2)]
+    assert _parent_ranked_after_its_child(full=False) == [(0, 1), (0, 0), (0, 2)]
+
+
+def test_the_loop_caps_ms_counter_when_it_reinserts() -> None:
+    """M = [a with 4 hits, b with 3]: reinsertion caps a counter at 3 before decrementing it, so
+    a reaches 0 first (4 -> 2 -> 1 -> 0 against 3 -> 2 -> 1 -> 0) and leaves before b."""
+    fast, ref = _policy(), _policy()
+    index = fast.set_index()
+    a, b, v = (CacheEntry(i, i, 0, 0, 0, 1, 100, 0, 0) for i in range(3))
+    for p in (fast, ref):
+        for e in (a, b, v):
+            p.on_release(e, 0)
+        for e in (a, b):
+            p.on_access(e, 1)  # one hit: promoted when the loop passes them
+    for e in (a, b, v):
+        index.add(e)
+    assert [e.entry_id for e in index.select(100, 2, -1)] == [2]
+    assert [e.entry_id for e in ref.select_victims([a, b, v], 100, 2)] == [2]
+    for p in (fast, ref):
+        p.on_evict(v, 2)
+        for e, hits in ((a, 4), (b, 3)):
+            for _ in range(hits):
+                p.on_access(e, 3)
+    index.discard(2)
+    assert list(fast.main.items()) == [(0, 4), (1, 3)]
+    assert [e.entry_id for e in ref.select_victims([a, b], 200, 4)] == [0, 1]
+    assert [e.entry_id for e in index.select(200, 4, -1)] == [0, 1]

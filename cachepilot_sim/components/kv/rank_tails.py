@@ -4,15 +4,13 @@ On the forest path such a policy's `prepare` ranks every idle GPU block (S3-FIFO
 loop evicts them) and greedy on chains cuts the smallest rank among the current tails, step by
 step. Here the policy's `set_index()` holds every candidate (fed by `PrefixTree.changed`, as for
 `set_tails.py`) and `ranks()` yields them in that order, lazily (`policies/s3fifo_index.py`). The
-smallest-ranked current tail is then the smallest-ranked tail among the blocks ranked so far if
-there is one, else the next ranked block that is a tail: a ranked block that is not a tail waits
-until this decision's cuts expose it (every GPU child of it cut) and then ranks with the others
-that did. A decision costs the ranks taken up to its last victim, not the forest.
+smallest-ranked current tail is a ranked block that the last cut exposed (every GPU child of it
+now cut) if there is one (every ranked block that was a tail before was cut then), else the next
+ranked block that is a tail: a ranked block that is not one yet waits for the cuts that expose it. A decision costs the ranks taken up to its last victim, not the forest.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Generator
 from typing import Protocol
 
@@ -74,22 +72,21 @@ class RankTails:
             return []
         blocks, evictable = self.blocks, self.tree.evictable
         ranked = self.index.ranks()
-        order: dict[int, int] = {}  # entry id -> its place in the order, for the ranked ones
         waiting: dict[int, None] = {}  # ranked, not a tail yet
         exposed: dict[int, None] = {}  # made a tail by this decision's cuts, not ranked yet
-        ready: list[tuple[int, int]] = []  # (place, entry id) of ranked tails exposed by cuts
+        # A ranked block the last cut exposed: it ranks before every block not ranked yet, and
+        # every other ranked tail was cut when it became one, so it is the next victim.
+        ready = -1
         cut_children: dict[int, int] = {}
         victims: list[HashBlock] = []
         while len(victims) < num_blocks:
-            if ready:
-                eid = heapq.heappop(ready)[1]
+            if ready >= 0:
+                eid, ready = ready, -1
             else:
-                got = next(ranked, None)
-                if got is None:
+                eid = next(ranked, -1)
+                if eid < 0:
                     break
-                eid = got
                 self.num_visits += 1
-                order[eid] = len(order)
                 b = blocks[eid]
                 if evictable.get(b.hash_id) is not b and eid not in exposed:
                     waiting[eid] = None
@@ -101,7 +98,7 @@ class RankTails:
                 up_id = up.entry.entry_id
                 if up_id in waiting:
                     del waiting[up_id]
-                    heapq.heappush(ready, (order[up_id], up_id))
+                    ready = up_id
                 else:
                     exposed[up_id] = None
         ranked.close()
