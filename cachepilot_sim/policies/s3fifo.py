@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from cachepilot_sim.config import PolicyConfig, bounded
 from cachepilot_sim.policies.base import CacheEntry, RankingPolicy, register
 from cachepilot_sim.policies.reuse import GapEstimator
-from cachepilot_sim.policies.s3fifo_index import MAX_FREQ, S3FifoIndex
+from cachepilot_sim.policies.s3fifo_index import MAX_FREQ, Marks, S3FifoIndex
 
 
 @dataclass
@@ -66,10 +66,9 @@ class S3FifoPolicy(RankingPolicy):
         self.plan_at: dict[int, int] = {}  # victim id -> index of its step in `plan`
         self.replayed = 0
         self.evicted_from = [0, 0]  # victims leaving S, M
-        # The candidates an index reported (`set_index()`, `policies/s3fifo_index.py`) and how
-        # many of them sit in M: what its lazy loop reads instead of every candidate.
-        self.marked: dict[int, None] = {}
-        self.marked_in_main = 0
+        # What an index reported (`set_index()`, `policies/s3fifo_index.py`) and what its lazy
+        # loop reads instead of every candidate: how many sit in M, S's entries it must look at.
+        self.marks = Marks(self.threshold)
 
     # -- the queues ---------------------------------------------------------------------------
     def _insert(self, entry: CacheEntry) -> None:
@@ -77,10 +76,12 @@ class S3FifoPolicy(RankingPolicy):
         self.size[eid] = entry.num_bytes
         if eid in self.ghost:  # seen recently and evicted from S: straight to M
             self.ghost_bytes -= self.ghost.pop(eid)
-            self._enter_main(eid)
+            self.main[eid] = 0
+            self.marks.entered_main(eid)
             self.queue_bytes[1] += entry.num_bytes
         else:
             self.small[eid] = 0
+            self.marks.entered_small(eid)
             self.queue_bytes[0] += entry.num_bytes
         self.capacity_bytes = max(self.capacity_bytes, sum(self.queue_bytes))
 
@@ -88,29 +89,19 @@ class S3FifoPolicy(RankingPolicy):
         """ "S", "M" or "" (not cached, as the policy knows it)."""
         return "S" if entry_id in self.small else "M" if entry_id in self.main else ""
 
-    def _enter_main(self, eid: int) -> None:
-        self.main[eid] = 0  # at M's head, its counter cleared
-        self.marked_in_main += eid in self.marked
-
-    def mark(self, entry_id: int, candidate: bool) -> None:
-        """An index says whether the entry is a candidate now (idle, evictable)."""
-        if candidate == (entry_id in self.marked):
-            return
-        if candidate:
-            self.marked[entry_id] = None
-        else:
-            del self.marked[entry_id]
-        if entry_id in self.main:
-            self.marked_in_main += 1 if candidate else -1
+    def mark(self, entry_id: int, candidate: bool, tail: bool) -> None:
+        """An index says whether the entry is a candidate now (idle, evictable) and a tail (on
+        prefix chains: cut first; whole entries are all tails)."""
+        self.marks.mark(entry_id, candidate, tail, self.small.get(entry_id), entry_id in self.main)
 
     def set_index(self) -> S3FifoIndex:
-        """The exact lazy index of this policy's decisions (one per policy: it owns `marked`)."""
-        self.marked, self.marked_in_main = {}, 0
+        """The exact lazy index of this policy's decisions (one per policy: it reports `marks`)."""
         return S3FifoIndex(self)
 
     def _promote(self, eid: int) -> None:
-        del self.small[eid]
-        self._enter_main(eid)  # the counter is cleared on the move
+        self.marks.left_small(eid, self.small.pop(eid))
+        self.main[eid] = 0  # the counter is cleared on the move
+        self.marks.entered_main(eid)
         self.queue_bytes[0] -= self.size[eid]
         self.queue_bytes[1] += self.size[eid]
 
@@ -122,6 +113,7 @@ class S3FifoPolicy(RankingPolicy):
         """A hit counts one more use; a miss enters M if G remembers it, else S."""
         eid = entry.entry_id
         if eid in self.small:
+            self.marks.hit_small(eid, self.small[eid])
             self.small[eid] += 1
         elif eid in self.main:
             self.main[eid] += 1
@@ -149,9 +141,9 @@ class S3FifoPolicy(RankingPolicy):
                     self._promote(other)
                 elif kind == "rotate" and other in self.main:
                     self._rotate(other)
-            self.replayed = step + 1
+            self.replayed = step  # (the full path's plan[step] is this eviction, no move)
         if eid in self.small:
-            self.small.pop(eid)
+            self.marks.left_small(eid, self.small.pop(eid))
             self.queue_bytes[0] -= self.size[eid]
             self.ghost[eid] = self.size[eid]
             self.ghost_bytes += self.size[eid]
@@ -161,7 +153,7 @@ class S3FifoPolicy(RankingPolicy):
             self.evicted_from[0] += 1
         elif eid in self.main:
             del self.main[eid]
-            self.marked_in_main -= eid in self.marked
+            self.marks.left_main(eid)
             self.queue_bytes[1] -= self.size[eid]
             self.evicted_from[1] += 1
 

@@ -2,16 +2,20 @@
 
 On the forest path such a policy's `prepare` ranks every idle GPU block (S3-FIFO: in the order its
 loop evicts them) and greedy on chains cuts the smallest rank among the current tails, step by
-step. Here the policy's `set_index()` holds every candidate (fed by `PrefixTree.changed`, as for
-`set_tails.py`) and `ranks()` yields them in that order, lazily (`policies/s3fifo_index.py`). The
+step. Here the policy's `set_index()` holds every candidate, and whether it is a tail (fed by
+`PrefixTree.changed`, as for `set_tails.py`), and `ranks()` yields them in that order, lazily
+(`policies/s3fifo_index.py`), but for candidates that are not tails, which it may rank without
+yielding them (S3-FIFO: a run of S that changes nothing its loop reads, passed at once). The
 smallest-ranked current tail is a ranked block that the last cut exposed (every GPU child of it
 now cut) if there is one (every ranked block that was a tail before was cut then), else the next
-ranked block that is a tail: a ranked block that is not one yet waits for the cuts that expose it. A decision costs the ranks taken up to its last victim, not the forest.
+ranked block that is a tail: a ranked block that is not one yet waits for the cuts that expose it
+(`passed` says whether an exposed block was ranked without being yielded). A decision costs the
+ranks taken up to its last victim, not the forest.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from typing import Protocol
 
 from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
@@ -19,16 +23,31 @@ from cachepilot_sim.components.kv.protocol import Tier
 from cachepilot_sim.policies import CacheEntry
 
 
-class RankedSetIndex(Protocol):
-    """A set index that yields the full path's order of its candidates (`S3FifoIndex`)."""
+class Ranking(Protocol):
+    """The candidates' ids in the full path's order, lazily (`policies/s3fifo_index.py`)."""
 
-    def add(self, entry: CacheEntry) -> None:
-        """The entry is a candidate (again)."""
+    def __next__(self) -> int: ...
+
+    def passed(self, eid: int) -> bool:
+        """True when `eid` was ranked without being yielded (it was not a tail then)."""
+
+    def expose(self, eid: int) -> None:
+        """This decision's cuts made `eid` a tail: yield it at its rank."""
+
+    def close(self) -> None:
+        """The decision is done."""
+
+
+class RankedSetIndex(Protocol):
+    """A set index that ranks its candidates as the full path does (`S3FifoIndex`)."""
+
+    def add(self, entry: CacheEntry, tail: bool = True) -> None:
+        """The entry is a candidate (again), a tail or not."""
 
     def discard(self, entry_id: int) -> None:
         """The entry is no longer a candidate (no-op when absent)."""
 
-    def ranks(self, exclude_id: int = -1) -> Generator[int, None, None]:
+    def ranks(self, exclude_id: int = -1) -> Ranking:
         """The candidates' ids, first victim first, lazily."""
 
 
@@ -57,7 +76,7 @@ class RankTails:
             cur = tree.blocks.get(h)
             if cur is not None and cur.refcount == 0 and cur.tier == Tier.GPU:
                 self.blocks[cur.entry.entry_id] = cur
-                self.index.add(cur.entry)
+                self.index.add(cur.entry, tree.evictable.get(h) is cur)
             else:
                 self.blocks.pop(b.entry.entry_id, None)
                 self.index.discard(b.entry.entry_id)
@@ -72,7 +91,7 @@ class RankTails:
             return []
         blocks, evictable = self.blocks, self.tree.evictable
         ranked = self.index.ranks()
-        waiting: dict[int, None] = {}  # ranked, not a tail yet
+        waiting: dict[int, None] = {}  # yielded, not a tail yet
         exposed: dict[int, None] = {}  # made a tail by this decision's cuts, not ranked yet
         # A ranked block the last cut exposed: it ranks before every block not ranked yet, and
         # every other ranked tail was cut when it became one, so it is the next victim.
@@ -99,8 +118,11 @@ class RankTails:
                 if up_id in waiting:
                     del waiting[up_id]
                     ready = up_id
+                elif ranked.passed(up_id):
+                    ready = up_id
                 else:
                     exposed[up_id] = None
+                    ranked.expose(up_id)
         ranked.close()
         for b in victims:  # ranked without the manager's estimates: read them now
             prepare(b)
