@@ -25,7 +25,6 @@ ranked blocks that are not tails yet (`components/kv/rank_tails.py`).
 
 from __future__ import annotations
 
-import bisect
 import heapq
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -126,7 +125,6 @@ class Loop:
         "cursor",
         "last_seq",
         "ahead",
-        "runs",
         "main",
         "main_left",
         "appended",
@@ -146,7 +144,6 @@ class Loop:
         self.cursor = -1
         self.last_seq = self.marks.seq[next(reversed(policy.small))] if policy.small else -1
         self.ahead: list[tuple[int, int]] = []  # S entries this decision's cuts made tails
-        self.runs: list[tuple[int, int]] = []  # (last place, moves before) of skipped runs
         self.main = iter(policy.main.items())
         self.main_left = len(policy.main)
         self.appended: deque[tuple[int, int]] = deque()  # M's copy past the live queue
@@ -190,9 +187,7 @@ class Loop:
             else:
                 nxt = self._next_small()
                 end = self.last_seq if nxt is None else nxt[0] - 1
-                if end > self.cursor:  # steps that change nothing the loop reads: at once
-                    self.runs.append((end, len(plan)))
-                    self.cursor = end
+                self.cursor = max(self.cursor, end)  # steps that change nothing it reads: at once
                 if nxt is None:
                     continue
                 self.cursor, eid = nxt
@@ -219,11 +214,6 @@ class Loop:
             and p.small[eid] < p.threshold
             and self.is_candidate(eid)
         )
-
-    def place(self, eid: int) -> None:
-        """Plan `eid`, ranked in a skipped run, at the moves before that run."""
-        runs = self.runs
-        self.policy.plan_at[eid] = runs[bisect.bisect_left(runs, (self.marks.seq[eid], -1))][1]
 
     def expose(self, eid: int) -> None:
         """This decision's cuts made `eid` a tail: the loop stops at it if it is ahead in S."""
@@ -264,11 +254,10 @@ class Ranking:
         return next(self.rest)
 
     def passed(self, eid: int) -> bool:
-        """`eid` was ranked in a skipped run: it is the next victim once exposed (`place`d)."""
-        if self.loop.passed(eid):
-            self.loop.place(eid)
-            return True
-        return False
+        """`eid` was ranked in a skipped run. Exposed by the cut just made, it is the next victim;
+        it needs no place in the plan: `on_evict` of that cut's block, evicted just before it,
+        replays the moves up to a later step than its rank."""
+        return self.loop.passed(eid)
 
     def expose(self, eid: int) -> None:
         """This decision's cuts made `eid` a tail."""

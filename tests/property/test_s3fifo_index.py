@@ -319,3 +319,68 @@ def test_the_loop_caps_ms_counter_when_it_reinserts() -> None:
     assert list(fast.main.items()) == [(0, 4), (1, 3)]
     assert [e.entry_id for e in ref.select_victims([a, b], 200, 4)] == [0, 1]
     assert [e.entry_id for e in index.select(200, 4, -1)] == [0, 1]
+
+
+def _child_in_m_cut_before_the_loop_reaches_its_parent(full: bool) -> list[tuple[int, int]]:
+    """Chain 0 -> 1, roots 2 (hit) and 3. 1 is cut while 0 is in use and comes back to M (G
+    remembers it). The next loop passes 0 (not a tail), promotes 2, which puts M over its share,
+    and ranks 1 in M: 1 is cut. The last decision cuts 0 (a tail again) and 3."""
+    cfg = prefix_config("s3fifo", 100, 0, False, 0.0, s3fifo_small_fraction=0.6)
+    inner = make_policy(cfg.policy, GapEstimator(0.3, 1e6, 1e6))
+    policy = Logged(inner, KeyScope.SET, full=full)
+    kv = make_kv(cfg, policy=policy)
+    tree = kv.tree
+    entries = [CacheEntry(h, h, 0, 0, 0, 512, kv.hash_bytes, 0, 0) for h in range(4)]
+
+    def cache(h: int, parent: int | None) -> None:  # a request computes h, holding its prefix
+        up = None if parent is None else tree.blocks[parent]
+        if up is not None:
+            tree.pin(up)
+        kv.pool.allocate(kv.hash_bytes)
+        tree.add(HashBlock(h, up, entries[h]))
+        if up is not None:
+            tree.unpin(up)
+        tree.unpin(tree.blocks[h])
+        policy.on_release(entries[h], 0)
+
+    for h, parent in ((0, None), (1, 0), (2, None), (3, None)):
+        cache(h, parent)
+    policy.on_access(entries[2], 0)
+    tree.pin(tree.blocks[0])  # in use while 1 is cut
+    assert kv._evict_blocks(1, allow_offload=False) == 1
+    tree.unpin(tree.blocks[0])
+    policy.on_access(entries[1], 0)  # G remembers it: to M
+    cache(1, 0)
+    assert kv._evict_blocks(1, allow_offload=False) == 1
+    assert kv._evict_blocks(2, allow_offload=False) == 2
+    return policy.log
+
+
+def test_a_promotion_that_puts_m_over_its_share_turns_the_loop_to_m() -> None:
+    want = [(0, 1), (0, 1), (0, 0), (0, 3)]
+    assert _child_in_m_cut_before_the_loop_reaches_its_parent(full=True) == want
+    assert _child_in_m_cut_before_the_loop_reaches_its_parent(full=False) == want
+
+
+def test_a_block_exposed_ahead_of_the_loop_in_s_is_ranked_where_prepare_ranks_it() -> None:
+    """S = [0], M = [1, 2] over its share: the loop ranks 1, 0, 2. A cut of 1 exposes 0 (not a
+    tail before) while the loop has not reached it: `expose` makes the loop stop there."""
+    policy = _policy(s3fifo_small_fraction=0.6)
+    entries = [CacheEntry(i, i, 0, 0, 0, 1, 100, 0, 0) for i in range(4)]
+    for e in entries:
+        policy.on_release(e, 0)
+    for e in entries[1:3]:
+        policy.on_access(e, 0)
+    policy.prepare(entries[3:], 0)  # 0 in use: 1 and 2 promoted, 3 evicted
+    policy.on_evict(entries[3], 0)
+    assert (list(policy.small), list(policy.main)) == ([0], [1, 2])
+    index = policy.set_index()
+    for e in entries[:3]:
+        index.add(e, tail=e.entry_id > 0)
+    ranking = index.ranks()
+    assert next(ranking) == 1
+    ranking.expose(0)
+    assert [next(ranking), next(ranking)] == [0, 2]
+    ranking.close()
+    policy.prepare(entries[:3], 0)
+    assert sorted(policy.rank, key=policy.rank.__getitem__) == [1, 0, 2]
