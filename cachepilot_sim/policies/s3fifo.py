@@ -39,7 +39,9 @@ class S3FifoPolicy(RankingPolicy):
 
     Which queue the loop evicts from reads the bytes of S and M against the cache size (the most
     bytes the policy has seen cached): a rule relative to the set, so the scope is SET, like
-    ARC's, and a decision costs O(cached entries). An entry in use cannot be evicted: the loop
+    ARC's, and this full path costs O(cached entries) per decision; the managers decide through
+    `set_index()` instead, which runs the same loop on the live queues only as far as the
+    victims (`policies/s3fifo_index.py`, exact). An entry in use cannot be evicted: the loop
     moves it on as if it had been hit (from S to M if promoted, else it stays in S; in M it goes
     round again). `on_evict` replays the loop's moves (promotions, reinsertions) up to each victim
     it is told of, so the queues are the ones S3-FIFO would have after those evictions.

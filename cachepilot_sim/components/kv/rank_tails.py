@@ -11,6 +11,13 @@ now cut) if there is one (every ranked block that was a tail before was cut then
 ranked block that is a tail: a ranked block that is not one yet waits for the cuts that expose it
 (`passed` says whether an exposed block was ranked without being yielded). A decision costs the
 ranks taken up to its last victim, not the forest.
+
+A candidate is an idle GPU block, as for `set_tails.py`: the forest's blocks while the referenced
+blocks are closed under parents. A shared tier that writes on eviction (`remote.py`) breaks that
+while a cut block is held for its write (pinned, still its parent's GPU child): the forest leaves
+the idle blocks above it out, this index does not. For S3-FIFO that differs only when the loop
+reaches such a block in M with its counter at 0 (the full path moves it round, this ranks it);
+not covered by the equality tests, which run without a shared tier.
 """
 
 from __future__ import annotations
