@@ -15,9 +15,8 @@ ranks taken up to its last victim, not the forest.
 A candidate is an idle GPU block, as for `set_tails.py`: the forest's blocks while the referenced
 blocks are closed under parents. A shared tier that writes on eviction (`remote.py`) breaks that
 while a cut block is held for its write (pinned, still its parent's GPU child): the forest leaves
-the idle blocks above it out, this index does not. For S3-FIFO that differs only when the loop
-reaches such a block in M with its counter at 0 (the full path moves it round, this ranks it);
-not covered by the equality tests, which run without a shared tier.
+the idle blocks above it out, and S3-FIFO's loop moves such a block round in M where the index
+would rank it. While any block is held, a decision takes the forest path (`num_full`).
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from typing import Protocol
 
 from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
 from cachepilot_sim.components.kv.protocol import Tier
-from cachepilot_sim.policies import CacheEntry
+from cachepilot_sim.policies import CacheEntry, EvictionPolicy
 
 
 class Ranking(Protocol):
@@ -66,10 +65,14 @@ class RankTails:
         tree: PrefixTree,
         index: RankedSetIndex,
         exposed_parent: Callable[[HashBlock, dict[int, int]], HashBlock | None],
+        policy: EvictionPolicy,
     ) -> None:
         self.tree = tree
         self.index = index
         self.exposed_parent = exposed_parent
+        self.policy = policy  # the manager's, for the forest path
+        self.held: dict[int, None] = {}  # blocks a shared tier holds on the GPU for their write
+        self.num_full = 0  # decisions that took the forest path (a block was held)
         self.blocks: dict[int, HashBlock] = {}  # entry id -> its idle GPU block (a candidate)
         self.num_visits = 0  # ranks taken by decisions (a complexity probe for tests)
         tree.changed = {}
@@ -81,6 +84,10 @@ class RankTails:
         assert changed is not None
         for h, b in changed.items():
             cur = tree.blocks.get(h)
+            if cur is not None and cur.refcount and cur.tier == Tier.FLIGHT_OUT:
+                self.held[h] = None
+            else:
+                self.held.pop(h, None)
             if cur is not None and cur.refcount == 0 and cur.tier == Tier.GPU:
                 self.blocks[cur.entry.entry_id] = cur
                 self.index.add(cur.entry, tree.evictable.get(h) is cur)
@@ -96,6 +103,8 @@ class RankTails:
         self.drain()
         if num_blocks <= 0 or not self.blocks:
             return []
+        if self.held:
+            return self._forest(num_blocks, now_us, prepare)
         blocks, evictable = self.blocks, self.tree.evictable
         ranked = self.index.ranks()
         waiting: dict[int, None] = {}  # yielded, not a tail yet
@@ -134,3 +143,18 @@ class RankTails:
         for b in victims:  # ranked without the manager's estimates: read them now
             prepare(b)
         return victims
+
+    def _forest(
+        self, num_blocks: int, now_us: int, prepare: Callable[[HashBlock], CacheEntry]
+    ) -> list[HashBlock]:
+        """The forest path (`PrefixKvManager._choose`), while a block is held for its write."""
+        self.num_full += 1
+        forest = self.tree.forest()
+        entries = [prepare(b) for b in forest.blocks]
+        if not entries:
+            return []
+        num_bytes = num_blocks * entries[0].num_bytes  # prefix blocks are one size
+        victims = self.policy.select_victims(
+            entries, num_bytes, now_us, forest.chains, forest.parents
+        )
+        return forest.cut_order(victims, self.policy.name)
