@@ -4,23 +4,28 @@ The full path (`S3FifoPolicy.prepare`) runs S3-FIFO's loop on copies of S and M,
 candidate in the order the loop evicts it and records the loop's steps; greedy by that rank picks
 the victims and `on_evict` replays the recorded moves (promotions, reinsertions) up to each victim.
 The loop reads S from its front and never appends to it; it reads M from its front and appends
-only to M's copy. So no copy is needed: `Loop` reads S through an iterator over the live queue and
-M through an iterator over the live queue followed by a deque of what the loop appended, and runs
-only as far as the decision's victims reach. It records the same steps in the policy's plan, up to
-where it stopped, and `on_evict` applies them for real as before: the moves up to the last victim,
-which is all the full path's replay ever applies. Nothing changes the queues during a decision
-(the managers call `on_evict` after `select`), so the iterators stay valid.
+only to M's copy. So no copy is needed: `Loop` walks S by place from a cursor and reads M through
+an iterator over the live queue followed by a deque of what the loop appended, and runs only as
+far as the decision's victims reach. It records the same moves in the policy's plan, up to where
+it stopped, and each ranked entry's `plan_at` (the moves before it), and `on_evict` applies them
+for real as before: the moves up to the last victim, which is all the full path's replay ever
+applies. Nothing changes the queues during a decision (the managers call `on_evict` after
+`select`), so the iterators stay valid.
 
-What the loop reads of the candidates is a membership test and how many of them sit in M
-(`S3FifoPolicy.marked`, `marked_in_main`: kept by the hooks and by the index as entries become and
-stop being candidates). A candidate that is in no queue (evicted after its access, then reloaded
-idle) is ranked by the full path after every queued one, by id: `ranks` yields those from one
-pass over the candidates, only once the loop has run out (every queued candidate ranked).
+What the loop reads of the candidates is kept in `Marks` by the policy's hooks and by the index:
+which entries are candidates (and tails), how many of them sit in M, and S's entries by place with
+the lively ones (a step must look at them: promotable, or a candidate that is a tail) in a
+`SortedList`. A run of other S entries changes nothing the loop reads (an entry in use stays in S;
+a prefix block that is not a tail takes a rank but cannot be cut unless this decision's cuts
+expose it), so it is passed at once. A candidate that is in no queue (evicted after its access,
+then reloaded idle) is ranked by the full path after every queued one, by id: `Ranking` yields
+those from one pass over the candidates, only once the loop has run out (every queued candidate
+ranked).
 
 A decision costs the loop's steps up to its last victim: the victims, the moves (which the full
-path's replay applies as well) and the entries the loop passes without moving them: in-use (or
-excluded) entries of S that are not promoted, at most the entries in use, and on prefix chains
-ranked blocks that are not tails yet (`components/kv/rank_tails.py`).
+path's replay applies as well), entries in use or excluded that the loop reaches, and an O(log n)
+search per skipped run; on prefix chains, also blocks in M that are not tails yet
+(`components/kv/rank_tails.py`).
 """
 
 from __future__ import annotations
