@@ -64,6 +64,19 @@ def survival_at(times: np.ndarray, surv: np.ndarray, t: np.ndarray) -> np.ndarra
     return np.where(idx == 0, 1.0, surv[np.maximum(idx - 1, 0)])
 
 
+def count_at_most(times: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """`np.searchsorted(times, x, side="right")` for `x` ascending, in O(len(x) + len(times) x
+    log len(x)): the j-th of x has as many times at or below it as there are times t whose count
+    of x below t (`side="left"`) is at most j."""
+    below = np.searchsorted(x, times, side="left")
+    return np.cumsum(np.bincount(below, minlength=len(x) + 1)[: len(x)])
+
+
+def survival_from(surv: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """`survival_at` from its `searchsorted` positions."""
+    return np.where(idx == 0, 1.0, surv[np.maximum(idx - 1, 0)])
+
+
 def hazard_p(times: np.ndarray, surv: np.ndarray, idle: np.ndarray, delta: float) -> np.ndarray:
     """P(resume within δ | idle) per entry: the policy's exact operations (`probabilities`)."""
     s_now = survival_at(times, surv, idle)
@@ -85,6 +98,7 @@ class HazardIndex(ForecastIndex):
         "_ema",
         "_curves",
         "_curves_at",
+        "_by_idle",
         "_zero",
         "_idmin",
     )
@@ -98,6 +112,7 @@ class HazardIndex(ForecastIndex):
         self._ema: dict[int, PercIndex] = {}  # class -> its entries under the EMA model's key
         self._curves: Curves = {}
         self._curves_at: tuple[int, int, float] | None = None
+        self._by_idle: dict[int, np.ndarray] = {}  # class -> its blocks' slots, newest first
         self._zero = np.zeros(0, dtype=bool)  # per slot: every key of the block is 0
         self._idmin = np.zeros(0, dtype=np.int64)  # per slot: its smallest id (-1: unknown)
 
@@ -124,6 +139,23 @@ class HazardIndex(ForecastIndex):
         super()._split(row, k)
         for b in self._blocks[row][k : k + 2]:
             self._forget(b.slot)
+        self._by_idle.pop(row, None)
+
+    def _drop_block(self, row: int, b: _Block) -> None:
+        """`ForecastIndex._drop_block`, forgetting the row's block order."""
+        super()._drop_block(row, b)
+        self._by_idle.pop(row, None)
+
+    def _class_slots(self, c: int) -> np.ndarray:
+        """Class c's blocks' slots by idle time ascending (last use descending: their ranges
+        of last use do not overlap), so their idle bounds are ascending for `count_at_most`."""
+        order = self._by_idle.get(c)
+        if order is None:
+            blocks = self._blocks[c]
+            order = self._by_idle[c] = np.fromiter(
+                (b.slot for b in reversed(blocks)), dtype=np.int64, count=len(blocks)
+            )
+        return order
 
     def discard(self, entry_id: int) -> None:
         """The entry is no longer a candidate (no-op when absent)."""
@@ -158,24 +190,24 @@ class HazardIndex(ForecastIndex):
         if self._bounds is not None and self._bounds_at == at:  # type: ignore[comparison-overlap]
             return self._bounds, self._zero
         delta = self.hazard.estimator.delta_us
-        used = self._wmin < np.inf
         bounds = np.full(len(self._wmin), np.inf)
         zero = np.zeros(len(self._wmin), dtype=bool)
         for c in self._blocks:
             curve = curves[c]
             if curve is None:  # the EMA model's class: keyed apart (`_ema_min`), never bounded
                 continue
-            sel = np.flatnonzero(used & (self._row == c))
-            t_far = now_us - self._lo[sel]  # longest idle in the block
-            t_short = now_us - self._hi[sel]  # shortest idle
-            s_far = survival_at(*curve, t_far)
-            s_near = survival_at(*curve, t_short + delta)
+            times, surv = curve
+            sel = self._class_slots(c)
+            t_far = now_us - self._lo[sel]  # longest idle in the block (ascending over sel)
+            t_short = now_us - self._hi[sel]  # shortest idle (ascending too)
+            s_far = survival_from(surv, count_at_most(times, t_far))
+            s_near = survival_from(surv, count_at_most(times, t_short + delta))
             p_lo = np.where(s_far > 0, 1.0 - s_near / np.maximum(s_far, 1e-300), 0.0)
             low = np.maximum(p_lo, 0.0) * self._wmin[sel] * (1.0 - _REL) - _TINY
             bounds[sel] = np.maximum(low, 0.0)
             # No event time in (shortest idle, longest idle + δ]: S(t) = S(t + δ) throughout.
-            first = np.searchsorted(curve[0], t_short, side="right")
-            zero[sel] = first == np.searchsorted(curve[0], t_far + delta, side="right")
+            first = count_at_most(times, t_short)
+            zero[sel] = first == count_at_most(times, t_far + delta)
         self._bounds, self._bounds_at, self._zero = bounds, at, zero  # type: ignore[assignment]
         return bounds, zero
 
