@@ -418,3 +418,23 @@ def test_a_decision_over_classes_without_a_curve_keys_few_entries() -> None:
     assert index.num_fallback == 603
     assert index.num_approx == 0
     assert index.num_ema_keyed() <= 603 * 30
+
+
+def test_the_ema_model_reads_the_gap_as_added_not_the_entry_now() -> None:
+    """The prefix manager adds a block with its group's gap EMA (`TailIndex.static_restore`)
+    and re-adds it when that moves (`regroup`); the block's own entry field is only filled in by
+    `_prepare` for a decision. The index keys by the gap it was given, as the full path keys the
+    prepared entry (main before this read the entry's field: the Mooncake replay then differed
+    from the forced full path)."""
+    policy = make_hazard(512, 5e6)
+    index = HazardIndex(policy)
+    now = 10**9
+    slow, fast = (CacheEntry(i, i, 0, 0, 0, 16, 4096, 0, now - 10) for i in (2, 1))
+    for e in (slow, fast):
+        e.restore_us = 100.0
+    index.add(slow, 100.0, 1e12)  # a group that returns after ~11 days: P ~ 5e-6
+    index.add(fast, 100.0, 1e3)  # P ~ 1
+    slow.gap_ema_us = 1.0  # a stale field (P = 1: a tie, won by the smaller id) not to read
+    assert index.pop_min(now) == 2
+    slow.gap_ema_us = 1e12  # as `_prepare` would fill it in: the full path agrees
+    assert brute_min(policy, {2: slow, 1: fast}, now) == 2
