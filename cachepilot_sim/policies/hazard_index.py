@@ -2,44 +2,47 @@
 
 P = 1 - S_c(t + δ) / S_c(t), t an entry's idle time, S_c the Kaplan-Meier curve of its workload
 class c (`WindowSurvival.curve(now)`, `policies/hazard_curve.py`: it moves with now through
-censoring, and with every release or return the policy sees). Each class is one row of `ForecastIndex`'s blocks of
-contiguous last-use times (`policies/forecast_index.py`), whose bookkeeping this reuses; only the
-queries differ. A KM curve is a cumulative product of factors in [0, 1], so it is non-increasing
-in floating point too, and for t in a block's idle range [a, b], P(t) >= 1 - S(a + δ) / S(b)
-exactly (correctly rounded division and subtraction are monotone): a block's keys are bounded
-below by that times its smallest restore / bytes, less a relative ulp margin.
+censoring, and with every release or return the policy sees). Each class is one row of
+`ForecastIndex`'s blocks of contiguous last-use times (`policies/forecast_index.py`), whose
+bookkeeping this reuses; only the queries differ. A KM curve is a cumulative product of factors in
+[0, 1], so it is non-increasing in floating point too, and for t in a block's idle range [a, b],
+P(t) >= 1 - S(a + δ) / S(b) exactly (correctly rounded division and subtraction are monotone): a
+block's keys are bounded below by that times its smallest restore / bytes, less a relative ulp
+margin.
 
 Blocks hold about sqrt(n) / 16 entries (at least 8): narrower than reuse_forecast's, since a
 block that spans more idle time than δ has a bound of 0.
 
 A query (1) takes each class's curve once per (now, policy version, δ): every pop of one decision
-shares it (`PercHazardPolicy.curve`), (2) bounds every block (a class's blocks in idle order:
-their idle bounds are ascending, so the curve lookups of all of them are one `searchsorted` of
-the curve's event times into them and a cumulative count, `count_at_most`), and flags the blocks with no event
+shares it (`PercHazardPolicy.curve`), (2) bounds every block (a class's blocks in idle order: their
+idle bounds are ascending, so the curve lookups of all of them are one `searchsorted` of the curve's
+event times into them and a cumulative count, `count_at_most`), and flags the blocks with no event
 time of their curve between their shortest idle and their longest idle + δ: all their keys are 0
-exactly, and their smallest id (kept per block) is their best key, (3) keys every entry of the
-block with the smallest bound, then of every block that can still win (a smaller bound, or the
-same bound and a smaller smallest id: ties go to the smallest id, as the policy's key), with the
-policy's own NumPy operations (`hazard_p`: the curve lookup is a `searchsorted` gather, no
-approximation), one pass per class, and (4) computes the scalar key p x restore / bytes only for
-the entries whose p x (restore / bytes) is within a relative ulp margin of the smallest (a 0 there
-is exactly 0). The result is the full sort's first entry.
+exactly, and their smallest id (kept per block) is their best key, (3) keys every entry of the block
+with the smallest bound, then of every block that can still win (a smaller bound, or the same bound
+and a smaller smallest id: ties go to the smallest id, as the policy's key), with the policy's own
+NumPy operations (`hazard_p`: the curve lookup is a `searchsorted` gather, no approximation), one
+pass per class, and (4) computes the scalar key p x restore / bytes only for the entries whose p x
+(restore / bytes) is within a relative ulp margin of the smallest (a 0 there is exactly 0). The
+result is the full sort's first entry.
 
 A class with no returned gap yet (no curve) is priced by the policy with the exponential EMA model
-(`GapEstimator.resume_probability`: P = -expm1(-δ / max(base, idle, 1)), base the entry's gap EMA
-or the population's), which is PERC's key: such a class's entries are also kept in a `PercIndex`
-(`policies/perc_index.py`, its own per class, built at the first query that finds the class
-without a curve and kept up to date from then on), whose smallest (key, id) is exact and keys few
-entries (young entries by a time-independent order, dormant ones by branch and bound over last
-use). It keys by the gap EMA it was given (the managers re-add an entry when it moves), not the
-entry's field now (the prefix manager fills that in only for a decision). Its best key, computed
-here with the policy's scalar operations, starts the bounded search over the other classes. A class's window keeps its last `hazard_max_gaps` gaps, returned or not:
-a class that sees no return for that many releases goes back to this path; a query that uses it
-is counted in `num_fallback`.
+(`GapEstimator.resume_probability`: P = -expm1(-δ / max(base, idle, 1)), base the entry's gap EMA or
+the population's), which is PERC's key: such a class's entries are also kept in a `PercIndex`
+(`policies/perc_index.py`, its own per class, built at the first query that finds the class without
+a curve and kept up to date from then on), whose smallest (key, id) is exact and keys few entries
+(young entries by a time-independent order, dormant ones by branch and bound over last use). It keys
+by the gap EMA it was given (the managers re-add an entry when it moves), not the entry's field now
+(the prefix manager fills that in only for a decision). Its best key, computed here with the
+policy's scalar operations, starts the bounded search over the other classes. A class's window keeps
+its last `hazard_max_gaps` gaps, returned or not: a class that sees no return for that many releases
+goes back to this path; a query that uses it is counted in `num_fallback`.
 
 Cost per query otherwise: the curves (O(hazard_max_gaps) per class in NumPy, once per decision),
-O(blocks) bounds in NumPy (a few vector operations per block: no binary search), and the entries of the blocks the bounds do not exclude
-(tests/property/test_hazard_index.py counts them; experiments/bench_hazard_index.py times them).
+O(blocks) bounds in NumPy (a few vector operations per block, one binary search per event time),
+and the entries of
+the blocks the bounds do not exclude (tests/property/test_hazard_index.py counts them;
+experiments/bench_hazard_index.py times them).
 """
 
 from __future__ import annotations

@@ -223,14 +223,14 @@ def test_session_manager_random_streams(
 def test_a_decision_keys_few_of_many_entries_and_one_curve_per_class(
     mean_gap_us: float, delta_us: float
 ) -> None:
-    """Complexity, counted: 200 decisions of 3 victims each over 10,000 idle entries (each
+    """Complexity, counted: 200 decisions of 3 victims each over 20,000 idle entries (each
     decision then 3 entries go idle, 1 ms apart) key a few entries exactly each, give a NumPy
     key to a small share of the cache (about 50, 480 and 200 entries a pop here, of 20,000;
     most keys tie at P = 0 in the first two), and compute each class's curve once."""
     policy = make_hazard(512, delta_us)
     index = HazardIndex(policy)
     rng = np.random.default_rng(1)
-    size, now = 10_000, 2 * 10**9
+    size, now = 20_000, 2 * 10**9
     for i in range(600):  # returned gaps for three classes
         e = CacheEntry(10**6 + i, 0, 0, i % 3, 0, 16, 4096, 0, 0)
         policy.on_release(e, now - 10**9 + i * 10**6)
