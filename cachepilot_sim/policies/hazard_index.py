@@ -40,9 +40,8 @@ goes back to this path; a query that uses it is counted in `num_fallback`.
 
 Cost per query otherwise: the curves (O(hazard_max_gaps) per class in NumPy, once per decision),
 O(blocks) bounds in NumPy (a few vector operations per block, one binary search per event time),
-and the entries of
-the blocks the bounds do not exclude (tests/property/test_hazard_index.py counts them;
-experiments/bench_hazard_index.py times them).
+and the entries of the blocks the bounds do not exclude (tests/property/test_hazard_index.py
+counts them; experiments/bench_hazard_index.py times them).
 """
 
 from __future__ import annotations
