@@ -78,8 +78,8 @@ def count_at_most(times: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def survival_from(surv: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """`survival_at` from its `searchsorted` positions."""
-    return np.where(idx == 0, 1.0, surv[np.maximum(idx - 1, 0)])
+    """`survival_at` from its `searchsorted` positions: one gather from [1, S...]."""
+    return np.concatenate(([1.0], surv)).take(idx)
 
 
 def hazard_p(times: np.ndarray, surv: np.ndarray, idle: np.ndarray, delta: float) -> np.ndarray:
