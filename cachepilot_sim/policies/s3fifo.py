@@ -65,7 +65,9 @@ class S3FifoPolicy(RankingPolicy):
         # The last decision's loop: ("promote" | "rotate" | "evict", entry id), and how far
         # `on_evict` has replayed it.
         self.plan: list[tuple[str, int]] = []
-        self.plan_at: dict[int, int] = {}  # victim id -> index of its step in `plan`
+        # Ranked id -> index of its step in `plan` (the index's plan holds only the moves: the
+        # number of moves before it); `on_evict` replays the moves before it.
+        self.plan_at: dict[int, int] = {}
         self.replayed = 0
         self.evicted_from = [0, 0]  # victims leaving S, M
         # What an index reported (`set_index()`, `policies/s3fifo_index.py`) and what its lazy
