@@ -9,6 +9,13 @@ tail state or hooks may have moved) and computes `prepare`'s snapshot as one cut
 the index's order, and the smallest key among them is read at each lane's two ranges (before and
 after its cut): O(log n) per victim. A parent exposed by this decision's cuts joins its lane's
 tails at once, as greedy on chains pushes it.
+
+A candidate is an idle GPU block, the forest's blocks while the referenced blocks are closed under
+parents. A shared tier that writes on eviction (`remote.py`) breaks that while a cut block is held
+for its write (pinned, FLIGHT_OUT, still its parent's GPU child): the forest leaves the idle blocks
+above it out, while the index counts their bytes (SLRU's room, ARC's T1 bytes and c), and the
+decisions differ (`tests/property/test_held_blocks.py`). While any block is held, a decision takes
+the forest path (`HeldFallback`, shared with `rank_tails.py`; counted in `num_full`).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from sortedcontainers import SortedList
 
 from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
 from cachepilot_sim.components.kv.protocol import Tier
-from cachepilot_sim.policies import CacheEntry
+from cachepilot_sim.policies import CacheEntry, EvictionPolicy
 from cachepilot_sim.policies.set_indexes import Item, LaneCut
 
 
@@ -47,7 +54,40 @@ class ChainedSetIndex(Protocol):
         """The decision's victims with their segments: what the policy's key reads after it."""
 
 
-class SetTails:
+class HeldFallback:
+    """The blocks a shared tier holds on the GPU for their writes, and the forest path that a
+    chained decision takes while any is held (the idle blocks above one are not the forest's)."""
+
+    def __init__(self, tree: PrefixTree, policy: EvictionPolicy) -> None:
+        self.tree = tree
+        self.policy = policy  # the manager's, for the forest path
+        self.held: dict[int, None] = {}  # hash ids of blocks held for their write
+        self.num_full = 0  # decisions that took the forest path (a block was held)
+
+    def note_held(self, hash_id: int, cur: HashBlock | None) -> None:
+        """Record whether the tree's block `hash_id` (`cur`, None when gone) is held."""
+        if cur is not None and cur.refcount and cur.tier == Tier.FLIGHT_OUT:
+            self.held[hash_id] = None
+        else:
+            self.held.pop(hash_id, None)
+
+    def forest_path(
+        self, num_blocks: int, now_us: int, prepare: Callable[[HashBlock], CacheEntry]
+    ) -> list[HashBlock]:
+        """The forest path (`PrefixKvManager._choose`), while a block is held for its write."""
+        self.num_full += 1
+        forest = self.tree.forest()
+        entries = [prepare(b) for b in forest.blocks]
+        if not entries:
+            return []
+        num_bytes = num_blocks * entries[0].num_bytes  # prefix blocks are one size
+        victims = self.policy.select_victims(
+            entries, num_bytes, now_us, forest.chains, forest.parents
+        )
+        return forest.cut_order(victims, self.policy.name)
+
+
+class SetTails(HeldFallback):
     """The idle tails of `tree` per segment of `index`, and its candidates kept current."""
 
     def __init__(
@@ -55,8 +95,9 @@ class SetTails:
         tree: PrefixTree,
         index: ChainedSetIndex,
         exposed_parent: Callable[[HashBlock, dict[int, int]], HashBlock | None],
+        policy: EvictionPolicy,
     ) -> None:
-        self.tree = tree
+        super().__init__(tree, policy)
         self.index = index
         self.exposed_parent = exposed_parent
         self.lanes = [SortedList() for _ in index.descending]
@@ -86,6 +127,7 @@ class SetTails:
         assert changed is not None
         for h, b in changed.items():
             cur = tree.blocks.get(h)
+            self.note_held(h, cur)
             if cur is not None and cur.refcount == 0 and cur.tier == Tier.GPU:
                 self.index.add(cur.entry)  # again: its hooks may have moved its segment
             else:
@@ -127,6 +169,8 @@ class SetTails:
         self.drain()
         if num_blocks <= 0 or not len(self.index):
             return []
+        if self.held:
+            return self.forest_path(num_blocks, now_us, prepare)
         cuts = self.index.chain_cuts()
         victims: list[HashBlock] = []
         segs: list[tuple[CacheEntry, int]] = []

@@ -85,7 +85,7 @@ class TailIndex:
             if hasattr(index, "ranks"):  # it yields the full path's order (S3-FIFO's loop)
                 self.set_tails = RankTails(tree, index, self._exposed_parent, policy)
             else:  # it cuts its segments (SLRU, ARC)
-                self.set_tails = SetTails(tree, index, self._exposed_parent)
+                self.set_tails = SetTails(tree, index, self._exposed_parent, policy)
         self.enabled = self.enabled or self.set_tails is not None
 
     # -- the exact time index (PERC) -------------------------------------------------------
