@@ -147,3 +147,97 @@ class SetTails:
         for b in victims:  # ranked without the manager's estimates: read them now
             prepare(b)
         return victims
+
+
+class KeyedTailIndex(Protocol):
+    """A set index that keeps the tails it searches itself (`policies/marconi_index.py`)."""
+
+    num_visits: int
+
+    def add_candidate(self, entry: CacheEntry) -> None:
+        """An idle GPU block: a candidate of `prepare` (again: its key may have moved)."""
+
+    def discard_candidate(self, entry_id: int) -> None:
+        """No longer a candidate (no-op when absent)."""
+
+    def add_tail(self, entry: CacheEntry) -> None:
+        """A tail: searched by decisions."""
+
+    def drop_tail(self, entry_id: int) -> None:
+        """No longer a tail (no-op when absent)."""
+
+    def start(self) -> bool:
+        """Begin a decision (`prepare` over the candidates); False when there is none."""
+
+    def pop_tail(self) -> int | None:
+        """The next tail in the decision's order (an entry id); None when none is left."""
+
+    def push_tail(self, entry: CacheEntry) -> None:
+        """A block this decision's cuts made a tail: searched from now on in this decision."""
+
+
+class KeyedTails:
+    """Chained decisions of a SET policy whose index orders the tails itself (Marconi): the
+    candidates and the tails kept current from `PrefixTree.changed`, as `SetTails` keeps them,
+    and greedy on chains over the index's order."""
+
+    def __init__(
+        self,
+        tree: PrefixTree,
+        index: KeyedTailIndex,
+        exposed_parent: Callable[[HashBlock, dict[int, int]], HashBlock | None],
+    ) -> None:
+        self.tree = tree
+        self.index = index
+        self.exposed_parent = exposed_parent
+        self.blocks: dict[int, HashBlock] = {}  # entry id -> its tail block
+        tree.changed = {}
+
+    @property
+    def num_visits(self) -> int:
+        """Items the index's searches looked at (a complexity probe for tests)."""
+        return self.index.num_visits
+
+    def drain(self) -> None:
+        """Bring the candidates and tails up to date with the blocks the tree recorded."""
+        tree, index = self.tree, self.index
+        changed = tree.changed
+        assert changed is not None
+        for h, b in changed.items():
+            cur = tree.blocks.get(h)
+            eid = b.entry.entry_id  # one entry per hash, kept across evictions
+            if cur is not None and cur.refcount == 0 and cur.tier == Tier.GPU:
+                index.add_candidate(cur.entry)
+            else:
+                index.discard_candidate(eid)
+            if cur is not None and tree.evictable.get(h) is cur:
+                self.blocks[eid] = cur
+                index.add_tail(cur.entry)
+            else:
+                self.blocks.pop(eid, None)
+                index.drop_tail(eid)
+        changed.clear()
+
+    def select(
+        self, num_blocks: int, now_us: int, prepare: Callable[[HashBlock], CacheEntry]
+    ) -> list[HashBlock]:
+        """Up to `num_blocks` tails in the order the forest path cuts them (see `TailIndex`)."""
+        self.drain()
+        if num_blocks <= 0 or not self.index.start():
+            return []
+        victims: list[HashBlock] = []
+        cut_children: dict[int, int] = {}
+        while len(victims) < num_blocks:
+            eid = self.index.pop_tail()
+            if eid is None:
+                break
+            b = self.blocks.pop(eid)
+            self.index.drop_tail(eid)  # the caller evicts it (and the tree records that)
+            victims.append(b)
+            p = self.exposed_parent(b, cut_children)
+            if p is not None:
+                self.blocks[p.entry.entry_id] = p
+                self.index.push_tail(p.entry)
+        for b in victims:  # ranked without the manager's estimates: read them now
+            prepare(b)
+        return victims

@@ -27,7 +27,7 @@ from sortedcontainers import SortedList
 from cachepilot_sim.components.kv.cpu_store import CpuStore
 from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
 from cachepilot_sim.components.kv.protocol import Tier
-from cachepilot_sim.components.kv.set_tails import SetTails
+from cachepilot_sim.components.kv.set_tails import KeyedTails, SetTails
 from cachepilot_sim.policies import CacheEntry, EvictionPolicy, GapEstimator, KeyScope
 from cachepilot_sim.policies.candidates import TimeIndex
 
@@ -77,9 +77,12 @@ class TailIndex:
         if self.persistent or self.timed:
             tree.exposed = {}  # the tree records every block that becomes (or is again) a tail
         make_set = getattr(policy, "set_index", None) if scope == KeyScope.SET else None
-        self.set_tails = (
-            None if make_set is None else SetTails(tree, make_set(), self._exposed_parent)
-        )
+        index = None if make_set is None else make_set()
+        # An index that searches the tails itself (Marconi's) or one read per segment (SLRU's).
+        self.set_tails: SetTails | KeyedTails | None = None
+        if index is not None:
+            tails_kind = KeyedTails if hasattr(index, "pop_tail") else SetTails
+            self.set_tails = tails_kind(tree, index, self._exposed_parent)
         self.enabled = self.enabled or self.set_tails is not None
 
     # -- the exact time index (PERC) -------------------------------------------------------
