@@ -9,17 +9,19 @@ correctly rounded, hence monotone. So the key of any entry of a set is at least 
 set's smallest L and smallest F, and its id at least the set's smallest id: a lower bound of the
 (key, id) order that holds with the decision's ranges, whatever they are.
 
-The entries searched sit in a segment tree over slots (`_MinTree`): each node keeps its leaves'
-smallest L, F and id, updated on every insertion and removal along one root path (stopping where
-nothing changes). Slots are given in arrival order, and the tree is rebuilt in (L, id) order when
-its slots run out, so a node's leaves are close in L: an entry goes idle at its last use, after
-the others. A decision sets the ranges (`_Ranges`: sorted L and F of the candidates, the excluded
-one left out, exactly as `MarconiPolicy.prepare` computes them) and pops from a best-first search:
-a heap of nodes by their bound and of leaves by their exact key (`utility` of their own L and F,
-the very float the policy's `key` gives), so the leaves come out in (key, id) order, the full
-sort's. A node is opened only when its bound is below the answer: for last uses and FLOPs that
-are not anti-correlated, O(log n) nodes per victim (`num_visits` counts heap pops); exact in
-every case, including equal keys (ids break them) and zero spans (that term is 0).
+The entries searched sit in segment trees (`_MinTree`, grouped by `_Forest`): each node keeps
+its leaves' smallest L, F and id, updated along one root path on every insertion and removal.
+Entries that go idle in L order are appended to one tree; the others go to static trees of
+doubling sizes (Bentley and Saxe's logarithmic method); every rebuild lays leaves out as a k-d
+tree (halves split at the median L, then F), so a node's corner bound is near its leaves. A
+decision sets the ranges (`_Ranges`: sorted L and F of the candidates, the excluded one left out,
+as `MarconiPolicy.prepare` computes them) and pops from a best-first search: a heap of nodes by
+bound and of leaves by their exact key (`utility` of their own L and F: the policy's float), so
+leaves come out in (key, id) order, the full sort's, ties and zero spans included. A node is
+opened only when its bound is below the answer. `num_visits` counts heap pops: a few dozen per
+victim on a fresh set; the nodes along the frontier of what earlier decisions evicted (their
+corners lie below it) add about (that frontier's length) x sqrt(n) k-d cells, so a long run of
+decisions from the same corner costs more than the first (`experiments/bench_eviction.md`).
 
 The session manager searches every candidate (`add`, `select`). On prefix chains
 (`components/kv/set_tails.py`, `KeyedTails`) the ranges are over every idle GPU block
@@ -105,27 +107,55 @@ def _span(values: SortedList, excluded: float | None) -> Range:
     return (low, high - low)
 
 
+def _kd_order(last: np.ndarray, flops: np.ndarray, cap: int) -> np.ndarray:
+    """Slots for `len(last)` entries and `cap - len(last)` empty ones (infinite coordinates, so
+    last in every split): halves split at the median L, then F, alternately (a k-d tree), so a
+    node's leaves are close in both and its corner (smallest L, smallest F) is near them."""
+    n = len(last)
+    coords = (np.append(last, np.full(cap - n, _INF)), np.append(flops, np.full(cap - n, _INF)))
+    order = np.arange(cap)
+    rows, depth = 1, 0
+    while cap // rows > 1:
+        seg = order.reshape(rows, cap // rows)
+        by = np.argsort(coords[depth % 2][seg], axis=1, kind="stable")
+        order = np.take_along_axis(seg, by, axis=1).reshape(-1)
+        rows, depth = rows * 2, depth + 1
+    return order
+
+
 class _MinTree:
     """Entries in the slots of a segment tree; each node holds its leaves' smallest L, F, id."""
 
     __slots__ = ("cap", "last", "flops", "ids", "leaf", "next")
 
     def __init__(self, last: list[float], flops: list[float], ids: list[int], cap: int) -> None:
-        """Leaves in (L, id) order, then `cap - len(ids)` free slots; minima built in NumPy."""
+        """Leaves in k-d order (`_kd_order`), the free slots after them; minima built in NumPy."""
         n = len(ids)
-        order = np.lexsort((np.array(ids, dtype=np.int64), np.array(last, dtype=float)))
+        if n == 0:  # an empty tree: no NumPy round trip
+            self.last, self.flops, self.ids = (
+                [_INF] * (2 * cap),
+                [_INF] * (2 * cap),
+                [_EMPTY] * (2 * cap),
+            )
+            self.cap, self.next, self.leaf = cap, cap, {}
+            return
+        order = _kd_order(np.array(last, dtype=float), np.array(flops, dtype=float), cap)
         arrays = []
         for values, fill in ((last, _INF), (flops, _INF), (ids, _EMPTY)):
             a = np.full(2 * cap, fill, dtype=np.int64 if fill == _EMPTY else float)
-            a[cap : cap + n] = np.array(values, dtype=a.dtype)[order]
+            a[cap : cap + n] = np.array(values, dtype=a.dtype)
+            a[cap:] = a[cap:][order]
             size = cap
             while size > 1:  # nodes [size/2, size) from their children [size, 2 size)
                 a[size // 2 : size] = np.minimum(a[size : 2 * size : 2], a[size + 1 : 2 * size : 2])
                 size //= 2
             arrays.append(a.tolist())
         self.last, self.flops, self.ids = arrays
-        self.cap, self.next = cap, cap + n
-        self.leaf = dict(zip(self.ids[cap : cap + n], range(cap, cap + n), strict=True))
+        self.cap = cap
+        self.leaf = {eid: i for i, eid in enumerate(self.ids[cap:], cap) if eid != _EMPTY}
+        self.next = 2 * cap if n == cap else cap + n
+        if n < cap:  # the free slots are the ones kd order left empty after the last entry
+            self.next = max(self.leaf.values(), default=cap - 1) + 1
 
     def __len__(self) -> int:
         return len(self.leaf)
@@ -167,15 +197,20 @@ class _MinTree:
 
 
 class _Forest:
-    """Searched entries in static trees of doubling sizes, each in (L, id) order (Bentley and
-    Saxe's logarithmic method): an entry is appended to a small tree in arrival order; when that
-    fills, its entries and those of the full levels above it are rebuilt as the next level. Any
-    order of insertion keeps every node's leaves close in L, each entry is rebuilt O(log n)
-    times (in NumPy), and a removal updates one root path."""
+    """Searched entries in trees whose leaves are close in L. An entry that goes idle after every
+    other (L at least the last one appended: an entry goes idle at its last use) is appended to
+    `main`, in arrival order, hence L order; `main` is rebuilt with twice its live entries' room
+    when its slots run out. Any other entry (a parent a cut exposed, an entry indexed again) goes
+    to static trees of doubling sizes, each in (L, id) order (Bentley and Saxe's logarithmic
+    method): appended to `small`, whose entries, when it fills, are rebuilt with those of the
+    full levels above it as the next level. Each entry is rebuilt O(log n) times (in NumPy) and a
+    removal updates one root path."""
 
-    __slots__ = ("small", "levels", "where")
+    __slots__ = ("main", "main_last", "small", "levels", "where")
 
     def __init__(self) -> None:
+        self.main = _MinTree([], [], [], _SMALL)
+        self.main_last = -_INF  # the last L appended to main
         self.small = _MinTree([], [], [], _SMALL)
         self.levels: list[_MinTree | None] = []  # level k: at most _SMALL * 2^(k+1) entries
         self.where: dict[int, _MinTree] = {}
@@ -184,7 +219,7 @@ class _Forest:
         return len(self.where)
 
     def trees(self) -> list[_MinTree]:
-        return [self.small, *(t for t in self.levels if t is not None and len(t))]
+        return [self.main, self.small, *(t for t in self.levels if t is not None and len(t))]
 
     def add(self, entry_id: int, last: float, flops: float) -> None:
         tree = self.where.get(entry_id)
@@ -193,10 +228,22 @@ class _Forest:
             if tree.last[i] == last and tree.flops[i] == flops:
                 return  # a refresh that moves nothing keeps its place
             tree.discard(entry_id)
-        if self.small.full():
-            self._carry()
-        self.small.append(entry_id, last, flops)
-        self.where[entry_id] = self.small
+        if last >= self.main_last:
+            if self.main.full():
+                live = self.main.items()
+                cap = _SMALL
+                while cap < 2 * len(live[2]):
+                    cap *= 2
+                self.main = _MinTree(*live, cap)
+                self.where.update(dict.fromkeys(live[2], self.main))
+            self.main_last = last
+            tree = self.main
+        else:
+            if self.small.full():
+                self._carry()
+            tree = self.small
+        tree.append(entry_id, last, flops)
+        self.where[entry_id] = tree
 
     def discard(self, entry_id: int) -> None:
         tree = self.where.pop(entry_id, None)
@@ -327,15 +374,23 @@ class MarconiIndex:
         """The id with the next smallest (key, id) of this decision; None when none is left.
         The caller drops what it cuts (`drop_tail`); the others stay."""
         heap, trees = self._heap, self._trees
+        (l_low, l_span), (f_low, f_span), w = self._params
+        push, pop = heapq.heappush, heapq.heappop
         while heap:
-            _, entry_id, k, node = heapq.heappop(heap)
+            _, entry_id, k, node = pop(heap)
             self.num_visits += 1
             if k < 0:  # an exact key: a pushed tail
                 return entry_id
-            if node >= trees[k].cap:  # an exact key: a leaf, searched while it stays
-                if trees[k].ids[node] == entry_id:
+            t = trees[k]
+            ids = t.ids
+            if node >= t.cap:  # an exact key: a leaf, searched while it stays
+                if ids[node] == entry_id:
                     return entry_id
                 continue
-            self._push(k, 2 * node)
-            self._push(k, 2 * node + 1)
+            last, flops = t.last, t.flops
+            for c in (2 * node, 2 * node + 1):
+                if ids[c] != _EMPTY:  # `utility` inlined (the same operations: the same float)
+                    r = 0.0 if l_span <= 0 else (last[c] - l_low) / l_span
+                    x = 0.0 if f_span <= 0 else (flops[c] - f_low) / f_span
+                    push(heap, (r + w * x, ids[c], k, c))
         return None
