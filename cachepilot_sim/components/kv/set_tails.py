@@ -8,7 +8,9 @@ tail state or hooks may have moved) and computes `prepare`'s snapshot as one cut
 (`chain_cuts`: O(log n) with equal block sizes); the tails sit in one `SortedList` per segment in
 the index's order, and the smallest key among them is read at each lane's two ranges (before and
 after its cut): O(log n) per victim. A parent exposed by this decision's cuts joins its lane's
-tails at once, as greedy on chains pushes it.
+tails at once, as greedy on chains pushes it. `KeyedTails` drives an index that orders the tails
+itself (Marconi's, `policies/marconi_index.py`) the same way: candidates and tails from
+`PrefixTree.changed`, then the index's next tail, step by step.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ its tails stay in that index (one per restore regime, fed by `PrefixTree.exposed
 their group's gap EMA moves: `regroup`) and a decision pops from it, whenever every tail's restore
 estimate is fixed while it is idle (no offload, or a store whose residency is at least δ; else
 the decision keys every tail, counted in `num_full`). A SET policy with an exact set index
-(`set_index()`: SLRU, ARC) decides through `set_tails.py`; other policies that need the chains
+(`set_index()`: SLRU, ARC; Marconi, whose index orders the tails itself: `KeyedTails`) decides
+through `set_tails.py`; other policies that need the chains
 (`KeyScope.SET`: the oracle, T-LRU's suffix restores) keep the forest path.
 """
 
