@@ -26,7 +26,7 @@ _INF = float("inf")
 SMALL = 32  # slots of the arrival-order trees (and of the first level)
 _MARGIN = 1e-12  # relative: far above the rounding of the key and of the linear bound
 _PY_BUILD = 512  # trees of at most this many slots are built in Python
-_DRIFT = 0.05  # relative slope change after which a tree is rebuilt (when it has paid for it)
+_DRIFT = 0.1  # relative slope change after which a tree is rebuilt (when it has paid for it)
 
 Params = tuple[float, float, float, float, float, float]  # lowL, spanL, lowF, spanF, w, c
 
@@ -212,7 +212,7 @@ class Forest:
 
     def _drifted(self, tree: MinTree) -> bool:
         off = abs(self.slope - tree.slope) > _DRIFT * max(self.slope, tree.slope)
-        return off and len(tree) > 0 and 4 * (self.clock - tree.built_at) >= len(tree)
+        return off and len(tree) > 0 and self.clock - tree.built_at >= len(tree)
 
     def add(self, entry_id: int, last: float, flops: float) -> None:
         tree = self.where.get(entry_id)
