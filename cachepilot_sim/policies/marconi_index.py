@@ -29,6 +29,7 @@ search with its exact key (`push_tail`), as greedy on chains pushes it.
 from __future__ import annotations
 
 import heapq
+import math
 from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedList
@@ -132,7 +133,8 @@ class MarconiIndex:
         got = self._ranges.ranges(-1)
         if got is None or got[0][1] <= 0 or got[1][1] <= 0:
             return 0.0
-        return self.policy.flop_weight * got[0][1] / got[1][1]
+        slope = self.policy.flop_weight * got[0][1] / got[1][1]
+        return slope if slope < math.inf else 0.0
 
     # -- whole entries (the session manager): every candidate is searched -------------------
     def add(self, entry: CacheEntry) -> None:
@@ -188,6 +190,7 @@ class MarconiIndex:
         p.recency_range, p.flops_range = got
         (l_low, l_span), (f_low, f_span), w = got[0], got[1], p.flop_weight
         slope = w * l_span / f_span if l_span > 0 and f_span > 0 else 0.0
+        slope = slope if slope < math.inf else 0.0  # an overflow: the corner bound alone
         if slope > 0:
             self._tree.rebase(slope)
         self._params = (l_low, l_span, f_low, f_span, w, slope)

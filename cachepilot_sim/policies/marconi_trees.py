@@ -156,7 +156,7 @@ class MinTree:
         r = 0.0 if l_span <= 0 else (self.last[node] - l_low) / l_span
         x = 0.0 if f_span <= 0 else (self.flops[node] - f_low) / f_span
         corner = r + w * x
-        if l_span <= 0 or f_span <= 0:
+        if l_span <= 0 or f_span <= 0 or c <= 0:  # c: 0 when not finite (`MarconiIndex.start`)
             return corner
         c0, lin, fext = self.slope, self.lin[node], self.fmax[node]
         if c >= c0:

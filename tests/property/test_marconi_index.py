@@ -235,6 +235,24 @@ def test_prefix_keyed_tails_cut_what_the_forest_path_cut(
     assert_same(cfg, ops, chains)
 
 
+@pytest.mark.parametrize("weight", [0.0, 1.0, 1e300])
+def test_a_slope_that_overflows_or_vanishes_keeps_the_full_sorts_order(weight: float) -> None:
+    """FLOPs per byte a denormal apart, last uses 10^12 apart: w x spanL / spanF overflows (or
+    is 0); the index falls back on the corner bound and still sorts as the full path."""
+    fast, ref = _policy(flop_weight=weight), _policy(flop_weight=weight)
+    index = fast.set_index()
+    specs = [(0, 5e-324, 10**12), (1, 0.0, 0), (2, 5e-324, 3), (3, 0.0, 10**12), (4, 1e-323, 7)]
+    entries = []
+    for _, rc, lu in specs * 8:
+        e = CacheEntry(len(entries), 0, 0, 0, 0, 1, 1, 0, lu, recompute_us=rc)
+        entries.append(e)
+        index.add(e)
+    got = index.select(10**6, 0, 3)
+    want = ref.select_victims([e for e in entries if e.entry_id != 3], 10**6, 0)
+    assert [e.entry_id for e in got] == [e.entry_id for e in want]
+    assert len(got) == len(entries) - 1
+
+
 def test_both_managers_decide_through_the_index() -> None:
     """The streams above compare something: the fast runs decide through the index, and the
     prefix index's candidates are the forest's blocks, its tails the tree's."""
