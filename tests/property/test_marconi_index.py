@@ -20,15 +20,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
+from cachepilot_sim.components.kv.protocol import Tier
 from cachepilot_sim.components.kv.set_tails import KeyedTails
 from cachepilot_sim.components.kv.tails import TailIndex
 from cachepilot_sim.config import policy_config
-from cachepilot_sim.policies import CacheEntry, make_policy
+from cachepilot_sim.policies import CacheEntry, KeyScope, make_policy
 from cachepilot_sim.policies.candidates import CandidateIndex
 from cachepilot_sim.policies.marconi_index import MarconiIndex
 from cachepilot_sim.policies.reuse import GapEstimator
 from tests.conftest import make_kv
 from tests.property.test_indexed_eviction import (
+    Logged,
     Op,
     assert_same,
     ops_strategy,
@@ -355,3 +357,32 @@ def test_exposed_parents_join_the_decision_in_key_order(weight: float) -> None:
     # Ranges over all four: last use 1..60, recompute 1e3..9e3 per block. Weight 0: recency only,
     # 2 (0.83) before 3 (1), then 1 (0.02) and 0 (0); weight 2: 3 (1 + 2 x 0.25) before 0 (2 x 1).
     assert [b.hash_id for b in cut] == ([2, 1, 0] if weight == 0.0 else [2, 1, 3])
+
+
+def _a_held_block(full: bool) -> tuple[list[tuple[int, int]], int]:
+    """Chain 0 -> 1, roots 3 and 4, all idle; then 1 is held on the GPU for a shared tier's write
+    (pinned, still its parent's GPU child): 0 is idle but not in the forest, so the forest path's
+    ranges leave it out. With 0 (the oldest, the most FLOPs per byte) block 4 would rank first;
+    without it 3 and 4 tie and 3 goes. Returns the evictions and the forest decisions."""
+    cfg = prefix_config("marconi", 100, 0, False, 0.0)
+    policy = Logged(make_policy(cfg.policy, GapEstimator(0.3, 1e6, 1e6)), KeyScope.SET, full)
+    kv = make_kv(cfg, policy=policy)
+    tree = kv.tree
+    specs = ((0, None, 0, 9e3), (1, 0, 30, 1e3), (3, None, 10, 6e3), (4, None, 20, 1e3))
+    for h, parent, lu, rc in specs:
+        e = CacheEntry(h, h, 0, 0, 0, 512, kv.hash_bytes, 0, lu, recompute_us=rc)
+        kv.pool.allocate(kv.hash_bytes)
+        tree.add(HashBlock(h, None if parent is None else tree.blocks[parent], e))
+    for h in (1, 0, 3, 4):
+        tree.unpin(tree.blocks[h])
+    held = tree.blocks[1]
+    tree.pin(held)  # cut, and held for its write (as `remote.py` does)
+    held.tier = Tier.FLIGHT_OUT
+    assert kv._evict_blocks(1, allow_offload=False) == 1
+    tails = kv.tails.set_tails
+    return policy.log, 0 if tails is None else tails.num_full
+
+
+def test_a_block_held_for_a_shared_tiers_write_sends_decisions_to_the_forest() -> None:
+    assert _a_held_block(full=True)[0] == [(0, 3)]
+    assert _a_held_block(full=False) == ([(0, 3)], 1)

@@ -22,7 +22,7 @@ from sortedcontainers import SortedList
 
 from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
 from cachepilot_sim.components.kv.protocol import Tier
-from cachepilot_sim.policies import CacheEntry
+from cachepilot_sim.policies import CacheEntry, EvictionPolicy
 from cachepilot_sim.policies.set_indexes import Item, LaneCut
 
 
@@ -181,18 +181,25 @@ class KeyedTailIndex(Protocol):
 class KeyedTails:
     """Chained decisions of a SET policy whose index orders the tails itself (Marconi): the
     candidates and the tails kept current from `PrefixTree.changed`, as `SetTails` keeps them,
-    and greedy on chains over the index's order."""
+    and greedy on chains over the index's order. The candidates are every idle GPU block, the
+    forest's blocks while the referenced blocks are closed under parents; a block a shared tier
+    holds on the GPU for its write breaks that (`rank_tails.py`), and while one is held a
+    decision takes the forest path (`num_full`)."""
 
     def __init__(
         self,
         tree: PrefixTree,
         index: KeyedTailIndex,
         exposed_parent: Callable[[HashBlock, dict[int, int]], HashBlock | None],
+        policy: EvictionPolicy,
     ) -> None:
         self.tree = tree
         self.index = index
         self.exposed_parent = exposed_parent
+        self.policy = policy  # the manager's, for the forest path
         self.blocks: dict[int, HashBlock] = {}  # entry id -> its tail block
+        self.held: dict[int, None] = {}  # blocks a shared tier holds on the GPU for their write
+        self.num_full = 0  # decisions that took the forest path (a block was held)
         tree.changed = {}
 
     @property
@@ -208,6 +215,10 @@ class KeyedTails:
         for h, b in changed.items():
             cur = tree.blocks.get(h)
             eid = b.entry.entry_id  # one entry per hash, kept across evictions
+            if cur is not None and cur.refcount and cur.tier == Tier.FLIGHT_OUT:
+                self.held[h] = None
+            else:
+                self.held.pop(h, None)
             if cur is not None and cur.refcount == 0 and cur.tier == Tier.GPU:
                 index.add_candidate(cur.entry)
             else:
@@ -225,6 +236,8 @@ class KeyedTails:
     ) -> list[HashBlock]:
         """Up to `num_blocks` tails in the order the forest path cuts them (see `TailIndex`)."""
         self.drain()
+        if num_blocks > 0 and self.held:
+            return self._forest(num_blocks, now_us, prepare)
         if num_blocks <= 0 or not self.index.start():
             return []
         victims: list[HashBlock] = []
@@ -243,3 +256,18 @@ class KeyedTails:
         for b in victims:  # ranked without the manager's estimates: read them now
             prepare(b)
         return victims
+
+    def _forest(
+        self, num_blocks: int, now_us: int, prepare: Callable[[HashBlock], CacheEntry]
+    ) -> list[HashBlock]:
+        """The forest path (`PrefixKvManager._choose`), while a block is held for its write."""
+        self.num_full += 1
+        forest = self.tree.forest()
+        entries = [prepare(b) for b in forest.blocks]
+        if not entries:
+            return []
+        num_bytes = num_blocks * entries[0].num_bytes  # prefix blocks are one size
+        victims = self.policy.select_victims(
+            entries, num_bytes, now_us, forest.chains, forest.parents
+        )
+        return forest.cut_order(victims, self.policy.name)

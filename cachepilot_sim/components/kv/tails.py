@@ -13,7 +13,8 @@ their group's gap EMA moves: `regroup`) and a decision pops from it, whenever ev
 estimate is fixed while it is idle (no offload, or a store whose residency is at least δ; else
 the decision keys every tail, counted in `num_full`). A SET policy with an exact set index
 (`set_index()`: SLRU, ARC; Marconi, whose index orders the tails itself: `KeyedTails`) decides
-through `set_tails.py`; other policies that need the chains
+through `set_tails.py`, one whose set index yields the full path's order lazily (S3-FIFO's loop)
+through `rank_tails.py`; other policies that need the chains
 (`KeyScope.SET`: the oracle, T-LRU's suffix restores) keep the forest path.
 """
 
@@ -28,6 +29,7 @@ from sortedcontainers import SortedList
 from cachepilot_sim.components.kv.cpu_store import CpuStore
 from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
 from cachepilot_sim.components.kv.protocol import Tier
+from cachepilot_sim.components.kv.rank_tails import RankTails
 from cachepilot_sim.components.kv.set_tails import KeyedTails, SetTails
 from cachepilot_sim.policies import CacheEntry, EvictionPolicy, GapEstimator, KeyScope
 from cachepilot_sim.policies.candidates import TimeIndex
@@ -78,12 +80,15 @@ class TailIndex:
         if self.persistent or self.timed:
             tree.exposed = {}  # the tree records every block that becomes (or is again) a tail
         make_set = getattr(policy, "set_index", None) if scope == KeyScope.SET else None
-        index = None if make_set is None else make_set()
-        # An index that searches the tails itself (Marconi's) or one read per segment (SLRU's).
-        self.set_tails: SetTails | KeyedTails | None = None
-        if index is not None:
-            tails_kind = KeyedTails if hasattr(index, "pop_tail") else SetTails
-            self.set_tails = tails_kind(tree, index, self._exposed_parent)
+        self.set_tails: SetTails | RankTails | KeyedTails | None = None
+        if make_set is not None:
+            index = make_set()
+            if hasattr(index, "ranks"):  # it yields the full path's order (S3-FIFO's loop)
+                self.set_tails = RankTails(tree, index, self._exposed_parent, policy)
+            elif hasattr(index, "pop_tail"):  # it orders the tails itself (Marconi)
+                self.set_tails = KeyedTails(tree, index, self._exposed_parent, policy)
+            else:  # it cuts its segments (SLRU, ARC)
+                self.set_tails = SetTails(tree, index, self._exposed_parent)
         self.enabled = self.enabled or self.set_tails is not None
 
     # -- the exact time index (PERC) -------------------------------------------------------
