@@ -31,7 +31,7 @@ from tests.property.test_indexed_eviction import (
     prefix_config,
 )
 
-CHAINED = ["slru", "arc", "s3fifo"]
+CHAINED = ["slru", "arc", "s3fifo", "marconi"]
 
 
 class WritingStore:

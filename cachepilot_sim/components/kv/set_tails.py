@@ -8,14 +8,17 @@ tail state or hooks may have moved) and computes `prepare`'s snapshot as one cut
 (`chain_cuts`: O(log n) with equal block sizes); the tails sit in one `SortedList` per segment in
 the index's order, and the smallest key among them is read at each lane's two ranges (before and
 after its cut): O(log n) per victim. A parent exposed by this decision's cuts joins its lane's
-tails at once, as greedy on chains pushes it.
+tails at once, as greedy on chains pushes it. `KeyedTails` drives an index that orders the tails
+itself (Marconi's, `policies/marconi_index.py`) the same way: candidates and tails from
+`PrefixTree.changed`, then the index's next tail, step by step.
 
 A candidate is an idle GPU block, the forest's blocks while the referenced blocks are closed under
 parents. A shared tier that writes on eviction (`remote.py`) breaks that while a cut block is held
 for its write (pinned, FLIGHT_OUT, still its parent's GPU child): the forest leaves the idle blocks
-above it out, while the index counts their bytes (SLRU's room, ARC's T1 bytes and c), and the
-decisions differ (`tests/property/test_held_blocks.py`). While any block is held, a decision takes
-the forest path (`HeldFallback`, shared with `rank_tails.py`; counted in `num_full`).
+above it out, while the indexes count them (SLRU's room, ARC's T1 bytes and c, Marconi's ranges),
+and the decisions differ (`tests/property/test_held_blocks.py`). While any block is held, a
+decision takes the forest path (`HeldFallback`, shared with `rank_tails.py`; counted in
+`num_full`).
 """
 
 from __future__ import annotations
@@ -188,6 +191,107 @@ class SetTails(HeldFallback):
             if p is not None:
                 self._put(p)
         self.index.record(segs)
+        for b in victims:  # ranked without the manager's estimates: read them now
+            prepare(b)
+        return victims
+
+
+class KeyedTailIndex(Protocol):
+    """A set index that keeps the tails it searches itself (`policies/marconi_index.py`)."""
+
+    num_visits: int
+
+    def add_candidate(self, entry: CacheEntry) -> None:
+        """An idle GPU block: a candidate of `prepare` (again: its key may have moved)."""
+
+    def discard_candidate(self, entry_id: int) -> None:
+        """No longer a candidate (no-op when absent)."""
+
+    def add_tail(self, entry: CacheEntry) -> None:
+        """A tail: searched by decisions."""
+
+    def drop_tail(self, entry_id: int) -> None:
+        """No longer a tail (no-op when absent)."""
+
+    def start(self) -> bool:
+        """Begin a decision (`prepare` over the candidates); False when there is none."""
+
+    def pop_tail(self) -> int | None:
+        """The next tail in the decision's order (an entry id); None when none is left."""
+
+    def push_tail(self, entry: CacheEntry) -> None:
+        """A block this decision's cuts made a tail: searched from now on in this decision."""
+
+
+class KeyedTails(HeldFallback):
+    """Chained decisions of a SET policy whose index orders the tails itself (Marconi): the
+    candidates and the tails kept current from `PrefixTree.changed`, as `SetTails` keeps them,
+    and greedy on chains over the index's order. The candidates are every idle GPU block, the
+    forest's blocks while the referenced blocks are closed under parents; a block a shared tier
+    holds on the GPU for its write breaks that, and while one is held a decision takes the
+    forest path (`HeldFallback`)."""
+
+    def __init__(
+        self,
+        tree: PrefixTree,
+        index: KeyedTailIndex,
+        exposed_parent: Callable[[HashBlock, dict[int, int]], HashBlock | None],
+        policy: EvictionPolicy,
+    ) -> None:
+        super().__init__(tree, policy)
+        self.index = index
+        self.exposed_parent = exposed_parent
+        self.blocks: dict[int, HashBlock] = {}  # entry id -> its tail block
+        tree.changed = {}
+
+    @property
+    def num_visits(self) -> int:
+        """Items the index's searches looked at (a complexity probe for tests)."""
+        return self.index.num_visits
+
+    def drain(self) -> None:
+        """Bring the candidates and tails up to date with the blocks the tree recorded."""
+        tree, index = self.tree, self.index
+        changed = tree.changed
+        assert changed is not None
+        for h, b in changed.items():
+            cur = tree.blocks.get(h)
+            eid = b.entry.entry_id  # one entry per hash, kept across evictions
+            self.note_held(h, cur)
+            if cur is not None and cur.refcount == 0 and cur.tier == Tier.GPU:
+                index.add_candidate(cur.entry)
+            else:
+                index.discard_candidate(eid)
+            if cur is not None and tree.evictable.get(h) is cur:
+                self.blocks[eid] = cur
+                index.add_tail(cur.entry)
+            else:
+                self.blocks.pop(eid, None)
+                index.drop_tail(eid)
+        changed.clear()
+
+    def select(
+        self, num_blocks: int, now_us: int, prepare: Callable[[HashBlock], CacheEntry]
+    ) -> list[HashBlock]:
+        """Up to `num_blocks` tails in the order the forest path cuts them (see `TailIndex`)."""
+        self.drain()
+        if num_blocks > 0 and self.held:
+            return self.forest_path(num_blocks, now_us, prepare)
+        if num_blocks <= 0 or not self.index.start():
+            return []
+        victims: list[HashBlock] = []
+        cut_children: dict[int, int] = {}
+        while len(victims) < num_blocks:
+            eid = self.index.pop_tail()
+            if eid is None:
+                break
+            b = self.blocks.pop(eid)
+            self.index.drop_tail(eid)  # the caller evicts it (and the tree records that)
+            victims.append(b)
+            p = self.exposed_parent(b, cut_children)
+            if p is not None:
+                self.blocks[p.entry.entry_id] = p
+                self.index.push_tail(p.entry)
         for b in victims:  # ranked without the manager's estimates: read them now
             prepare(b)
         return victims
