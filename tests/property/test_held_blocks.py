@@ -158,7 +158,8 @@ def _config(name: str, pool: int, seed: int) -> SimConfig:
     pool=st.sampled_from([6, 10, 16]),
     cpu=st.sampled_from([0, 4]),
     offload=st.booleans(),
-    ops=ops_strategy,
+    # Hypothesis's lists (which shrink) or 400 operations from a seed (which hold more often).
+    ops=st.one_of(ops_strategy, st.integers(0, 2**32 - 1).map(lambda s: short_stream(s)[0])),
     seed=st.integers(0, 2**32 - 1),
     fraction=st.sampled_from([0.0, 0.5, 0.8]),
 )
