@@ -17,8 +17,11 @@ A decision then touches only what can change the answer:
   bound only falls, so a class above it is skipped for good, as the full walk would skip each of
   its items); the next item of the walk is the smallest head among them, and an item of the one
   class straddling the bound that does not fit is skipped as the full walk skips it;
-* the cover query reads each class whose sizes all cover (its cached minimum) and pops, in cost
-  order, the class straddling need - size(S) until an item covers or cannot beat that minimum;
+* the cover query reads the classes whose sizes all cover in the order of a lower bound on their
+  cost now (`_ClassBound`: the smallest restore times the P of the largest gap any item of the
+  class can have, lowered by a relative slack far above rounding), stops at the first class
+  whose bound exceeds the best minimum read so far, and pops, in cost order, the class
+  straddling need - size(S) until an item covers or cannot beat that minimum;
 * the walk stops once cost(S) (the same `math.fsum`) is at least the best candidate's cost: every
   later candidate costs at least that, and only a strictly cheaper one replaces the best; or once
   no class can grow S.
@@ -26,14 +29,17 @@ A decision then touches only what can change the answer:
 Items popped by a decision go back (the victims leave); the excluded entry leaves for the decision
 and comes back with its position. Keys are computed as `expected_costs` computes them (the same
 float operations; `math.expm1` equals NumPy's on these arguments, which the equality tests check).
-Cost: O((|S| + classes) × a `PercIndex` query) per decision, plus the straddling classes' pops:
-items of one size class around the need, not the candidate set. When the candidates' total is
-below the need every candidate is a victim (O(n), as the answer is).
+Cost: O(|S| + the classes read) `PercIndex` queries per decision, plus the straddling class's
+pops: items of one size class around the need (its items cheaper than the best covering one),
+not the candidate set; that class is the worst case, O(class) when most of it is cheaper. When
+the candidates' total is below the need every candidate is a victim (O(n), as the answer is).
 """
 
 from __future__ import annotations
 
 import math
+
+from sortedcontainers import SortedList
 
 from cachepilot_sim.policies.base import CacheEntry
 from cachepilot_sim.policies.perc_index import BLOCK_ITEMS, PercIndex
@@ -41,6 +47,47 @@ from cachepilot_sim.policies.reuse import GapEstimator
 
 Item = tuple[int, int, float, float, int]  # (stamp, last_used_us, gap EMA or -1, restore, size)
 Head = tuple[float, int]  # (key, stamp)
+# A class's cost bound is lowered by this factor: far above the rounding of a key (~1e-16).
+_SLACK = 1e-9
+
+
+class _ClassBound:
+    """A lower bound on the cost of every item of a size class at a time: the smallest restore
+    times the P of the largest gap any item can have (the oldest last use, the largest own gap
+    EMA or the population's), so a cover query skips the classes that cannot beat its best."""
+
+    __slots__ = ("restores", "lasts", "bases", "num_none")
+
+    def __init__(self) -> None:
+        self.restores: SortedList = SortedList()
+        self.lasts: SortedList = SortedList()
+        self.bases: SortedList = SortedList()  # own gap EMAs
+        self.num_none = 0  # items without an own gap EMA (the population's applies)
+
+    def add(self, item: Item) -> None:
+        self.restores.add(item[3])
+        self.lasts.add(item[1])
+        if item[2] >= 0:
+            self.bases.add(item[2])
+        else:
+            self.num_none += 1
+
+    def remove(self, item: Item) -> None:
+        self.restores.remove(item[3])
+        self.lasts.remove(item[1])
+        if item[2] >= 0:
+            self.bases.remove(item[2])
+        else:
+            self.num_none -= 1
+
+    def bound(self, now_us: int, delta_us: float, population_gap_us: float) -> float:
+        """At most the cost (P x restore) of every item of the class now."""
+        base = self.bases[-1] if self.bases else 0.0
+        if self.num_none:
+            base = max(base, population_gap_us)
+        g = max(base, float(now_us - self.lasts[0]), 1.0)
+        p = -math.expm1(-delta_us / g)
+        return p * self.restores[0] * (1.0 - _SLACK)
 
 
 class PlusOneIndex:
@@ -54,6 +101,7 @@ class PlusOneIndex:
         "_ids",
         "_ratio",
         "_cost",
+        "_bounds",
         "_total",
         "_next",
     )
@@ -66,6 +114,7 @@ class PlusOneIndex:
         self._ids: dict[int, int] = {}  # stamp -> entry id
         self._ratio: dict[int, PercIndex] = {}  # size class -> items by (cost / size, stamp)
         self._cost: dict[int, PercIndex] = {}  # size class -> items by (cost, stamp)
+        self._bounds: dict[int, _ClassBound] = {}  # size class -> its cost bound
         self._total = 0  # bytes of the indexed items
         self._next = 0
 
@@ -105,6 +154,8 @@ class PlusOneIndex:
         if b not in self._ratio:
             self._ratio[b] = PercIndex(self.estimator.delta_us, self.block_items)
             self._cost[b] = PercIndex(self.estimator.delta_us, self.block_items)
+            self._bounds[b] = _ClassBound()
+        self._bounds[b].add(item)
         self._ratio[b].add(stamp, last_used, gap, restore, float(size))
         self._cost[b].add(stamp, last_used, gap, restore, 1.0)
         self._total += size
@@ -113,9 +164,10 @@ class PlusOneIndex:
         b = item[4].bit_length()
         self._ratio[b].discard(item[0])
         self._cost[b].discard(item[0])
+        self._bounds[b].remove(item)
         self._total -= item[4]
         if not len(self._ratio[b]):
-            del self._ratio[b], self._cost[b]
+            del self._ratio[b], self._cost[b], self._bounds[b]
 
     # -- the decision ----------------------------------------------------------------------
     def select(self, bytes_needed: int, now_us: int, exclude_id: int) -> list[int]:
@@ -212,13 +264,18 @@ class _Decision:
         """The smallest (cost, stamp) among the items not in S with size >= `rest`."""
         best: Head | None = None
         straddling = -1
-        for b in self.owner._cost:
+        covering: list[tuple[float, int]] = []  # (cost bound, class) of the classes that cover
+        for b, bound in self.owner._bounds.items():
             if 1 << (b - 1) >= rest:
-                h = self.cost_min(b)
-                if h is not None and (best is None or h < best):
-                    best = h
+                covering.append((bound.bound(self.now, self.delta, self.pop_gap), b))
             elif (1 << b) - 1 >= rest:
                 straddling = b
+        for lower, b in sorted(covering):
+            if best is not None and lower > best[0]:
+                break  # this class and the rest cost more than the best: none can win
+            h = self.cost_min(b)
+            if h is not None and (best is None or h < best):
+                best = h
         if straddling < 0:
             return best
         index = self.owner._cost[straddling]

@@ -196,8 +196,9 @@ def test_prefix_manager_random_streams(
 def test_a_decision_keys_few_of_many_entries() -> None:
     """Complexity, counted: 200 decisions over 20,000 idle entries (sizes 32 MiB to 4 GiB, a
     decision asks for 64 MiB as in experiments/bench_eviction.py; each victim is replaced by a
-    new idle entry) read 8 heads each (7 size classes) and give an exact key to about 60
-    entries, where the full path keys all 20,000; the victims equal the full path's."""
+    new idle entry) read 3-4 class heads each (of 7 size classes: the cost bounds skip the
+    others) and give an exact key to about 26 entries, where the full path keys all 20,000; the
+    victims equal the full path's."""
     policy = make_plus1(5e6, 3e8)
     index = CandidateIndex(policy, lambda e, offload: e.restore_us)
     rng = np.random.default_rng(3)
@@ -232,5 +233,5 @@ def test_a_decision_keys_few_of_many_entries() -> None:
             index.discard(e.entry_id)
             release(now)
     assert len(index) == len(plus1) == size
-    assert plus1.num_visits - visits <= 200 * 12  # 8.0 a decision at this seed
-    assert plus1.num_keyed() - keyed <= 200 * 100  # 57 a decision at this seed
+    assert plus1.num_visits - visits <= 200 * 5  # 3.4 a decision at this seed (8 unbounded)
+    assert plus1.num_keyed() - keyed <= 200 * 50  # 26 a decision at this seed (57 unbounded)
