@@ -175,12 +175,13 @@ class CandidateIndex:
         victims: list[CacheEntry] = []
         freed = 0
         excluded = False
-        decide = getattr(index, "select", None)  # an index that answers the whole decision
-        if decide is not None:  # (perc_plus1's +1 step, `policies/plus1_index.py`)
+        # An index may answer the whole decision: `decide(bytes, now, exclude_id)` -> victim ids
+        # in order, which leave it (perc_plus1's +1 step, `policies/plus1_index.py`).
+        decide = getattr(index, "decide", None)
+        if decide is not None:
             victims = [self.entries[i] for i in decide(bytes_needed, now_us, exclude_id)]
             self.num_visits += len(victims)
-            freed = bytes_needed
-        while freed < bytes_needed:
+        while decide is None and freed < bytes_needed:
             entry_id = index.pop_min(now_us)
             if entry_id is None:
                 break

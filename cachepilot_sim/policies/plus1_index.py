@@ -170,7 +170,7 @@ class PlusOneIndex:
             del self._ratio[b], self._cost[b], self._bounds[b]
 
     # -- the decision ----------------------------------------------------------------------
-    def select(self, bytes_needed: int, now_us: int, exclude_id: int) -> list[int]:
+    def decide(self, bytes_needed: int, now_us: int, exclude_id: int) -> list[int]:
         """The ids `PercPlusOnePolicy.select_victims` picks among every indexed entry but
         `exclude_id`, in its order; they leave the index."""
         held = self._items.get(exclude_id)

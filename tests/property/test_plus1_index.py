@@ -136,7 +136,7 @@ def test_one_decision_walks_and_covers_as_greedy_plus_one(
         entries.append(e)
     need = max(1, int(need_share * sum(e.num_bytes for e in entries)))
     want = policy.select_victims([e for e in entries if e.entry_id != exclude], need, now)
-    assert index.select(need, now, exclude) == [e.entry_id for e in want]
+    assert index.decide(need, now, exclude) == [e.entry_id for e in want]
     assert len(index) == len(entries) - len(want)
 
 
