@@ -51,6 +51,10 @@ Item = tuple[int, int, float, float, int]  # (stamp, last_used_us, gap EMA or -1
 Head = tuple[float, int]  # (key, stamp)
 # A class's cost bound is lowered by this factor: far above the rounding of a key (~1e-16).
 _SLACK = 1e-9
+# The straddling class's cheaper items are popped in cost order (a `PercIndex` query each) until
+# one covers, or its covering items are keyed one by one (about 1 µs each, 50-100x less), once
+# the pops reach their number / this.
+_DIRECT_PER_POP = 32
 
 
 class _ClassBound:
@@ -58,15 +62,17 @@ class _ClassBound:
     times the P of the largest gap any item can have (the oldest last use, the largest own gap
     EMA or the population's), so a cover query skips the classes that cannot beat its best."""
 
-    __slots__ = ("restores", "lasts", "bases", "num_none")
+    __slots__ = ("restores", "lasts", "bases", "num_none", "sizes")
 
     def __init__(self) -> None:
+        self.sizes: SortedList = SortedList()  # (size, stamp): the covering part is a suffix
         self.restores: SortedList = SortedList()
         self.lasts: SortedList = SortedList()
         self.bases: SortedList = SortedList()  # own gap EMAs
         self.num_none = 0  # items without an own gap EMA (the population's applies)
 
     def add(self, item: Item) -> None:
+        self.sizes.add((item[4], item[0]))
         self.restores.add(item[3])
         self.lasts.add(item[1])
         if item[2] >= 0:
@@ -75,6 +81,7 @@ class _ClassBound:
             self.num_none += 1
 
     def remove(self, item: Item) -> None:
+        self.sizes.remove((item[4], item[0]))
         self.restores.remove(item[3])
         self.lasts.remove(item[1])
         if item[2] >= 0:
@@ -99,6 +106,7 @@ class PlusOneIndex:
         "estimator",
         "block_items",
         "num_visits",
+        "num_direct",
         "_items",
         "_ids",
         "_ratio",
@@ -112,6 +120,7 @@ class PlusOneIndex:
         self.estimator = estimator
         self.block_items = block_items
         self.num_visits = 0  # heads read and items popped by decisions (a complexity probe)
+        self.num_direct = 0  # straddling items keyed one by one (a complexity probe)
         self._items: dict[int, Item] = {}  # entry id -> item
         self._ids: dict[int, int] = {}  # stamp -> entry id
         self._ratio: dict[int, PercIndex] = {}  # size class -> items by (cost / size, stamp)
@@ -208,6 +217,9 @@ class _Decision:
         self.cost_mins: dict[int, Head | None] = {}  # class -> cached cheapest item
         # To put back after the decision: (index, item, size it is keyed with there).
         self.popped: list[tuple[PercIndex, Item, float]] = []
+        self.in_s: set[int] = set()  # stamps of the partial set S
+        self.skips: dict[int, int] = {}  # class -> misfits the walk popped from it
+        self.direct: set[int] = set()  # classes whose fitting items the walk keys one by one
 
     def _item(self, stamp: int) -> Item:
         return self.owner._items[self.owner._ids[stamp]]
@@ -251,16 +263,35 @@ class _Decision:
         while True:
             best: tuple[Head, int] | None = None
             for b in classes:
-                h = self.ratio_head(b)
+                h = self.fitting_min(b, limit) if b in self.direct else self.ratio_head(b)
                 if h is not None and (best is None or h < best[0]):
                     best = (h, b)
             if best is None:
                 return None
             (_, stamp), b = best
             item = self._pop(self.owner._ratio[b], stamp)
-            del self.ratio_heads[b]
+            self.ratio_heads.pop(b, None)
             if item[4] <= limit:
                 return item
+            self.skips[b] = self.skips.get(b, 0) + 1  # skipped for good (the limit only falls)
+            sizes = self.owner._bounds[b].sizes
+            if self.skips[b] > sizes.bisect_right((limit, math.inf)) // _DIRECT_PER_POP:
+                self.direct.add(b)
+
+    def fitting_min(self, b: int, limit: int) -> Head | None:
+        """The smallest (ratio, stamp) among class b's items not in S of size <= `limit`, keyed
+        one by one (the class's misfits ahead of them in ratio order are many)."""
+        sizes = self.owner._bounds[b].sizes
+        best: Head | None = None
+        for _, stamp in sizes.islice(0, sizes.bisect_right((limit, math.inf))):
+            if stamp in self.in_s:
+                continue
+            self.owner.num_direct += 1
+            item = self._item(stamp)
+            h = (self.cost(item) / item[4], stamp)
+            if best is None or h < best:
+                best = h
+        return best
 
     def cheapest_cover(self, rest: int) -> Head | None:
         """The smallest (cost, stamp) among the items not in S with size >= `rest`."""
@@ -280,10 +311,22 @@ class _Decision:
                 best = h
         if straddling < 0:
             return best
+        sizes = self.owner._bounds[straddling].sizes
+        first = sizes.bisect_left((rest, -1))
+        budget = (len(sizes) - first) // _DIRECT_PER_POP
         index = self.owner._cost[straddling]
         taken: list[Item] = []
         found: Head | None = None
         while True:
+            if len(taken) >= budget:  # key the covering suffix instead
+                for _, stamp in sizes.islice(first):
+                    if stamp in self.in_s:
+                        continue
+                    self.owner.num_direct += 1
+                    h = (self.cost(self._item(stamp)), stamp)
+                    if found is None or h < found:
+                        found = h
+                break
             h = self._head(index, False)
             if h is None or (best is not None and h > best):
                 break
@@ -295,7 +338,9 @@ class _Decision:
                 break
         for item in taken:  # back at once: a smaller rest may make them cover
             index.add(item[0], item[1], item[2], item[3], 1.0)
-        return found if found is not None else best
+        if found is None or (best is not None and best < found):
+            return best
+        return found
 
     def run(self) -> list[int]:
         owner = self.owner
@@ -318,6 +363,7 @@ class _Decision:
                 if item is None:
                     break
                 partial.append(item)
+                self.in_s.add(item[0])
                 costs.append(self.cost(item))
                 size += item[4]
                 b = item[4].bit_length()
