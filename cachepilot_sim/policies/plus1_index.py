@@ -16,12 +16,15 @@ A decision then touches only what can change the answer:
 * the walk reads only the classes whose sizes can still join S (size <= need - size(S) - 1: the
   bound only falls, so a class above it is skipped for good, as the full walk would skip each of
   its items); the next item of the walk is the smallest head among them, and an item of the one
-  class straddling the bound that does not fit is skipped as the full walk skips it;
+  class straddling the bound that does not fit is skipped as the full walk skips it (once the
+  skips outnumber that class's fitting items / `_DIRECT_PER_POP`, its fitting items are keyed
+  one by one instead, from a `SortedList` by size);
 * the cover query reads the classes whose sizes all cover in the order of a lower bound on their
   cost now (`_ClassBound`: the smallest restore times the P of the largest gap any item of the
   class can have, lowered by a relative slack far above rounding), stops at the first class
   whose bound exceeds the best minimum read so far, and pops, in cost order, the class
-  straddling need - size(S) until an item covers or cannot beat that minimum;
+  straddling need - size(S) until an item covers or cannot beat that minimum (or, past a budget
+  of its covering items / `_DIRECT_PER_POP` pops, keys its covering items one by one);
 * the walk stops once cost(S) (the same `math.fsum`) is at least the best candidate's cost: every
   later candidate costs at least that, and only a strictly cheaper one replaces the best; or once
   no class can grow S.
@@ -29,12 +32,12 @@ A decision then touches only what can change the answer:
 Items popped by a decision go back (the victims leave); the excluded entry leaves for the decision
 and comes back with its position. Keys are computed as `expected_costs` computes them (the same
 float operations; `math.expm1` equals NumPy's on these arguments, which the equality tests check).
-Cost: O(|S| + the classes read) `PercIndex` queries per decision, plus the straddling class's
-pops: items of one size class around the need (its items cheaper than the best covering one),
-not the candidate set; that class is the worst case, O(class) when most of it is cheaper (a need
-inside a class, with smaller entries cheaper: 1,900 heads a decision at 10^5 entries and a
-1000 MiB need, `experiments/bench_eviction.md`; a hierarchy of size ranges would bound it). When
-the candidates' total is below the need every candidate is a victim (O(n), as the answer is).
+Cost: O(|S| + the classes read) `PercIndex` queries per decision, plus the straddling classes'
+pops or direct keys: items of one size class around the need, not the candidate set; that is
+the worst case, O(class) when the need falls inside a class and its smaller entries are cheaper
+(16 ms a decision at 10^5 entries and a 1000 MiB need, 0.9 ms at a 64 MiB one:
+`experiments/bench_eviction.md`; a hierarchy of size ranges would bound it). When the
+candidates' total is below the need every candidate is a victim (O(n), as the answer is).
 """
 
 from __future__ import annotations
