@@ -166,6 +166,12 @@ class TailLruPolicy(RankingPolicy):
         (`policies/set_indexes.py`)."""
         return TlruIndex(self.threshold_us)
 
+    def suffix_index(self) -> TlruIndex:
+        """The same two lanes for chains, fed each tail's suffix restore (its own restore, or for
+        a block a decision exposes, the snapshot's path below it too): the prefix manager's exact
+        index of `select_victims` on chains (`components/kv/suffix_tails.py`)."""
+        return TlruIndex(self.threshold_us)
+
     def select_victims(
         self,
         entries: Sequence[CacheEntry],

@@ -1,0 +1,206 @@
+"""T-LRU's chained decisions without the candidate forest: two LRU lanes of tails, suffix restores.
+
+On the forest path (`TailLruPolicy.select_victims`) every idle block whose GPU subtree is idle is
+ranked (matters, last use, id): a block matters when its suffix restore, its own restore plus the
+longest restore path through the forest below it, exceeds the threshold. The sums follow the
+forest's chains (cut at branch points): inside a chain, from its tail up, starting from the longest
+path below the chain; a chain's path, for the chain above it, is that start plus its blocks summed
+from its root down (float sums in this order: the same bits). Greedy on chains then cuts the
+smallest rank among the current tails, with the ranks of the decision's snapshot.
+
+Two facts make it cheap, and exact. A current tail has no GPU child, so its suffix restore is its
+own restore: between decisions the tails sit in the policy's `suffix_index()` (two LRU lanes, one
+index per restore regime, fed by `PrefixTree.exposed`) by their restore alone. A block that this
+decision's cuts expose had, at the snapshot, only this decision's victims below it (every GPU child
+of it was cut), so its suffix restore is computed from theirs when it is exposed. No other block
+is ranked: a decision costs O(log n) per victim, plus one sum over each chain it cuts whole. Where
+the restore estimate moves with idle time (a CPU store whose residency is below δ) a fresh index of
+the current tails is built for the decision (O(t log t) in t tails, counted in `num_full`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
+from cachepilot_sim.policies import CacheEntry
+from cachepilot_sim.policies.candidates import TimeIndex
+
+# Sweep forgotten tails out of the indexes when they outnumber the tails by this factor.
+_COMPACT_FACTOR = 2
+
+ExposedParent = Callable[[HashBlock, dict[int, int]], "HashBlock | None"]
+
+
+class RestoreRegimes(Protocol):
+    """The tail index's restore regimes (`TailIndex`, `components/kv/tails.py`)."""
+
+    def static_restore(self, b: HashBlock, offload: bool) -> tuple[float, float]:
+        """(restore, gap EMA) of `b` in a regime where they stay fixed while `b` is idle."""
+        ...
+
+    def restore_mode(self, allow_offload: bool) -> bool | None:
+        """The decision's regime; None: the estimate moves with idle time."""
+        ...
+
+
+class _Chain:
+    """A chain of the decision's snapshot forest, cut so far from its tail up to its last victim."""
+
+    __slots__ = ("below_us", "suffix_us", "restores")
+
+    def __init__(self, below_us: float, restore_us: float) -> None:
+        self.below_us = below_us  # the longest path below the chain (0.0: it starts at a tail)
+        self.suffix_us = below_us + restore_us  # the suffix restore of its last victim
+        self.restores = [restore_us]  # tail first
+
+    def extend(self, restore_us: float) -> float:
+        """The block above the last victim joins: its suffix restore."""
+        self.restores.append(restore_us)
+        self.suffix_us += restore_us
+        return self.suffix_us
+
+    def path_us(self) -> float:
+        """The chain's path as the chain above it reads it: the blocks summed from the root."""
+        return self.below_us + sum(reversed(self.restores))
+
+
+class SuffixTails:
+    """The idle tails of `tree` in T-LRU's chained order (see the module docstring)."""
+
+    def __init__(
+        self,
+        tree: PrefixTree,
+        make_index: Callable[[], TimeIndex],
+        regimes: RestoreRegimes,
+        exposed_parent: ExposedParent,
+    ) -> None:
+        self.tree = tree
+        self.make_index = make_index
+        self.regimes = regimes
+        self.exposed_parent = exposed_parent
+        self.indexes: dict[bool, TimeIndex] = {}  # restore regime (offload?) -> index, on use
+        self.blocks: dict[int, HashBlock] = {}  # entry id -> its tail, as last indexed
+        self.num_visits = 0  # items popped by decisions (a complexity probe for tests)
+        self.num_full = 0  # decisions that indexed every tail (the estimate moves with time)
+        tree.exposed = {}  # the tree records every block that becomes (or is again) a tail
+
+    def _index(self, b: HashBlock, only: TimeIndex | None = None) -> None:
+        for offload, index in self.indexes.items():
+            if only is None or index is only:
+                restore, gap = self.regimes.static_restore(b, offload)
+                index.add(b.entry, restore, gap)
+        self.blocks[b.entry.entry_id] = b
+
+    def _forget(self, entry_id: int) -> None:
+        for index in self.indexes.values():
+            index.discard(entry_id)
+        self.blocks.pop(entry_id, None)
+
+    def drain(self) -> None:
+        """Index the tails the tree exposed since the last decision; sweep forgotten ones."""
+        exposed, evictable = self.tree.exposed, self.tree.evictable
+        assert exposed is not None
+        for b in exposed.values():
+            if evictable.get(b.hash_id) is b:
+                self._index(b)
+        exposed.clear()
+        if len(self.blocks) > _COMPACT_FACTOR * len(evictable) + 64:
+            for eid, b in list(self.blocks.items()):
+                if evictable.get(b.hash_id) is not b:
+                    self._forget(eid)
+
+    def select(
+        self,
+        num_blocks: int,
+        now_us: int,
+        prepare: Callable[[HashBlock], CacheEntry],
+        allow_offload: bool | None,
+    ) -> list[HashBlock]:
+        """Up to `num_blocks` tails in the order the forest path cuts them; every victim is passed
+        through `prepare` before anything is evicted."""
+        self.drain()
+        evictable = self.tree.evictable
+        if num_blocks <= 0 or not evictable:
+            return []
+        mode = None if allow_offload is None else self.regimes.restore_mode(allow_offload)
+        if mode is None:  # the decision's estimates: every tail prepared now
+            self.num_full += 1
+            index, blocks = self.make_index(), {}
+            for b in evictable.values():
+                e = prepare(b)
+                index.add(e, e.restore_us, e.gap_ema_us)
+                blocks[e.entry_id] = b
+            victims = self._cut(index, blocks, num_blocks, now_us, _prepared(prepare))
+        else:
+            index = self.indexes.get(mode)
+            if index is None:
+                index = self.indexes[mode] = self.make_index()
+                for b in evictable.values():
+                    self._index(b, only=index)
+            regimes = self.regimes
+            victims = self._cut(
+                index, None, num_blocks, now_us, lambda b: regimes.static_restore(b, mode)
+            )
+        for b in victims:  # the index's estimates are the manager's now, or it is not exact
+            e = prepare(b)
+            assert mode is None or e.restore_us == self.regimes.static_restore(b, mode)[0]
+        return victims
+
+    def _cut(
+        self,
+        index: TimeIndex,
+        fresh: dict[int, HashBlock] | None,
+        num_blocks: int,
+        now_us: int,
+        restore: Callable[[HashBlock], tuple[float, float]],
+    ) -> list[HashBlock]:
+        """Greedy on chains from `index` (the persistent one when `fresh` is None): pop the
+        smallest tail; a parent exposed by the cuts joins with its snapshot suffix restore."""
+        evictable = self.tree.evictable
+        blocks = self.blocks if fresh is None else fresh
+        chains: dict[int, _Chain] = {}  # hash id of a block this decision exposed -> its chain
+        below: dict[int, float] = {}  # branch block -> longest path of its chains cut so far
+        cut_children: dict[int, int] = {}
+        victims: list[HashBlock] = []
+        while len(victims) < num_blocks:
+            eid = index.pop_min(now_us)
+            if eid is None:
+                break
+            self.num_visits += 1
+            b = blocks.get(eid)
+            if b is None or (b.hash_id not in chains and evictable.get(b.hash_id) is not b):
+                if fresh is None:
+                    self._forget(eid)  # stale: used, evicted or no longer a tail
+                continue
+            victims.append(b)
+            chain = chains.pop(b.hash_id, None) or _Chain(0.0, restore(b)[0])  # or a snapshot tail
+            p = b.parent
+            if p is not None and p.num_children > 1:  # b is its chain's root: the chain is whole
+                below[p.hash_id] = max(below.get(p.hash_id, 0.0), chain.path_us())
+            p = self.exposed_parent(b, cut_children)
+            if p is None:
+                continue
+            restore_us, gap_us = restore(p)
+            if p.num_children == 1:  # the forest's chain runs on through p
+                suffix_us = chain.extend(restore_us)
+            else:  # p heads a chain above its children's chains
+                chain = _Chain(below.pop(p.hash_id), restore_us)
+                suffix_us = chain.suffix_us
+            chains[p.hash_id] = chain
+            index.add(p.entry, suffix_us, gap_us)
+            blocks[p.entry.entry_id] = p
+        return victims
+
+
+def _prepared(
+    prepare: Callable[[HashBlock], CacheEntry],
+) -> Callable[[HashBlock], tuple[float, float]]:
+    """(restore, gap EMA) of a block as the decision's `prepare` gives them."""
+
+    def restore(b: HashBlock) -> tuple[float, float]:
+        e = prepare(b)
+        return e.restore_us, e.gap_ema_us
+
+    return restore
