@@ -134,19 +134,27 @@ class SuffixTails:
                 blocks[e.entry_id] = b
             victims = self._cut(index, blocks, num_blocks, now_us, _prepared(prepare))
         else:
-            index = self.indexes.get(mode)
-            if index is None:
-                index = self.indexes[mode] = self.make_index()
-                for b in evictable.values():
-                    self._index(b, only=index)
-            regimes = self.regimes
+            regimes, offload = self.regimes, mode
             victims = self._cut(
-                index, None, num_blocks, now_us, lambda b: regimes.static_restore(b, mode)
+                self._lanes(offload),
+                None,
+                num_blocks,
+                now_us,
+                lambda b: regimes.static_restore(b, offload),
             )
         for b in victims:  # the index's estimates are the manager's now, or it is not exact
             e = prepare(b)
             assert mode is None or e.restore_us == self.regimes.static_restore(b, mode)[0]
         return victims
+
+    def _lanes(self, offload: bool) -> TimeIndex:
+        """The persistent index of a restore regime, built from every tail at its first use."""
+        index = self.indexes.get(offload)
+        if index is None:
+            index = self.indexes[offload] = self.make_index()
+            for b in self.tree.evictable.values():
+                self._index(b, only=index)
+        return index
 
     def _cut(
         self,
