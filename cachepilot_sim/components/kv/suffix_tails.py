@@ -20,6 +20,7 @@ the current tails is built for the decision (O(t log t) in t tails, counted in `
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from typing import Protocol
 
@@ -31,6 +32,16 @@ from cachepilot_sim.policies.candidates import TimeIndex
 _COMPACT_FACTOR = 2
 
 ExposedParent = Callable[[HashBlock, dict[int, int]], "HashBlock | None"]
+Rank = tuple[int, int, int]  # (class, last use, entry id): the order of T-LRU's key
+Restore = Callable[[HashBlock], tuple[float, float]]  # block -> (restore, gap EMA) of the decision
+
+
+class SuffixIndex(TimeIndex, Protocol):
+    """A time index whose order is a rank of (entry, restore): `TlruIndex`."""
+
+    def rank(self, entry: CacheEntry, restore_us: float) -> Rank:
+        """Where the entry, indexed with `restore_us`, sits in `pop_min`'s order."""
+        ...
 
 
 class RestoreRegimes(Protocol):
@@ -72,7 +83,7 @@ class SuffixTails:
     def __init__(
         self,
         tree: PrefixTree,
-        make_index: Callable[[], TimeIndex],
+        make_index: Callable[[], SuffixIndex],
         regimes: RestoreRegimes,
         exposed_parent: ExposedParent,
     ) -> None:
@@ -80,13 +91,14 @@ class SuffixTails:
         self.make_index = make_index
         self.regimes = regimes
         self.exposed_parent = exposed_parent
-        self.indexes: dict[bool, TimeIndex] = {}  # restore regime (offload?) -> index, on use
+        self.indexes: dict[bool, SuffixIndex] = {}  # restore regime (offload?) -> index, on use
         self.blocks: dict[int, HashBlock] = {}  # entry id -> its tail, as last indexed
+        self.fresh: dict[int, HashBlock] = {}  # the same for a decision's fresh index
         self.num_visits = 0  # items popped by decisions (a complexity probe for tests)
         self.num_full = 0  # decisions that indexed every tail (the estimate moves with time)
         tree.exposed = {}  # the tree records every block that becomes (or is again) a tail
 
-    def _index(self, b: HashBlock, only: TimeIndex | None = None) -> None:
+    def _index(self, b: HashBlock, only: SuffixIndex | None = None) -> None:
         for offload, index in self.indexes.items():
             if only is None or index is only:
                 restore, gap = self.regimes.static_restore(b, offload)
@@ -127,17 +139,18 @@ class SuffixTails:
         mode = None if allow_offload is None else self.regimes.restore_mode(allow_offload)
         if mode is None:  # the decision's estimates: every tail prepared now
             self.num_full += 1
-            index, blocks = self.make_index(), {}
+            index, self.fresh = self.make_index(), {}
             for b in evictable.values():
                 e = prepare(b)
                 index.add(e, e.restore_us, e.gap_ema_us)
-                blocks[e.entry_id] = b
-            victims = self._cut(index, blocks, num_blocks, now_us, _prepared(prepare))
+                self.fresh[e.entry_id] = b
+            victims = self._cut(index, True, num_blocks, now_us, _prepared(prepare))
+            self.fresh = {}
         else:
             regimes, offload = self.regimes, mode
             victims = self._cut(
                 self._lanes(offload),
-                None,
+                False,
                 num_blocks,
                 now_us,
                 lambda b: regimes.static_restore(b, offload),
@@ -147,7 +160,7 @@ class SuffixTails:
             assert mode is None or e.restore_us == self.regimes.static_restore(b, mode)[0]
         return victims
 
-    def _lanes(self, offload: bool) -> TimeIndex:
+    def _lanes(self, offload: bool) -> SuffixIndex:
         """The persistent index of a restore regime, built from every tail at its first use."""
         index = self.indexes.get(offload)
         if index is None:
@@ -156,49 +169,57 @@ class SuffixTails:
                 self._index(b, only=index)
         return index
 
+    def _pop(
+        self, index: SuffixIndex, fresh: bool, now_us: int, restore: Restore
+    ) -> tuple[Rank, HashBlock] | None:
+        """The index's smallest current tail, removed, with its rank (None: no tail left)."""
+        blocks, evictable = self.blocks, self.tree.evictable
+        while (eid := index.pop_min(now_us)) is not None:
+            self.num_visits += 1
+            b = self.fresh.get(eid) if fresh else blocks.get(eid)
+            if b is not None and evictable.get(b.hash_id) is b:
+                return index.rank(b.entry, restore(b)[0]), b
+            if not fresh:
+                self._forget(eid)  # stale: used, evicted or no longer a tail
+        return None
+
     def _cut(
-        self,
-        index: TimeIndex,
-        fresh: dict[int, HashBlock] | None,
-        num_blocks: int,
-        now_us: int,
-        restore: Callable[[HashBlock], tuple[float, float]],
+        self, index: SuffixIndex, fresh: bool, num_blocks: int, now_us: int, restore: Restore
     ) -> list[HashBlock]:
-        """Greedy on chains from `index` (the persistent one when `fresh` is None): pop the
-        smallest tail; a parent exposed by the cuts joins with its snapshot suffix restore."""
-        evictable = self.tree.evictable
-        blocks = self.blocks if fresh is None else fresh
-        chains: dict[int, _Chain] = {}  # hash id of a block this decision exposed -> its chain
+        """Greedy on chains: the smaller of the index's smallest tail and the smallest parent
+        this decision's cuts exposed (a local heap, ranked by its snapshot suffix restore)."""
+        local: list[tuple[Rank, HashBlock, _Chain]] = []
         below: dict[int, float] = {}  # branch block -> longest path of its chains cut so far
         cut_children: dict[int, int] = {}
         victims: list[HashBlock] = []
+        head: tuple[Rank, HashBlock] | None = None  # popped from the index, not yet cut
         while len(victims) < num_blocks:
-            eid = index.pop_min(now_us)
-            if eid is None:
+            if head is None:
+                head = self._pop(index, fresh, now_us, restore)
+            if local and (head is None or local[0][0] < head[0]):
+                _, b, chain = heapq.heappop(local)
+                self.num_visits += 1
+            elif head is not None:
+                b, head = head[1], None
+                chain = _Chain(0.0, restore(b)[0])  # a tail of the snapshot: nothing below it
+            else:
                 break
-            self.num_visits += 1
-            b = blocks.get(eid)
-            if b is None or (b.hash_id not in chains and evictable.get(b.hash_id) is not b):
-                if fresh is None:
-                    self._forget(eid)  # stale: used, evicted or no longer a tail
-                continue
             victims.append(b)
-            chain = chains.pop(b.hash_id, None) or _Chain(0.0, restore(b)[0])  # or a snapshot tail
             p = b.parent
             if p is not None and p.num_children > 1:  # b is its chain's root: the chain is whole
                 below[p.hash_id] = max(below.get(p.hash_id, 0.0), chain.path_us())
             p = self.exposed_parent(b, cut_children)
-            if p is None:
-                continue
-            restore_us, gap_us = restore(p)
-            if p.num_children == 1:  # the forest's chain runs on through p
-                suffix_us = chain.extend(restore_us)
-            else:  # p heads a chain above its children's chains
-                chain = _Chain(below.pop(p.hash_id), restore_us)
-                suffix_us = chain.suffix_us
-            chains[p.hash_id] = chain
-            index.add(p.entry, suffix_us, gap_us)
-            blocks[p.entry.entry_id] = p
+            if p is not None:
+                restore_us = restore(p)[0]
+                if p.num_children == 1:  # the forest's chain runs on through p
+                    suffix_us = chain.extend(restore_us)
+                else:  # p heads a chain above its children's chains
+                    chain = _Chain(below.pop(p.hash_id), restore_us)
+                    suffix_us = chain.suffix_us
+                heapq.heappush(local, (index.rank(p.entry, suffix_us), p, chain))
+        if head is not None:  # popped but not cut: back where it was
+            b = head[1]
+            index.add(b.entry, *restore(b))
         return victims
 
 
