@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
+from cachepilot_sim.components.kv.protocol import Tier
 from cachepilot_sim.components.kv.tails import TailIndex
 from cachepilot_sim.config import policy_config
 from cachepilot_sim.policies import CacheEntry, make_policy
@@ -257,3 +258,24 @@ def test_a_decision_pops_its_victims_whatever_the_tree_size() -> None:
     assert kv._evict_blocks(10, allow_offload=False) == 10
     assert 6 not in kv.tree.blocks  # a tail now: its restore alone, the least recent in lane 0
     assert suffix.num_visits <= 200 + 10 + 4
+
+
+def test_a_block_held_for_a_shared_tiers_write_hides_its_prefix_from_both_paths() -> None:
+    """A cut block held on the GPU for a shared tier's write (pinned, still its parent's GPU
+    child: `remote.py`) keeps its parent out of the forest and off the tails alike; when the
+    write lands and the block goes, the parent is a tail for both."""
+    forest = _Forest(threshold_us=0.25)
+    tree = forest.tree
+    root = forest.add(1, None, 0.1, now=1)
+    held = forest.add(2, root, 0.2, now=2)
+    forest.add(3, None, 0.3, now=3)
+    tree.evictable.pop(2)
+    tree.pin(held)
+    held.tier = Tier.FLIGHT_OUT
+    assert forest.decide(5, 10) == [3]
+    held.tier = Tier.GPU  # the write landed: an idle tail for a moment, then dropped
+    tree.unpin(held)
+    tree.evictable.pop(2)
+    tree.remove_gpu(held)
+    tree.expose_parent(held)
+    assert forest.decide(5, 11) == [1]
