@@ -13,9 +13,11 @@ own restore: between decisions the tails sit in the policy's `suffix_index()` (t
 index per restore regime, fed by `PrefixTree.exposed`) by their restore alone. A block that this
 decision's cuts expose had, at the snapshot, only this decision's victims below it (every GPU child
 of it was cut), so its suffix restore is computed from theirs when it is exposed, and it waits in
-the decision's own heap, ranked by the index's `rank`. No other block is ranked: a decision costs O(log n) per victim, plus one sum over each chain it cuts whole. Where
-the restore estimate moves with idle time (a CPU store whose residency is below δ) a fresh index of
-the current tails is built for the decision (O(t log t) in t tails, counted in `num_full`).
+the decision's own heap, ranked by the index's `rank`. No other block is ranked: a decision costs
+O(log n) per victim, plus one sum over each chain it cuts whole. Where the restore estimate moves
+with idle time (a CPU store whose residency is below δ) a fresh index of the current tails is
+built for the decision (O(t log t) in t tails, counted in `num_full`). The lanes read the restore
+alone, not the gap EMA: nothing is re-keyed when a group's gap moves.
 """
 
 from __future__ import annotations
