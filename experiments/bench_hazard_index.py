@@ -3,7 +3,7 @@ returned gaps, at 10^3..10^6 idle entries: `bench_eviction.py`'s session-manager
 with `--gaps` returned gaps per class (1 s to 1000 s, the spread of the bench's gap EMAs).
 
 `bench_eviction.py` releases entries but never sees one return, so there every perc_hazard
-decision runs on the EMA model: the index's O(n) fallback (`num_fallback`). This one measures the
+decision runs on the EMA model (each class's `PercIndex`, `num_fallback`). This one measures the
 curve path, and prints the index's operation counts per decision beside the times.
 
     PYTHONPATH=. python experiments/bench_hazard_index.py --json /tmp/bench_hazard_index.json

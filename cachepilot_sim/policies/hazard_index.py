@@ -1,39 +1,47 @@
 """An exact index for perc_hazard's key: the smallest (P x restore / bytes, entry id).
 
 P = 1 - S_c(t + δ) / S_c(t), t an entry's idle time, S_c the Kaplan-Meier curve of its workload
-class c (`SurvivalEstimate.curve(now)`: it moves with now through censoring, and with every
-release or return the policy sees). Each class is one row of `ForecastIndex`'s blocks of
-contiguous last-use times (`policies/forecast_index.py`), whose bookkeeping this reuses; only the
-queries differ. A KM curve is a cumulative product of factors in [0, 1], so it is non-increasing
-in floating point too, and for t in a block's idle range [a, b], P(t) >= 1 - S(a + δ) / S(b)
-exactly (correctly rounded division and subtraction are monotone): a block's keys are bounded
-below by that times its smallest restore / bytes, less a relative ulp margin.
+class c (`WindowSurvival.curve(now)`, `policies/hazard_curve.py`: it moves with now through
+censoring, and with every release or return the policy sees). Each class is one row of
+`ForecastIndex`'s blocks of contiguous last-use times (`policies/forecast_index.py`), whose
+bookkeeping this reuses; only the queries differ. A KM curve is a cumulative product of factors in
+[0, 1], so it is non-increasing in floating point too, and for t in a block's idle range [a, b],
+P(t) >= 1 - S(a + δ) / S(b) exactly (correctly rounded division and subtraction are monotone): a
+block's keys are bounded below by that times its smallest restore / bytes, less a relative ulp
+margin.
 
 Blocks hold about sqrt(n) / 16 entries (at least 8): narrower than reuse_forecast's, since a
 block that spans more idle time than δ has a bound of 0.
 
 A query (1) takes each class's curve once per (now, policy version, δ): every pop of one decision
-shares it (`PercHazardPolicy.curve`), (2) bounds every block, and flags the blocks with no event
+shares it (`PercHazardPolicy.curve`), (2) bounds every block (a class's blocks in idle order: their
+idle bounds are ascending, so the curve lookups of all of them are one `searchsorted` of the curve's
+event times into them and a cumulative count, `count_at_most`), and flags the blocks with no event
 time of their curve between their shortest idle and their longest idle + δ: all their keys are 0
-exactly, and their smallest id (kept per block) is their best key, (3) keys every entry of the
-block with the smallest bound, then of every block that can still win (a smaller bound, or the
-same bound and a smaller smallest id: ties go to the smallest id, as the policy's key), with the
-policy's own NumPy operations (`hazard_p`: the curve lookup is a `searchsorted` gather, no
-approximation), one pass per class, and (4) computes the scalar key p x restore / bytes only for
-the entries whose p x (restore / bytes) is within a relative ulp margin of the smallest (a 0 there
-is exactly 0). The result is the full sort's first entry.
+exactly, and their smallest id (kept per block) is their best key, (3) keys every entry of the block
+with the smallest bound, then of every block that can still win (a smaller bound, or the same bound
+and a smaller smallest id: ties go to the smallest id, as the policy's key), with the policy's own
+NumPy operations (`hazard_p`: the curve lookup is a `searchsorted` gather, no approximation), one
+pass per class, and (4) computes the scalar key p x restore / bytes only for the entries whose p x
+(restore / bytes) is within a relative ulp margin of the smallest (a 0 there is exactly 0). The
+result is the full sort's first entry.
 
 A class with no returned gap yet (no curve) is priced by the policy with the exponential EMA model
-(`GapEstimator.resume_probability`), whose gap moves with the population's: the index keys every
-entry of such classes at each pop (O(entries of those classes), vectorised, then the policy's
-scalar key near the smallest: exact; such queries are counted in `num_fallback`), and their best
-key starts the bounded search over the other classes. A class's window keeps its last
-`hazard_max_gaps` gaps, returned or not: a class that sees no return for that many releases goes
-back to this path.
+(`GapEstimator.resume_probability`: P = -expm1(-δ / max(base, idle, 1)), base the entry's gap EMA or
+the population's), which is PERC's key: such a class's entries are also kept in a `PercIndex`
+(`policies/perc_index.py`, its own per class, built at the first query that finds the class without
+a curve and kept up to date from then on), whose smallest (key, id) is exact and keys few entries
+(young entries by a time-independent order, dormant ones by branch and bound over last use). It keys
+by the gap EMA it was given (the managers re-add an entry when it moves), not the entry's field now
+(the prefix manager fills that in only for a decision). Its best key, computed here with the
+policy's scalar operations, starts the bounded search over the other classes. A class's window keeps
+its last `hazard_max_gaps` gaps, returned or not: a class that sees no return for that many releases
+goes back to this path; a query that uses it is counted in `num_fallback`.
 
-Cost per query otherwise: the curves (O(hazard_max_gaps) per class, once per decision), O(blocks)
-bounds in NumPy, and the entries of the blocks the bounds do not exclude
-(tests/property/test_hazard_index.py counts them; experiments/bench_hazard_index.py times them).
+Cost per query otherwise: the curves (O(hazard_max_gaps) per class in NumPy, once per decision),
+O(blocks) bounds in NumPy (a few vector operations per block, one binary search per event time),
+and the entries of the blocks the bounds do not exclude (tests/property/test_hazard_index.py
+counts them; experiments/bench_hazard_index.py times them).
 """
 
 from __future__ import annotations
@@ -45,13 +53,13 @@ import numpy as np
 
 from cachepilot_sim.policies.base import CacheEntry
 from cachepilot_sim.policies.forecast_index import ForecastIndex, _Block
+from cachepilot_sim.policies.perc_index import PercIndex
 
 if TYPE_CHECKING:
     from cachepilot_sim.policies.perc_variants import PercHazardPolicy
 
 _REL = 1e-15  # p * restore / bytes against p * (restore / bytes): a few roundings apart
 HAZARD_BLOCK_ITEMS = 8  # a block's least size target
-_EMA_REL = 1e-12  # NumPy's expm1 against math's, and the products: far above their ulps
 _TINY = 1e-290  # an absolute margin against underflow in those products
 
 
@@ -59,6 +67,19 @@ def survival_at(times: np.ndarray, surv: np.ndarray, t: np.ndarray) -> np.ndarra
     """S at each of `t` from a KM curve (event times ascending, S just after each)."""
     idx = np.searchsorted(times, t, side="right")
     return np.where(idx == 0, 1.0, surv[np.maximum(idx - 1, 0)])
+
+
+def count_at_most(times: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """`np.searchsorted(times, x, side="right")` for `x` ascending, in O(len(x) + len(times) x
+    log len(x)): the j-th of x has as many times at or below it as there are times t whose count
+    of x below t (`side="left"`) is at most j."""
+    below = np.searchsorted(x, times, side="left")
+    return np.cumsum(np.bincount(below, minlength=len(x) + 1)[: len(x)])
+
+
+def survival_from(surv: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """`survival_at` from its `searchsorted` positions: one gather from [1, S...]."""
+    return np.concatenate(([1.0], surv)).take(idx)
 
 
 def hazard_p(times: np.ndarray, surv: np.ndarray, idle: np.ndarray, delta: float) -> np.ndarray:
@@ -78,9 +99,11 @@ class HazardIndex(ForecastIndex):
         "hazard",
         "num_fallback",
         "num_curves",
-        "_entries",
+        "_gaps",
+        "_ema",
         "_curves",
         "_curves_at",
+        "_by_idle",
         "_zero",
         "_idmin",
     )
@@ -88,25 +111,31 @@ class HazardIndex(ForecastIndex):
     def __init__(self, policy: PercHazardPolicy, block_items: int | None = None) -> None:
         super().__init__(policy, block_items)  # type: ignore[arg-type]  # only blocks are shared
         self.hazard = policy
-        self.num_fallback = 0  # queries that keyed a class without a curve entry by entry
+        self.num_fallback = 0  # queries with a class on the EMA model (`PercIndex` per class)
         self.num_curves = 0  # class curves computed by queries (once per decision and class)
-        self._entries: dict[int, CacheEntry] = {}
+        self._gaps: dict[int, float] = {}  # id -> its gap EMA as added (< 0: none)
+        self._ema: dict[int, PercIndex] = {}  # class -> its entries under the EMA model's key
         self._curves: Curves = {}
         self._curves_at: tuple[int, int, float] | None = None
+        self._by_idle: dict[int, np.ndarray] = {}  # class -> its blocks' slots, newest first
         self._zero = np.zeros(0, dtype=bool)  # per slot: every key of the block is 0
         self._idmin = np.zeros(0, dtype=np.int64)  # per slot: its smallest id (-1: unknown)
 
     def add(self, entry: CacheEntry, restore_us: float, gap_ema_us: float) -> None:
-        """Index an idle entry whose restore estimate stays `restore_us` while it is idle; its
-        row is its workload class. The gap EMA is read from the entry by the fallback."""
+        """Index an idle entry whose restore estimate (`restore_us`) and gap EMA (< 0: none)
+        stay as given while it is idle (the manager re-adds it when they change); its row is its
+        workload class."""
         eid = entry.entry_id
         self.discard(eid)
         size = max(entry.num_bytes, 1)
         w = restore_us / size
         if not 0.0 <= w < np.inf:
             raise ValueError(f"HazardIndex.add: entry {eid} has weight {w}, need finite >= 0")
-        self._entries[eid] = entry
+        self._gaps[eid] = float(gap_ema_us)
         self._insert(eid, entry.class_index, entry.last_used_us, w, restore_us, size)
+        ema = self._ema.get(entry.class_index)
+        if ema is not None:
+            ema.add(eid, entry.last_used_us, gap_ema_us, restore_us, float(size))
         self._forget(self._items[eid][0].slot)
         self._bounds_at = None  # the bounds and zero flags are recomputed at the next query
 
@@ -115,13 +144,33 @@ class HazardIndex(ForecastIndex):
         super()._split(row, k)
         for b in self._blocks[row][k : k + 2]:
             self._forget(b.slot)
+        self._by_idle.pop(row, None)
+
+    def _drop_block(self, row: int, b: _Block) -> None:
+        """`ForecastIndex._drop_block`, forgetting the row's block order."""
+        super()._drop_block(row, b)
+        self._by_idle.pop(row, None)
+
+    def _class_slots(self, c: int) -> np.ndarray:
+        """Class c's blocks' slots by idle time ascending (last use descending: their ranges
+        of last use do not overlap), so their idle bounds are ascending for `count_at_most`."""
+        order = self._by_idle.get(c)
+        if order is None:
+            blocks = self._blocks[c]
+            order = self._by_idle[c] = np.fromiter(
+                (b.slot for b in reversed(blocks)), dtype=np.int64, count=len(blocks)
+            )
+        return order
 
     def discard(self, entry_id: int) -> None:
         """The entry is no longer a candidate (no-op when absent)."""
-        self._entries.pop(entry_id, None)
+        self._gaps.pop(entry_id, None)
         item = self._items.get(entry_id)
         if item is not None:
             self._forget(item[0].slot)
+            ema = self._ema.get(item[2])
+            if ema is not None:
+                ema.discard(entry_id)
         super().discard(entry_id)
 
     def _class_curves(self, now_us: int) -> Curves:
@@ -146,24 +195,24 @@ class HazardIndex(ForecastIndex):
         if self._bounds is not None and self._bounds_at == at:  # type: ignore[comparison-overlap]
             return self._bounds, self._zero
         delta = self.hazard.estimator.delta_us
-        used = self._wmin < np.inf
         bounds = np.full(len(self._wmin), np.inf)
         zero = np.zeros(len(self._wmin), dtype=bool)
         for c in self._blocks:
             curve = curves[c]
             if curve is None:  # the EMA model's class: keyed apart (`_ema_min`), never bounded
                 continue
-            sel = np.flatnonzero(used & (self._row == c))
-            t_far = now_us - self._lo[sel]  # longest idle in the block
-            t_short = now_us - self._hi[sel]  # shortest idle
-            s_far = survival_at(*curve, t_far)
-            s_near = survival_at(*curve, t_short + delta)
+            times, surv = curve
+            sel = self._class_slots(c)
+            t_far = now_us - self._lo[sel]  # longest idle in the block (ascending over sel)
+            t_short = now_us - self._hi[sel]  # shortest idle (ascending too)
+            s_far = survival_from(surv, count_at_most(times, t_far))
+            s_near = survival_from(surv, count_at_most(times, t_short + delta))
             p_lo = np.where(s_far > 0, 1.0 - s_near / np.maximum(s_far, 1e-300), 0.0)
             low = np.maximum(p_lo, 0.0) * self._wmin[sel] * (1.0 - _REL) - _TINY
             bounds[sel] = np.maximum(low, 0.0)
             # No event time in (shortest idle, longest idle + δ]: S(t) = S(t + δ) throughout.
-            first = np.searchsorted(curve[0], t_short, side="right")
-            zero[sel] = first == np.searchsorted(curve[0], t_far + delta, side="right")
+            first = count_at_most(times, t_short)
+            zero[sel] = first == count_at_most(times, t_far + delta)
         self._bounds, self._bounds_at, self._zero = bounds, at, zero  # type: ignore[assignment]
         return bounds, zero
 
@@ -244,41 +293,46 @@ class HazardIndex(ForecastIndex):
                 best = (key, eid)
         return best
 
+    def _ema_index(self, c: int, now_us: int) -> PercIndex:
+        """Class c's `PercIndex`, built from its blocks at its first use (or when δ moved, or
+        time went back: PercIndex moves items from young to dormant once), then kept by `add`
+        and `discard`."""
+        delta = float(self.hazard.estimator.delta_us)
+        ema = self._ema.get(c)
+        last = None if ema is None else ema._last_now
+        if ema is None or ema.delta_us != delta or (last is not None and now_us < last):
+            ema = self._ema[c] = PercIndex(delta)
+            ema.advance(now_us)  # the long idle go straight to the dormant order
+            for b in self._blocks[c]:
+                for eid in b.ids[: b.n].tolist():
+                    _, _, _, last_us, restore, size = self._items[eid]
+                    ema.add(eid, last_us, self._gaps[eid], restore, float(size))
+        return ema
+
     def _ema_min(self, classes: list[int], now_us: int) -> tuple[float, int]:
-        """The smallest (key, id) among the classes without a curve (the EMA model, as the
-        policy keys them): every entry gets a NumPy key (`resume_probabilities`: np.expm1 may
-        differ from math.expm1 by an ulp), those within `_EMA_REL` of the smallest the policy's
-        scalar key (`GapEstimator.resume_probability`)."""
+        """The smallest (key, id) among the classes without a curve: each class's `PercIndex`
+        gives its own, keyed here as the policy keys it (`GapEstimator.resume_probability`,
+        then p * restore / size)."""
         self.num_fallback += 1
         estimator = self.hazard.estimator
-        blocks = [b for c in classes for b in self._blocks[c]]
-        ids = np.concatenate([b.ids[: b.n] for b in blocks])
-        w = np.concatenate([b.w[: b.n] for b in blocks])
-        last = np.concatenate([b.last[: b.n] for b in blocks]).astype(np.int64)
-        entries = self._entries
-        gap = np.array([entries[eid].gap_ema_us for eid in ids.tolist()], dtype=np.float64)
-        idle = (now_us - last).astype(np.float64)
-        approx = estimator.resume_probabilities(gap, idle) * w
-        self.num_approx += len(ids)
-        zero = approx == 0.0  # restore = 0: the exact key is 0 too
+        population = estimator.population_gap_us
         best: tuple[float, int] | None = None
-        if zero.any():
-            best = (0.0, int(ids[zero].min()))
-        pos = ~zero
-        if pos.any():
-            cap = float(approx[pos].min()) * (1.0 + _EMA_REL) + _TINY
-            if best is not None:
-                cap = min(cap, _TINY)
-            for j in np.flatnonzero(pos & (approx <= cap)).tolist():
-                eid = int(ids[j])
-                _, _, _, _, restore, size = self._items[eid]
-                self.num_keyed += 1
-                p = estimator.resume_probability(entries[eid], now_us)
-                cand = (float(p * restore / size), eid)  # as `PercHazardPolicy.order`
-                if best is None or cand < best:
-                    best = cand
+        for c in classes:
+            eid = self._ema_index(c, now_us).peek_min(now_us, population)
+            assert eid is not None  # a class has blocks only while it has entries
+            _, _, _, last, restore, size = self._items[eid]
+            gap = self._gaps[eid]
+            base = gap if gap >= 0 else population
+            p = -math.expm1(-estimator.delta_us / max(base, float(now_us - last), 1.0))
+            cand = (p * restore / size, eid)
+            if best is None or cand < best:
+                best = cand
         assert best is not None
         return best
+
+    def num_ema_keyed(self) -> int:
+        """Entries keyed by the EMA classes' `PercIndex` queries (a complexity probe)."""
+        return sum(ema.num_keyed for ema in self._ema.values())
 
     def peek_min(self, now_us: int) -> int | None:
         """The id of the entry with the smallest (key, id) at `now_us`, or None."""

@@ -16,6 +16,7 @@ import numpy as np
 from cachepilot_sim.config import PolicyConfig, bounded
 from cachepilot_sim.policies.base import CacheEntry, Chains, KeyScope, RankingPolicy, register
 from cachepilot_sim.policies.decision_indexes import ClairvoyantIndex
+from cachepilot_sim.policies.hazard_curve import WindowSurvival
 from cachepilot_sim.policies.hazard_index import HazardIndex, hazard_p
 from cachepilot_sim.policies.knapsack import CoverProblem
 from cachepilot_sim.policies.knapsack_greedy import greedy_by_ratio, greedy_plus_one
@@ -148,14 +149,15 @@ class PercHazardPolicy(RankingPolicy):
         super().__init__(cfg, estimator)
         assert isinstance(cfg, PercHazardConfig), type(cfg)  # the registry pairs them
         self.max_gaps = cfg.hazard_max_gaps
-        self.classes: dict[int, SurvivalEstimate] = {}
+        # Per class: `SurvivalEstimate`'s window and curve, without a sort per curve.
+        self.classes: dict[int, WindowSurvival] = {}
         self.version = 0  # counts releases and returns: the curves at a time change with it
         # (now, version) -> class -> its curve: the keys of one decision share them.
         self._curves: tuple[tuple[int, int], dict[int, Any]] = ((-1, -1), {})
 
-    def _estimate(self, class_index: int) -> SurvivalEstimate:
+    def _estimate(self, class_index: int) -> WindowSurvival:
         if class_index not in self.classes:
-            self.classes[class_index] = SurvivalEstimate(self.max_gaps)
+            self.classes[class_index] = WindowSurvival(self.max_gaps)
         return self.classes[class_index]
 
     def on_release(self, entry: CacheEntry, now_us: int) -> None:

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from cachepilot_sim.config import PolicyConfig, bounded
 from cachepilot_sim.policies.base import CacheEntry, RankingPolicy, register
 from cachepilot_sim.policies.reuse import GapEstimator
-
-MAX_FREQ = 3  # the 2-bit counter's ceiling in M (libCacheSim: MIN(freq, 3) - 1 on reinsertion)
+from cachepilot_sim.policies.s3fifo_index import MAX_FREQ, Marks, S3FifoIndex
 
 
 @dataclass
@@ -40,7 +39,9 @@ class S3FifoPolicy(RankingPolicy):
 
     Which queue the loop evicts from reads the bytes of S and M against the cache size (the most
     bytes the policy has seen cached): a rule relative to the set, so the scope is SET, like
-    ARC's, and a decision costs O(cached entries). An entry in use cannot be evicted: the loop
+    ARC's, and this full path costs O(cached entries) per decision; the managers decide through
+    `set_index()` instead, which runs the same loop on the live queues only as far as the
+    victims (`policies/s3fifo_index.py`, exact). An entry in use cannot be evicted: the loop
     moves it on as if it had been hit (from S to M if promoted, else it stays in S; in M it goes
     round again). `on_evict` replays the loop's moves (promotions, reinsertions) up to each victim
     it is told of, so the queues are the ones S3-FIFO would have after those evictions.
@@ -64,9 +65,14 @@ class S3FifoPolicy(RankingPolicy):
         # The last decision's loop: ("promote" | "rotate" | "evict", entry id), and how far
         # `on_evict` has replayed it.
         self.plan: list[tuple[str, int]] = []
-        self.plan_at: dict[int, int] = {}  # victim id -> index of its step in `plan`
+        # Ranked id -> index of its step in `plan` (the index's plan holds only the moves: the
+        # number of moves before it); `on_evict` replays the moves before it.
+        self.plan_at: dict[int, int] = {}
         self.replayed = 0
         self.evicted_from = [0, 0]  # victims leaving S, M
+        # What an index reported (`set_index()`, `policies/s3fifo_index.py`) and what its lazy
+        # loop reads instead of every candidate: how many sit in M, S's entries it must look at.
+        self.marks = Marks(self.threshold)
 
     # -- the queues ---------------------------------------------------------------------------
     def _insert(self, entry: CacheEntry) -> None:
@@ -75,9 +81,11 @@ class S3FifoPolicy(RankingPolicy):
         if eid in self.ghost:  # seen recently and evicted from S: straight to M
             self.ghost_bytes -= self.ghost.pop(eid)
             self.main[eid] = 0
+            self.marks.entered_main(eid)
             self.queue_bytes[1] += entry.num_bytes
         else:
             self.small[eid] = 0
+            self.marks.entered_small(eid)
             self.queue_bytes[0] += entry.num_bytes
         self.capacity_bytes = max(self.capacity_bytes, sum(self.queue_bytes))
 
@@ -85,9 +93,19 @@ class S3FifoPolicy(RankingPolicy):
         """ "S", "M" or "" (not cached, as the policy knows it)."""
         return "S" if entry_id in self.small else "M" if entry_id in self.main else ""
 
+    def mark(self, entry_id: int, candidate: bool, tail: bool) -> None:
+        """An index says whether the entry is a candidate now (idle, evictable) and a tail (on
+        prefix chains: cut first; whole entries are all tails)."""
+        self.marks.mark(entry_id, candidate, tail, self.small.get(entry_id), entry_id in self.main)
+
+    def set_index(self) -> S3FifoIndex:
+        """The exact lazy index of this policy's decisions (one per policy: it reports `marks`)."""
+        return S3FifoIndex(self)
+
     def _promote(self, eid: int) -> None:
-        del self.small[eid]
+        self.marks.left_small(eid, self.small.pop(eid))
         self.main[eid] = 0  # the counter is cleared on the move
+        self.marks.entered_main(eid)
         self.queue_bytes[0] -= self.size[eid]
         self.queue_bytes[1] += self.size[eid]
 
@@ -99,6 +117,7 @@ class S3FifoPolicy(RankingPolicy):
         """A hit counts one more use; a miss enters M if G remembers it, else S."""
         eid = entry.entry_id
         if eid in self.small:
+            self.marks.hit_small(eid, self.small[eid])
             self.small[eid] += 1
         elif eid in self.main:
             self.main[eid] += 1
@@ -126,9 +145,9 @@ class S3FifoPolicy(RankingPolicy):
                     self._promote(other)
                 elif kind == "rotate" and other in self.main:
                     self._rotate(other)
-            self.replayed = step + 1
+            self.replayed = step  # (the full path's plan[step] is this eviction, no move)
         if eid in self.small:
-            self.small.pop(eid)
+            self.marks.left_small(eid, self.small.pop(eid))
             self.queue_bytes[0] -= self.size[eid]
             self.ghost[eid] = self.size[eid]
             self.ghost_bytes += self.size[eid]
@@ -138,6 +157,7 @@ class S3FifoPolicy(RankingPolicy):
             self.evicted_from[0] += 1
         elif eid in self.main:
             del self.main[eid]
+            self.marks.left_main(eid)
             self.queue_bytes[1] -= self.size[eid]
             self.evicted_from[1] += 1
 

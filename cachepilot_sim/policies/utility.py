@@ -11,7 +11,9 @@ probability of reuse within delta, LRU among equals. It does not weigh restore c
 next turn's TTFT past the tail target does not matter for the tail, so it goes first (LRU), then
 the rest (LRU). With whole-session entries "tail-first" is this two-class order. On prefix chains
 a block's loss costs the restore of the whole suffix cut with it, so the blocks that do not matter
-are each chain's excess tail: those whose suffix restore stays within the target.
+are each chain's excess tail: those whose suffix restore stays within the target. The prefix
+manager keeps that order without building the chains (`suffix_index()`,
+`components/kv/suffix_tails.py`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from cachepilot_sim.policies.base import (
     register,
 )
 from cachepilot_sim.policies.decision_indexes import WildIndex
+from cachepilot_sim.policies.marconi_index import MarconiIndex, flops_of, utility
 from cachepilot_sim.policies.reuse import GapEstimator
 from cachepilot_sim.policies.set_indexes import TlruIndex
 
@@ -55,28 +58,23 @@ class MarconiPolicy(RankingPolicy):
     def prepare(self, entries: Sequence[CacheEntry], now_us: int) -> None:
         """Both terms are min-max normalised over the candidates: record their ranges."""
         self.recency_range = _range([float(e.last_used_us) for e in entries])
-        self.flops_range = _range([_flops(e) for e in entries])
+        self.flops_range = _range([flops_of(e) for e in entries])
 
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
         """Lowest utility first: normalised recency + flop_weight x normalised FLOP efficiency."""
-        recency = _scaled(float(entry.last_used_us), self.recency_range)
-        flops = _scaled(_flops(entry), self.flops_range)
-        return (recency + self.flop_weight * flops, entry.entry_id)
+        last_used, flops = float(entry.last_used_us), flops_of(entry)
+        u = utility(last_used, flops, self.recency_range, self.flops_range, self.flop_weight)
+        return (u, entry.entry_id)
 
-
-def _flops(entry: CacheEntry) -> float:
-    """Recompute work saved per byte kept (recompute_us stands in for FLOPs)."""
-    return entry.recompute_us / max(entry.num_bytes, 1)
+    def set_index(self) -> MarconiIndex:
+        """An exact index of the decision (ranges kept sorted, a best-first search bounded by
+        the key's monotonicity: `policies/marconi_index.py`); on chains too (`KeyedTails`)."""
+        return MarconiIndex(self)
 
 
 def _range(values: list[float]) -> tuple[float, float]:
     """(minimum, span) of `values`; span 0 when empty or constant."""
     return (min(values), max(values) - min(values)) if values else (0.0, 0.0)
-
-
-def _scaled(value: float, value_range: tuple[float, float]) -> float:
-    low, span = value_range
-    return 0.0 if span <= 0 else (value - low) / span
 
 
 class _ClassReuse:
@@ -166,6 +164,12 @@ class TailLruPolicy(RankingPolicy):
         (`policies/set_indexes.py`)."""
         return TlruIndex(self.threshold_us)
 
+    def suffix_index(self) -> TlruIndex:
+        """The same two lanes for chains, fed each tail's suffix restore (its own restore, or for
+        a block a decision exposes, the snapshot's path below it too): the prefix manager's exact
+        index of `select_victims` on chains (`components/kv/suffix_tails.py`)."""
+        return TlruIndex(self.threshold_us)
+
     def select_victims(
         self,
         entries: Sequence[CacheEntry],
@@ -176,7 +180,8 @@ class TailLruPolicy(RankingPolicy):
     ) -> list[CacheEntry]:
         """On chains: a block matters when a next turn through it would restore more than the
         target if the chain were cut down to it (it, the blocks after it, and the longest path
-        through the chains below); excess tails go first, each class LRU."""
+        through the chains below); excess tails go first, each class LRU. (The forest path; the
+        prefix manager decides through `suffix_index()`, with the same victims.)"""
         if chains is None or bytes_needed <= 0:
             return super().select_victims(entries, bytes_needed, now_us, chains, parents)
         limit_us = self.threshold_us

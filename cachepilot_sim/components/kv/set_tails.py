@@ -8,7 +8,9 @@ tail state or hooks may have moved) and computes `prepare`'s snapshot as one cut
 (`chain_cuts`: O(log n) with equal block sizes); the tails sit in one `SortedList` per segment in
 the index's order, and the smallest key among them is read at each lane's two ranges (before and
 after its cut): O(log n) per victim. A parent exposed by this decision's cuts joins its lane's
-tails at once, as greedy on chains pushes it.
+tails at once, as greedy on chains pushes it. `KeyedTails` drives an index that orders the tails
+itself (Marconi's, `policies/marconi_index.py`) the same way: candidates and tails from
+`PrefixTree.changed`, then the index's next tail, step by step.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from sortedcontainers import SortedList
 
 from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
 from cachepilot_sim.components.kv.protocol import Tier
-from cachepilot_sim.policies import CacheEntry
+from cachepilot_sim.policies import CacheEntry, EvictionPolicy
 from cachepilot_sim.policies.set_indexes import Item, LaneCut
 
 
@@ -147,3 +149,125 @@ class SetTails:
         for b in victims:  # ranked without the manager's estimates: read them now
             prepare(b)
         return victims
+
+
+class KeyedTailIndex(Protocol):
+    """A set index that keeps the tails it searches itself (`policies/marconi_index.py`)."""
+
+    num_visits: int
+
+    def add_candidate(self, entry: CacheEntry) -> None:
+        """An idle GPU block: a candidate of `prepare` (again: its key may have moved)."""
+
+    def discard_candidate(self, entry_id: int) -> None:
+        """No longer a candidate (no-op when absent)."""
+
+    def add_tail(self, entry: CacheEntry) -> None:
+        """A tail: searched by decisions."""
+
+    def drop_tail(self, entry_id: int) -> None:
+        """No longer a tail (no-op when absent)."""
+
+    def start(self) -> bool:
+        """Begin a decision (`prepare` over the candidates); False when there is none."""
+
+    def pop_tail(self) -> int | None:
+        """The next tail in the decision's order (an entry id); None when none is left."""
+
+    def push_tail(self, entry: CacheEntry) -> None:
+        """A block this decision's cuts made a tail: searched from now on in this decision."""
+
+
+class KeyedTails:
+    """Chained decisions of a SET policy whose index orders the tails itself (Marconi): the
+    candidates and the tails kept current from `PrefixTree.changed`, as `SetTails` keeps them,
+    and greedy on chains over the index's order. The candidates are every idle GPU block, the
+    forest's blocks while the referenced blocks are closed under parents; a block a shared tier
+    holds on the GPU for its write breaks that (`rank_tails.py`), and while one is held a
+    decision takes the forest path (`num_full`)."""
+
+    def __init__(
+        self,
+        tree: PrefixTree,
+        index: KeyedTailIndex,
+        exposed_parent: Callable[[HashBlock, dict[int, int]], HashBlock | None],
+        policy: EvictionPolicy,
+    ) -> None:
+        self.tree = tree
+        self.index = index
+        self.exposed_parent = exposed_parent
+        self.policy = policy  # the manager's, for the forest path
+        self.blocks: dict[int, HashBlock] = {}  # entry id -> its tail block
+        self.held: dict[int, None] = {}  # blocks a shared tier holds on the GPU for their write
+        self.num_full = 0  # decisions that took the forest path (a block was held)
+        tree.changed = {}
+
+    @property
+    def num_visits(self) -> int:
+        """Items the index's searches looked at (a complexity probe for tests)."""
+        return self.index.num_visits
+
+    def drain(self) -> None:
+        """Bring the candidates and tails up to date with the blocks the tree recorded."""
+        tree, index = self.tree, self.index
+        changed = tree.changed
+        assert changed is not None
+        for h, b in changed.items():
+            cur = tree.blocks.get(h)
+            eid = b.entry.entry_id  # one entry per hash, kept across evictions
+            if cur is not None and cur.refcount and cur.tier == Tier.FLIGHT_OUT:
+                self.held[h] = None
+            else:
+                self.held.pop(h, None)
+            if cur is not None and cur.refcount == 0 and cur.tier == Tier.GPU:
+                index.add_candidate(cur.entry)
+            else:
+                index.discard_candidate(eid)
+            if cur is not None and tree.evictable.get(h) is cur:
+                self.blocks[eid] = cur
+                index.add_tail(cur.entry)
+            else:
+                self.blocks.pop(eid, None)
+                index.drop_tail(eid)
+        changed.clear()
+
+    def select(
+        self, num_blocks: int, now_us: int, prepare: Callable[[HashBlock], CacheEntry]
+    ) -> list[HashBlock]:
+        """Up to `num_blocks` tails in the order the forest path cuts them (see `TailIndex`)."""
+        self.drain()
+        if num_blocks > 0 and self.held:
+            return self._forest(num_blocks, now_us, prepare)
+        if num_blocks <= 0 or not self.index.start():
+            return []
+        victims: list[HashBlock] = []
+        cut_children: dict[int, int] = {}
+        while len(victims) < num_blocks:
+            eid = self.index.pop_tail()
+            if eid is None:
+                break
+            b = self.blocks.pop(eid)
+            self.index.drop_tail(eid)  # the caller evicts it (and the tree records that)
+            victims.append(b)
+            p = self.exposed_parent(b, cut_children)
+            if p is not None:
+                self.blocks[p.entry.entry_id] = p
+                self.index.push_tail(p.entry)
+        for b in victims:  # ranked without the manager's estimates: read them now
+            prepare(b)
+        return victims
+
+    def _forest(
+        self, num_blocks: int, now_us: int, prepare: Callable[[HashBlock], CacheEntry]
+    ) -> list[HashBlock]:
+        """The forest path (`PrefixKvManager._choose`), while a block is held for its write."""
+        self.num_full += 1
+        forest = self.tree.forest()
+        entries = [prepare(b) for b in forest.blocks]
+        if not entries:
+            return []
+        num_bytes = num_blocks * entries[0].num_bytes  # prefix blocks are one size
+        victims = self.policy.select_victims(
+            entries, num_bytes, now_us, forest.chains, forest.parents
+        )
+        return forest.cut_order(victims, self.policy.name)
