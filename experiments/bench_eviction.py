@@ -223,7 +223,12 @@ def bench_blocks(name: str, n: int, budget_s: float) -> float:
 
     # A set index takes in the setup's blocks at its first decision (amortized over the insertions).
     return _timed(
-        decide, budget_s, warm=tails.persistent or tails.timed or tails.set_tails is not None
+        decide,
+        budget_s,
+        warm=tails.persistent
+        or tails.timed
+        or tails.set_tails is not None
+        or tails.suffix_tails is not None,
     )
 
 

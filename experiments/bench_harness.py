@@ -44,22 +44,29 @@ def run_child(script: str, overrides: list[str]) -> dict[str, Any]:
 
 def time_case(overrides: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """In the child: compose the config, run its cells (files written), and return the cells and
-    wall and CPU seconds, SimPy events (counted in this process only: not in cells that ran on
-    worker processes) and this process's peak RSS."""
+    wall and CPU seconds, SimPy events and process resumes (counted in this process only: not in
+    cells that ran on worker processes) and this process's peak RSS."""
     from hydra import compose, initialize_config_dir
 
     from cachepilot_sim.config import register_configs, to_config
     from cachepilot_sim.experiment.runner import run_cells
 
-    num_events = 0
+    num_events = num_resumes = 0
     schedule = simpy.Environment.schedule
+    resume = simpy.events.Process._resume
 
     def counting(self, event, priority=1, delay=0):  # noqa: ANN001, ANN202
         nonlocal num_events
         num_events += 1
         return schedule(self, event, priority, delay)
 
+    def counting_resume(self, event):  # noqa: ANN001, ANN202
+        nonlocal num_resumes
+        num_resumes += 1
+        return resume(self, event)
+
     simpy.Environment.schedule = counting  # type: ignore[method-assign]
+    simpy.events.Process._resume = counting_resume  # type: ignore[method-assign]
     register_configs()
     conf = Path(__file__).resolve().parents[1] / "cachepilot_sim" / "conf"
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
@@ -80,6 +87,7 @@ def time_case(overrides: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any
         "requests_per_cpu_s": num_requests / cpu,
         "simpy_events": num_events if in_process else None,
         "events_per_wall_s": num_events / wall if in_process else None,
+        "process_resumes": num_resumes if in_process else None,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 

@@ -4,7 +4,8 @@ A KV manager adds an entry when it becomes idle, refreshes it after a hook that 
 and discards it when it is used or evicted. For a policy whose key reads only the entry
 (`KeyScope.ENTRY`) a decision takes the smallest items: O(log n) per victim, amortized over the
 stale items it skips. A `KeyScope.DECISION` policy that offers an exact index of its decaying key
-(`time_index`: PERC, `policies/perc_index.py`) gets one per restore regime the manager names: when
+(`time_index`: PERC, `policies/perc_index.py`; perc_plus1's index answers the whole decision,
+`policies/plus1_index.py`) gets one per restore regime the manager names: when
 the manager says every candidate's restore estimate is fixed while it is idle (`restore_mode` True
 or False: `static_restore` gives it), a decision pops from that index; when the estimate moves with
 time (a CPU store whose residency is below δ), the decision keys every candidate (`num_full`).
@@ -174,7 +175,13 @@ class CandidateIndex:
         victims: list[CacheEntry] = []
         freed = 0
         excluded = False
-        while freed < bytes_needed:
+        # An index may answer the whole decision: `decide(bytes, now, exclude_id)` -> victim ids
+        # in order, which leave it (perc_plus1's +1 step, `policies/plus1_index.py`).
+        decide = getattr(index, "decide", None)
+        if decide is not None:
+            victims = [self.entries[i] for i in decide(bytes_needed, now_us, exclude_id)]
+            self.num_visits += len(victims)
+        while decide is None and freed < bytes_needed:
             entry_id = index.pop_min(now_us)
             if entry_id is None:
                 break

@@ -325,13 +325,17 @@ class TlruIndex:
     def __len__(self) -> int:
         return len(self._where)
 
+    def rank(self, entry: CacheEntry, restore_us: float) -> tuple[int, int, int]:
+        """The entry's place in `pop_min`'s order when indexed with `restore_us`: the key."""
+        return (int(restore_us > self.threshold_us), entry.last_used_us, entry.entry_id)
+
     def add(self, entry: CacheEntry, restore_us: float, gap_ema_us: float) -> None:
         """Index an idle entry whose restore estimate stays `restore_us` while it is idle."""
         self.discard(entry.entry_id)
-        lane = int(restore_us > self.threshold_us)  # as the key computes it
-        item = (entry.last_used_us, entry.entry_id)
+        lane, last_used, entry_id = self.rank(entry, restore_us)
+        item = (last_used, entry_id)
         self._lanes[lane].add(item)
-        self._where[entry.entry_id] = (lane, item)
+        self._where[entry_id] = (lane, item)
 
     def discard(self, entry_id: int) -> None:
         """The entry is no longer a candidate (no-op when absent)."""

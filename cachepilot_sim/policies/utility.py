@@ -11,7 +11,9 @@ probability of reuse within delta, LRU among equals. It does not weigh restore c
 next turn's TTFT past the tail target does not matter for the tail, so it goes first (LRU), then
 the rest (LRU). With whole-session entries "tail-first" is this two-class order. On prefix chains
 a block's loss costs the restore of the whole suffix cut with it, so the blocks that do not matter
-are each chain's excess tail: those whose suffix restore stays within the target.
+are each chain's excess tail: those whose suffix restore stays within the target. The prefix
+manager keeps that order without building the chains (`suffix_index()`,
+`components/kv/suffix_tails.py`).
 """
 
 from __future__ import annotations
@@ -162,6 +164,12 @@ class TailLruPolicy(RankingPolicy):
         (`policies/set_indexes.py`)."""
         return TlruIndex(self.threshold_us)
 
+    def suffix_index(self) -> TlruIndex:
+        """The same two lanes for chains, fed each tail's suffix restore (its own restore, or for
+        a block a decision exposes, the snapshot's path below it too): the prefix manager's exact
+        index of `select_victims` on chains (`components/kv/suffix_tails.py`)."""
+        return TlruIndex(self.threshold_us)
+
     def select_victims(
         self,
         entries: Sequence[CacheEntry],
@@ -172,7 +180,8 @@ class TailLruPolicy(RankingPolicy):
     ) -> list[CacheEntry]:
         """On chains: a block matters when a next turn through it would restore more than the
         target if the chain were cut down to it (it, the blocks after it, and the longest path
-        through the chains below); excess tails go first, each class LRU."""
+        through the chains below); excess tails go first, each class LRU. (The forest path; the
+        prefix manager decides through `suffix_index()`, with the same victims.)"""
         if chains is None or bytes_needed <= 0:
             return super().select_victims(entries, bytes_needed, now_us, chains, parents)
         limit_us = self.threshold_us

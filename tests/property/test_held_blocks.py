@@ -3,9 +3,10 @@
 A block the prefix manager evicts while a shared tier writes on eviction stays on the GPU, pinned
 and FLIGHT_OUT, until its write lands (`components/kv/remote.py`); it is still its parent's GPU
 child, so the forest (the full path) leaves the idle blocks above it out. The indexed paths
-(`set_tails.py` for SLRU and ARC, `rank_tails.py` for S3-FIFO) must decide what the forest path
-decides all the same. Checked on random operation streams through the prefix manager with a store
-double whose writes land after a delay, once forced onto the forest path.
+(`set_tails.py` for SLRU, ARC and Marconi, `rank_tails.py` for S3-FIFO: `HeldFallback`;
+`suffix_tails.py` for T-LRU, which ranks only tails and exposed parents) must decide what the
+forest path decides all the same. Checked on random operation streams through the prefix manager
+with a store double whose writes land after a delay, once forced onto the forest path.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from tests.property.test_indexed_eviction import (
     prefix_config,
 )
 
-CHAINED = ["slru", "arc", "s3fifo", "marconi"]
+CHAINED = ["slru", "arc", "s3fifo", "marconi", "tlru"]
 
 
 class WritingStore:

@@ -69,6 +69,8 @@ class Logged:
             self.set_index = inner.set_index
         if not full and hasattr(inner, "key_scope_on_entries"):  # T-LRU on whole entries
             self.key_scope_on_entries = inner.key_scope_on_entries
+        if not full and hasattr(inner, "suffix_index"):  # T-LRU on chains
+            self.suffix_index = inner.suffix_index
 
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
         return self.inner.key(entry, now_us)  # type: ignore[no-any-return]

@@ -14,8 +14,8 @@ estimate is fixed while it is idle (no offload, or a store whose residency is at
 the decision keys every tail, counted in `num_full`). A SET policy with an exact set index
 (`set_index()`: SLRU, ARC; Marconi, whose index orders the tails itself: `KeyedTails`) decides
 through `set_tails.py`, one whose set index yields the full path's order lazily (S3-FIFO's loop)
-through `rank_tails.py`; other policies that need the chains
-(`KeyScope.SET`: the oracle, T-LRU's suffix restores) keep the forest path.
+through `rank_tails.py`, T-LRU's suffix restores (`suffix_index()`) through `suffix_tails.py`;
+other policies that need the chains (`KeyScope.SET`: the oracle) keep the forest path.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
 from cachepilot_sim.components.kv.protocol import Tier
 from cachepilot_sim.components.kv.rank_tails import RankTails
 from cachepilot_sim.components.kv.set_tails import KeyedTails, SetTails
+from cachepilot_sim.components.kv.suffix_tails import SuffixTails
 from cachepilot_sim.policies import CacheEntry, EvictionPolicy, GapEstimator, KeyScope
 from cachepilot_sim.policies.candidates import TimeIndex
 
@@ -89,7 +90,13 @@ class TailIndex:
                 self.set_tails = KeyedTails(tree, index, self._exposed_parent, policy)
             else:  # it cuts its segments (SLRU, ARC)
                 self.set_tails = SetTails(tree, index, self._exposed_parent, policy)
-        self.enabled = self.enabled or self.set_tails is not None
+        make_suffix = getattr(policy, "suffix_index", None) if scope == KeyScope.SET else None
+        self.suffix_tails = (  # T-LRU's suffix restores on chains
+            None
+            if make_suffix is None or pricing is None
+            else SuffixTails(tree, make_suffix, self, self._exposed_parent)
+        )
+        self.enabled = self.enabled or self.set_tails is not None or self.suffix_tails is not None
 
     # -- the exact time index (PERC) -------------------------------------------------------
     def regroup(self, group: int) -> None:
@@ -248,6 +255,8 @@ class TailIndex:
         `allow_offload` (what `prepare` was built with) lets a time-indexed policy use its index."""
         if self.set_tails is not None:
             return self.set_tails.select(num_blocks, now_us, prepare)
+        if self.suffix_tails is not None:
+            return self.suffix_tails.select(num_blocks, now_us, prepare, allow_offload)
         if self.timed and allow_offload is not None:
             self._drain_timed()
             mode = self.restore_mode(allow_offload) if num_blocks > 0 else None
