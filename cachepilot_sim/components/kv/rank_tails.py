@@ -16,7 +16,8 @@ A candidate is an idle GPU block, as for `set_tails.py`: the forest's blocks whi
 blocks are closed under parents. A shared tier that writes on eviction (`remote.py`) breaks that
 while a cut block is held for its write (pinned, still its parent's GPU child): the forest leaves
 the idle blocks above it out, and S3-FIFO's loop moves such a block round in M where the index
-would rank it. While any block is held, a decision takes the forest path (`num_full`).
+would rank it. While any block is held, a decision takes the forest path (`num_full`;
+`HeldFallback`, shared with `set_tails.py`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Protocol
 
 from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
 from cachepilot_sim.components.kv.protocol import Tier
+from cachepilot_sim.components.kv.set_tails import HeldFallback
 from cachepilot_sim.policies import CacheEntry, EvictionPolicy
 
 
@@ -57,7 +59,7 @@ class RankedSetIndex(Protocol):
         """The candidates' ids, first victim first, lazily."""
 
 
-class RankTails:
+class RankTails(HeldFallback):
     """The idle GPU blocks of `tree` as candidates of `index`, cut in its order on chains."""
 
     def __init__(
@@ -67,12 +69,9 @@ class RankTails:
         exposed_parent: Callable[[HashBlock, dict[int, int]], HashBlock | None],
         policy: EvictionPolicy,
     ) -> None:
-        self.tree = tree
+        super().__init__(tree, policy)
         self.index = index
         self.exposed_parent = exposed_parent
-        self.policy = policy  # the manager's, for the forest path
-        self.held: dict[int, None] = {}  # blocks a shared tier holds on the GPU for their write
-        self.num_full = 0  # decisions that took the forest path (a block was held)
         self.blocks: dict[int, HashBlock] = {}  # entry id -> its idle GPU block (a candidate)
         self.num_visits = 0  # ranks taken by decisions (a complexity probe for tests)
         tree.changed = {}
@@ -84,10 +83,7 @@ class RankTails:
         assert changed is not None
         for h, b in changed.items():
             cur = tree.blocks.get(h)
-            if cur is not None and cur.refcount and cur.tier == Tier.FLIGHT_OUT:
-                self.held[h] = None
-            else:
-                self.held.pop(h, None)
+            self.note_held(h, cur)
             if cur is not None and cur.refcount == 0 and cur.tier == Tier.GPU:
                 self.blocks[cur.entry.entry_id] = cur
                 self.index.add(cur.entry, tree.evictable.get(h) is cur)
@@ -104,7 +100,7 @@ class RankTails:
         if num_blocks <= 0 or not self.blocks:
             return []
         if self.held:
-            return self._forest(num_blocks, now_us, prepare)
+            return self.forest_path(num_blocks, now_us, prepare)
         blocks, evictable = self.blocks, self.tree.evictable
         ranked = self.index.ranks()
         waiting: dict[int, None] = {}  # yielded, not a tail yet
@@ -143,18 +139,3 @@ class RankTails:
         for b in victims:  # ranked without the manager's estimates: read them now
             prepare(b)
         return victims
-
-    def _forest(
-        self, num_blocks: int, now_us: int, prepare: Callable[[HashBlock], CacheEntry]
-    ) -> list[HashBlock]:
-        """The forest path (`PrefixKvManager._choose`), while a block is held for its write."""
-        self.num_full += 1
-        forest = self.tree.forest()
-        entries = [prepare(b) for b in forest.blocks]
-        if not entries:
-            return []
-        num_bytes = num_blocks * entries[0].num_bytes  # prefix blocks are one size
-        victims = self.policy.select_victims(
-            entries, num_bytes, now_us, forest.chains, forest.parents
-        )
-        return forest.cut_order(victims, self.policy.name)

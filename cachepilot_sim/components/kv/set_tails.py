@@ -11,6 +11,14 @@ after its cut): O(log n) per victim. A parent exposed by this decision's cuts jo
 tails at once, as greedy on chains pushes it. `KeyedTails` drives an index that orders the tails
 itself (Marconi's, `policies/marconi_index.py`) the same way: candidates and tails from
 `PrefixTree.changed`, then the index's next tail, step by step.
+
+A candidate is an idle GPU block, the forest's blocks while the referenced blocks are closed under
+parents. A shared tier that writes on eviction (`remote.py`) breaks that while a cut block is held
+for its write (pinned, FLIGHT_OUT, still its parent's GPU child): the forest leaves the idle blocks
+above it out, while the indexes count them (SLRU's room, ARC's T1 bytes and c, Marconi's ranges),
+and the decisions differ (`tests/property/test_held_blocks.py`). While any block is held, a
+decision takes the forest path (`HeldFallback`, shared with `rank_tails.py`; counted in
+`num_full`).
 """
 
 from __future__ import annotations
@@ -49,7 +57,40 @@ class ChainedSetIndex(Protocol):
         """The decision's victims with their segments: what the policy's key reads after it."""
 
 
-class SetTails:
+class HeldFallback:
+    """The blocks a shared tier holds on the GPU for their writes, and the forest path that a
+    chained decision takes while any is held (the idle blocks above one are not the forest's)."""
+
+    def __init__(self, tree: PrefixTree, policy: EvictionPolicy) -> None:
+        self.tree = tree
+        self.policy = policy  # the manager's, for the forest path
+        self.held: dict[int, None] = {}  # hash ids of blocks held for their write
+        self.num_full = 0  # decisions that took the forest path (a block was held)
+
+    def note_held(self, hash_id: int, cur: HashBlock | None) -> None:
+        """Record whether the tree's block `hash_id` (`cur`, None when gone) is held."""
+        if cur is not None and cur.refcount and cur.tier == Tier.FLIGHT_OUT:
+            self.held[hash_id] = None
+        else:
+            self.held.pop(hash_id, None)
+
+    def forest_path(
+        self, num_blocks: int, now_us: int, prepare: Callable[[HashBlock], CacheEntry]
+    ) -> list[HashBlock]:
+        """The forest path (`PrefixKvManager._choose`), while a block is held for its write."""
+        self.num_full += 1
+        forest = self.tree.forest()
+        entries = [prepare(b) for b in forest.blocks]
+        if not entries:
+            return []
+        num_bytes = num_blocks * entries[0].num_bytes  # prefix blocks are one size
+        victims = self.policy.select_victims(
+            entries, num_bytes, now_us, forest.chains, forest.parents
+        )
+        return forest.cut_order(victims, self.policy.name)
+
+
+class SetTails(HeldFallback):
     """The idle tails of `tree` per segment of `index`, and its candidates kept current."""
 
     def __init__(
@@ -57,8 +98,9 @@ class SetTails:
         tree: PrefixTree,
         index: ChainedSetIndex,
         exposed_parent: Callable[[HashBlock, dict[int, int]], HashBlock | None],
+        policy: EvictionPolicy,
     ) -> None:
-        self.tree = tree
+        super().__init__(tree, policy)
         self.index = index
         self.exposed_parent = exposed_parent
         self.lanes = [SortedList() for _ in index.descending]
@@ -88,6 +130,7 @@ class SetTails:
         assert changed is not None
         for h, b in changed.items():
             cur = tree.blocks.get(h)
+            self.note_held(h, cur)
             if cur is not None and cur.refcount == 0 and cur.tier == Tier.GPU:
                 self.index.add(cur.entry)  # again: its hooks may have moved its segment
             else:
@@ -129,6 +172,8 @@ class SetTails:
         self.drain()
         if num_blocks <= 0 or not len(self.index):
             return []
+        if self.held:
+            return self.forest_path(num_blocks, now_us, prepare)
         cuts = self.index.chain_cuts()
         victims: list[HashBlock] = []
         segs: list[tuple[CacheEntry, int]] = []
@@ -178,13 +223,13 @@ class KeyedTailIndex(Protocol):
         """A block this decision's cuts made a tail: searched from now on in this decision."""
 
 
-class KeyedTails:
+class KeyedTails(HeldFallback):
     """Chained decisions of a SET policy whose index orders the tails itself (Marconi): the
     candidates and the tails kept current from `PrefixTree.changed`, as `SetTails` keeps them,
     and greedy on chains over the index's order. The candidates are every idle GPU block, the
     forest's blocks while the referenced blocks are closed under parents; a block a shared tier
-    holds on the GPU for its write breaks that (`rank_tails.py`), and while one is held a
-    decision takes the forest path (`num_full`)."""
+    holds on the GPU for its write breaks that, and while one is held a decision takes the
+    forest path (`HeldFallback`)."""
 
     def __init__(
         self,
@@ -193,13 +238,10 @@ class KeyedTails:
         exposed_parent: Callable[[HashBlock, dict[int, int]], HashBlock | None],
         policy: EvictionPolicy,
     ) -> None:
-        self.tree = tree
+        super().__init__(tree, policy)
         self.index = index
         self.exposed_parent = exposed_parent
-        self.policy = policy  # the manager's, for the forest path
         self.blocks: dict[int, HashBlock] = {}  # entry id -> its tail block
-        self.held: dict[int, None] = {}  # blocks a shared tier holds on the GPU for their write
-        self.num_full = 0  # decisions that took the forest path (a block was held)
         tree.changed = {}
 
     @property
@@ -215,10 +257,7 @@ class KeyedTails:
         for h, b in changed.items():
             cur = tree.blocks.get(h)
             eid = b.entry.entry_id  # one entry per hash, kept across evictions
-            if cur is not None and cur.refcount and cur.tier == Tier.FLIGHT_OUT:
-                self.held[h] = None
-            else:
-                self.held.pop(h, None)
+            self.note_held(h, cur)
             if cur is not None and cur.refcount == 0 and cur.tier == Tier.GPU:
                 index.add_candidate(cur.entry)
             else:
@@ -237,7 +276,7 @@ class KeyedTails:
         """Up to `num_blocks` tails in the order the forest path cuts them (see `TailIndex`)."""
         self.drain()
         if num_blocks > 0 and self.held:
-            return self._forest(num_blocks, now_us, prepare)
+            return self.forest_path(num_blocks, now_us, prepare)
         if num_blocks <= 0 or not self.index.start():
             return []
         victims: list[HashBlock] = []
@@ -256,18 +295,3 @@ class KeyedTails:
         for b in victims:  # ranked without the manager's estimates: read them now
             prepare(b)
         return victims
-
-    def _forest(
-        self, num_blocks: int, now_us: int, prepare: Callable[[HashBlock], CacheEntry]
-    ) -> list[HashBlock]:
-        """The forest path (`PrefixKvManager._choose`), while a block is held for its write."""
-        self.num_full += 1
-        forest = self.tree.forest()
-        entries = [prepare(b) for b in forest.blocks]
-        if not entries:
-            return []
-        num_bytes = num_blocks * entries[0].num_bytes  # prefix blocks are one size
-        victims = self.policy.select_victims(
-            entries, num_bytes, now_us, forest.chains, forest.parents
-        )
-        return forest.cut_order(victims, self.policy.name)

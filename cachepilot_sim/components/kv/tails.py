@@ -89,7 +89,7 @@ class TailIndex:
             elif hasattr(index, "pop_tail"):  # it orders the tails itself (Marconi)
                 self.set_tails = KeyedTails(tree, index, self._exposed_parent, policy)
             else:  # it cuts its segments (SLRU, ARC)
-                self.set_tails = SetTails(tree, index, self._exposed_parent)
+                self.set_tails = SetTails(tree, index, self._exposed_parent, policy)
         make_suffix = getattr(policy, "suffix_index", None) if scope == KeyScope.SET else None
         self.suffix_tails = (  # T-LRU's suffix restores on chains
             None
