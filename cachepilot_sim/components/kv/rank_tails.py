@@ -69,12 +69,9 @@ class RankTails(HeldFallback):
         exposed_parent: Callable[[HashBlock, dict[int, int]], HashBlock | None],
         policy: EvictionPolicy,
     ) -> None:
-        super().__init__(tree, policy)
+        super().__init__(tree, exposed_parent, policy)  # blocks: every idle GPU block
         self.index = index
-        self.exposed_parent = exposed_parent
-        self.blocks: dict[int, HashBlock] = {}  # entry id -> its idle GPU block (a candidate)
         self.num_visits = 0  # ranks taken by decisions (a complexity probe for tests)
-        tree.changed = {}
 
     def drain(self) -> None:
         """Bring the candidates up to date with the blocks the tree recorded."""

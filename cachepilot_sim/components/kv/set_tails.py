@@ -58,14 +58,25 @@ class ChainedSetIndex(Protocol):
 
 
 class HeldFallback:
-    """The blocks a shared tier holds on the GPU for their writes, and the forest path that a
-    chained decision takes while any is held (the idle blocks above one are not the forest's)."""
+    """What every chained index of the tails shares (`SetTails`, `KeyedTails`, `RankTails`): the
+    tree whose changed blocks it drains, the manager's exposed-parent rule and policy, its blocks
+    by entry id; and the blocks a shared tier holds on the GPU for their writes, with the forest
+    path that a decision takes while any is held (the idle blocks above one are not the
+    forest's)."""
 
-    def __init__(self, tree: PrefixTree, policy: EvictionPolicy) -> None:
+    def __init__(
+        self,
+        tree: PrefixTree,
+        exposed_parent: Callable[[HashBlock, dict[int, int]], HashBlock | None],
+        policy: EvictionPolicy,
+    ) -> None:
         self.tree = tree
+        self.exposed_parent = exposed_parent
         self.policy = policy  # the manager's, for the forest path
+        self.blocks: dict[int, HashBlock] = {}  # entry id -> its block (the subclass says which)
         self.held: dict[int, None] = {}  # hash ids of blocks held for their write
         self.num_full = 0  # decisions that took the forest path (a block was held)
+        tree.changed = {}  # the tree now records the blocks it changes, for `drain`
 
     def note_held(self, hash_id: int, cur: HashBlock | None) -> None:
         """Record whether the tree's block `hash_id` (`cur`, None when gone) is held."""
@@ -100,14 +111,11 @@ class SetTails(HeldFallback):
         exposed_parent: Callable[[HashBlock, dict[int, int]], HashBlock | None],
         policy: EvictionPolicy,
     ) -> None:
-        super().__init__(tree, policy)
+        super().__init__(tree, exposed_parent, policy)  # blocks: the tails
         self.index = index
-        self.exposed_parent = exposed_parent
         self.lanes = [SortedList() for _ in index.descending]
         self.where: dict[int, tuple[int, Item]] = {}  # hash id -> lane, item of a tail
-        self.blocks: dict[int, HashBlock] = {}  # entry id -> its tail block
         self.num_visits = 0  # tail lookups by decisions (a complexity probe for tests)
-        tree.changed = {}
 
     def _put(self, b: HashBlock) -> None:
         self._drop(b.hash_id)
@@ -238,11 +246,8 @@ class KeyedTails(HeldFallback):
         exposed_parent: Callable[[HashBlock, dict[int, int]], HashBlock | None],
         policy: EvictionPolicy,
     ) -> None:
-        super().__init__(tree, policy)
+        super().__init__(tree, exposed_parent, policy)  # blocks: the tails
         self.index = index
-        self.exposed_parent = exposed_parent
-        self.blocks: dict[int, HashBlock] = {}  # entry id -> its tail block
-        tree.changed = {}
 
     @property
     def num_visits(self) -> int:
