@@ -26,7 +26,6 @@ from collections.abc import Callable
 from typing import Protocol
 
 from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
-from cachepilot_sim.components.kv.protocol import Tier
 from cachepilot_sim.components.kv.set_tails import HeldFallback
 from cachepilot_sim.policies import CacheEntry, EvictionPolicy
 
@@ -73,21 +72,17 @@ class RankTails(HeldFallback):
         self.index = index
         self.num_visits = 0  # ranks taken by decisions (a complexity probe for tests)
 
-    def drain(self) -> None:
-        """Bring the candidates up to date with the blocks the tree recorded."""
-        tree = self.tree
-        changed = tree.changed
-        assert changed is not None
-        for h, b in changed.items():
-            cur = tree.blocks.get(h)
-            self.note_held(h, cur)
-            if cur is not None and cur.refcount == 0 and cur.tier == Tier.GPU:
-                self.blocks[cur.entry.entry_id] = cur
-                self.index.add(cur.entry, tree.evictable.get(h) is cur)
-            else:
-                self.blocks.pop(b.entry.entry_id, None)
-                self.index.discard(b.entry.entry_id)
-        changed.clear()
+    def update(
+        self, hash_id: int, entry_id: int, cur: HashBlock | None, idle: bool, tail: bool
+    ) -> None:
+        """Every idle GPU block is a candidate, ranked knowing whether it is a tail."""
+        if idle:
+            assert cur is not None
+            self.blocks[entry_id] = cur
+            self.index.add(cur.entry, tail)
+        else:
+            self.blocks.pop(entry_id, None)
+            self.index.discard(entry_id)
 
     def select(
         self, num_blocks: int, now_us: int, prepare: Callable[[HashBlock], CacheEntry]

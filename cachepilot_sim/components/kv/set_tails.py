@@ -78,6 +78,29 @@ class HeldFallback:
         self.num_full = 0  # decisions that took the forest path (a block was held)
         tree.changed = {}  # the tree now records the blocks it changes, for `drain`
 
+    def drain(self) -> None:
+        """Bring the candidates (and tails) up to date with the blocks the tree recorded."""
+        tree = self.tree
+        changed = tree.changed
+        assert changed is not None
+        evictable = tree.evictable
+        for h, b in changed.items():
+            cur = tree.blocks.get(h)
+            self.note_held(h, cur)
+            if cur is None:
+                self.update(h, b.entry.entry_id, None, False, False)
+            else:
+                idle = cur.refcount == 0 and cur.tier == Tier.GPU
+                self.update(h, b.entry.entry_id, cur, idle, evictable.get(h) is cur)
+        changed.clear()
+
+    def update(
+        self, hash_id: int, entry_id: int, cur: HashBlock | None, idle: bool, tail: bool
+    ) -> None:
+        """One changed block (`cur`, None when gone; one entry id per hash, kept across
+        evictions): an idle GPU block (`idle`, a candidate) and whether it is a tail."""
+        raise NotImplementedError
+
     def note_held(self, hash_id: int, cur: HashBlock | None) -> None:
         """Record whether the tree's block `hash_id` (`cur`, None when gone) is held."""
         if cur is not None and cur.refcount and cur.tier == Tier.FLIGHT_OUT:
@@ -131,23 +154,20 @@ class SetTails(HeldFallback):
             self.lanes[where[0]].remove(where[1])
             self.blocks.pop(where[1][2], None)
 
-    def drain(self) -> None:
-        """Bring the candidates and tails up to date with the blocks the tree recorded."""
-        tree = self.tree
-        changed = tree.changed
-        assert changed is not None
-        for h, b in changed.items():
-            cur = tree.blocks.get(h)
-            self.note_held(h, cur)
-            if cur is not None and cur.refcount == 0 and cur.tier == Tier.GPU:
-                self.index.add(cur.entry)  # again: its hooks may have moved its segment
-            else:
-                self.index.discard(b.entry.entry_id)
-            if cur is not None and tree.evictable.get(h) is cur:
-                self._put(cur)
-            else:
-                self._drop(h)
-        changed.clear()
+    def update(
+        self, hash_id: int, entry_id: int, cur: HashBlock | None, idle: bool, tail: bool
+    ) -> None:
+        """A candidate is (re)indexed (its hooks may have moved its segment); a tail laned."""
+        if idle:
+            assert cur is not None
+            self.index.add(cur.entry)
+        else:
+            self.index.discard(entry_id)
+        if tail:
+            assert cur is not None
+            self._put(cur)
+        else:
+            self._drop(hash_id)
 
     def _smallest(self, lane: int, lo: int, hi: int) -> Item:
         """The smallest (last use, id) among items lo..hi-1 of a lane (ids may descend)."""
@@ -254,26 +274,23 @@ class KeyedTails(HeldFallback):
         """Items the index's searches looked at (a complexity probe for tests)."""
         return self.index.num_visits
 
-    def drain(self) -> None:
-        """Bring the candidates and tails up to date with the blocks the tree recorded."""
-        tree, index = self.tree, self.index
-        changed = tree.changed
-        assert changed is not None
-        for h, b in changed.items():
-            cur = tree.blocks.get(h)
-            eid = b.entry.entry_id  # one entry per hash, kept across evictions
-            self.note_held(h, cur)
-            if cur is not None and cur.refcount == 0 and cur.tier == Tier.GPU:
-                index.add_candidate(cur.entry)
-            else:
-                index.discard_candidate(eid)
-            if cur is not None and tree.evictable.get(h) is cur:
-                self.blocks[eid] = cur
-                index.add_tail(cur.entry)
-            else:
-                self.blocks.pop(eid, None)
-                index.drop_tail(eid)
-        changed.clear()
+    def update(
+        self, hash_id: int, entry_id: int, cur: HashBlock | None, idle: bool, tail: bool
+    ) -> None:
+        """A candidate is (re)indexed; a tail is handed to the index's own order."""
+        index = self.index
+        if idle:
+            assert cur is not None
+            index.add_candidate(cur.entry)
+        else:
+            index.discard_candidate(entry_id)
+        if tail:
+            assert cur is not None
+            self.blocks[entry_id] = cur
+            index.add_tail(cur.entry)
+        else:
+            self.blocks.pop(entry_id, None)
+            index.drop_tail(entry_id)
 
     def select(
         self, num_blocks: int, now_us: int, prepare: Callable[[HashBlock], CacheEntry]
