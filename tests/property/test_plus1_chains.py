@@ -1,0 +1,327 @@
+"""perc_plus1 on prefix chains: the tail index (`components/kv/plus1_tails.py`) cuts exactly what
+the forest path (`PercPlusOnePolicy.select_victims` over the candidate forest) cut.
+
+The prefix manager runs random operation streams twice, once forced onto the forest path, with and
+without a CPU tier (whose residency below δ makes the restore estimate move with idle time: those
+decisions take the forest path), and with a shared tier that holds cut blocks for its writes.
+Random trees whose blocks share last uses, restores and gaps (so ratios and suffix costs tie, and
+positions in `PrefixTree.forest()` decide) are cut by both paths on the same tree, decision after
+decision, with blocks added, reused, re-grouped and cut between; the +1 suffix wins some decisions
+and loses others. The operation count shows a decision keys its victims and the few tails that
+could beat them, not every idle block.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tests.property.test_indexed_eviction as driver
+from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
+from cachepilot_sim.components.kv.plus1_tails import PlusOneTails
+from cachepilot_sim.components.kv.tails import TailIndex
+from cachepilot_sim.config import policy_config
+from cachepilot_sim.policies import CacheEntry, KeyScope, make_policy
+from cachepilot_sim.policies.reuse import GapEstimator
+from tests.conftest import make_kv
+from tests.property.test_held_blocks import run_held, short_stream, short_trees
+from tests.property.test_indexed_eviction import (
+    Op,
+    ops_strategy,
+    prefix_config,
+    prefix_trees,
+)
+
+
+class Logged(driver.Logged):
+    """`test_indexed_eviction.Logged` that also forwards perc_plus1's `chain_index` (not when
+    forced onto the full path)."""
+
+    def __init__(self, inner: Any, scope: KeyScope, full: bool = False) -> None:
+        super().__init__(inner, scope, full)
+        if not full:
+            self.chain_index = inner.chain_index
+
+
+def run(cfg: Any, full: bool, ops: list[Op], chains: list[list[int]], held: bool = False) -> Any:
+    """`test_indexed_eviction.run` (or `test_held_blocks.run_held`) with `Logged` above."""
+    with mock.patch.object(driver, "Logged", Logged):
+        if held:
+            return run_held(cfg, full, ops, chains)
+        return driver.run(cfg, KeyScope.SET if full else None, ops, chains)
+
+
+def assert_same(cfg: Any, ops: list[Op], chains: list[list[int]], held: bool = False) -> Any:
+    fast_out, fast_log, fast = run(cfg, False, ops, chains, held)
+    ref_out, ref_log, ref = run(cfg, True, ops, chains, held)
+    assert fast.tails.plus1_tails is not None and ref.tails.plus1_tails is None
+    assert fast_log == ref_log
+    assert fast_out == ref_out
+    assert vars(fast.stats) == vars(ref.stats)
+    return fast
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    pool=st.sampled_from([6, 10, 16]),
+    cpu=st.sampled_from([0, 2, 4, 40]),
+    offload=st.booleans(),
+    watermark=st.sampled_from([0.0, 0.1]),
+    ops=ops_strategy,
+    chains=prefix_trees(),
+)
+def test_prefix_manager_plus1_cuts_what_the_forest_path_cut(
+    pool: int,
+    cpu: int,
+    offload: bool,
+    watermark: float,
+    ops: list[Op],
+    chains: list[list[int]],
+) -> None:
+    assert_same(prefix_config("perc_plus1", pool, cpu, offload, watermark), ops, chains)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    pool=st.sampled_from([6, 10, 16]),
+    cpu=st.sampled_from([0, 4]),
+    offload=st.booleans(),
+    ops=st.one_of(ops_strategy, st.integers(0, 2**32 - 1).map(lambda s: short_stream(s)[0])),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_with_held_blocks_plus1_cuts_what_the_forest_path_cut(
+    pool: int, cpu: int, offload: bool, ops: list[Op], seed: int
+) -> None:
+    chains = short_trees(np.random.default_rng(seed))
+    assert_same(prefix_config("perc_plus1", pool, cpu, offload, 0.1), ops, chains, held=True)
+
+
+def long_stream(seed: int) -> tuple[list[Op], list[list[int]]]:
+    """1,200 operations over a 60-hash tree (as `test_tlru_chains.py`'s): small CPU stores drop
+    KV, which `seeded_stream`'s shorter ones do not reach."""
+    rng = np.random.default_rng(seed)
+    ops = [(int(k), int(a), int(b)) for k, a, b in rng.integers(0, [9, 10**6, 10**6], (1200, 3))]
+    parent = [-1] + [
+        h - 1 if rng.random() < 0.6 else int(rng.integers(-1, h)) for h in range(1, 60)
+    ]
+    chains = []
+    for h in rng.choice(60, 16, replace=False).tolist():
+        path = [h]
+        while parent[path[-1]] >= 0:
+            path.append(parent[path[-1]])
+        chains.append([100 + x for x in reversed(path)])
+    return ops, chains
+
+
+def test_seeded_streams_decide_through_the_plus1_tails() -> None:
+    """The streams compare something: decisions evict, most through the index (chained and
+    one-block ones), some while a block is held or the store's residency is below δ (the forest
+    path), and every indexed tail sits at its stamp with its current key."""
+    totals = dict(decisions=0, visits=0, full=0, singles=0, held=0)
+    for seed in range(4):
+        ops, chains = long_stream(seed)
+        for cpu, offload in ((0, False), (2, True), (40, True)):
+            cfg = prefix_config("perc_plus1", 6 + 4 * (seed % 2), cpu, offload, 0.1)
+            kv = assert_same(cfg, ops, chains)
+            tails = kv.tails.plus1_tails
+            totals["decisions"] += len(kv.policy.log)
+            totals["visits"] += tails.num_visits
+            totals["full"] += tails.num_full
+            totals["singles"] += tails.num_singles
+            tails.drain()
+            stamps = kv.tree.tail_stamps
+            assert sorted(stamps) == sorted(kv.tree.evictable)
+            assert [stamps[h] for h in kv.tree.evictable] == sorted(stamps.values())
+            for h, b in kv.tree.evictable.items():
+                assert tails.blocks[stamps[h]] is b
+            for index in tails.indexes.values():
+                assert len(index) == len(kv.tree.evictable)
+        for seed_held in range(3):
+            kv = assert_same(
+                prefix_config("perc_plus1", 10, 0, seed_held % 2 == 0, 0.1),
+                *short_stream(10 * seed + seed_held),
+                held=True,
+            )
+            totals["held"] += kv.off_gpu.remote.num_held_decisions
+            assert kv.tails.plus1_tails.num_full >= kv.off_gpu.remote.num_held_decisions
+    assert totals["decisions"] >= 300 and totals["visits"] >= 100, totals
+    assert totals["singles"] >= 3 and totals["held"] >= 5 and totals["full"] >= 10, totals
+
+
+class _Pricing:
+    """A prefix manager's pricing without a CPU tier: a restore is the block's recompute; the
+    gap EMAs are the groups' entries."""
+
+    def __init__(self, est: GapEstimator) -> None:
+        self.group_entries: dict[int, CacheEntry] = {}
+        self.reload_block_us, self.offload_enabled, self.cpu_hash_bytes = 0.0, False, 0
+        self.cpu = None
+        self.estimator = est
+
+
+class _Forest:
+    """A prefix tree cut by perc_plus1 through the tail index and through the forest path."""
+
+    def __init__(self, delta_us: float, population_gap_us: float) -> None:
+        self.est = GapEstimator(0.3, population_gap_us, delta_us)
+        self.policy: Any = make_policy(policy_config("perc_plus1"), self.est)
+        self.tree = PrefixTree()
+        self.pricing = _Pricing(self.est)
+        self.tails = TailIndex(self.tree, self.policy, self.pricing)  # type: ignore[arg-type]
+        assert self.tails.plus1_tails is not None
+        self.entries: dict[int, CacheEntry] = {}
+        self.num_suffix = self.num_greedy = 0
+
+    def add(
+        self, h: int, parent: HashBlock | None, restore_us: float, group: int, now: int
+    ) -> HashBlock:
+        """A block computed by a request that holds `parent` (and its prefix); idle after."""
+        e = self.entries.get(h) or CacheEntry(h, group, 0, 0, 0, 1, 64, 0, now)
+        e.last_used_us, e.recompute_us, e.session_id, self.entries[h] = now, restore_us, group, e
+        b = HashBlock(h, parent, e)
+        chain = []
+        up = parent
+        while up is not None:
+            chain.append(up)
+            up = up.parent
+        for x in reversed(chain):
+            self.tree.pin(x)
+        self.tree.add(b)
+        self.tree.unpin(b)
+        for x in chain:
+            self.tree.unpin(x)
+        return b
+
+    def use(self, b: HashBlock, now: int) -> None:
+        """A request reuses the chain up to b: pinned, used now, idle again (deepest first)."""
+        chain = []
+        up: HashBlock | None = b
+        while up is not None:
+            chain.append(up)
+            up = up.parent
+        for x in reversed(chain):
+            self.tree.pin(x)
+        for x in chain:
+            x.entry.last_used_us = now
+            self.tree.unpin(x)
+
+    def regroup(self, group: int, gap_us: float) -> None:
+        """The group's gap EMA moves (a session returned)."""
+        g = self.pricing.group_entries.setdefault(group, CacheEntry(-1 - group, group, 0, 0, 0, 0, 0, 0, 0))
+        g.gap_ema_us = gap_us
+        self.tails.regroup(group)
+
+    def prepare(self, b: HashBlock) -> CacheEntry:
+        e = b.entry
+        g = self.pricing.group_entries.get(e.session_id)
+        e.restore_us, e.gap_ema_us = e.recompute_us, (g.gap_ema_us if g is not None else -1.0)
+        return e
+
+    def decide(self, num_blocks: int, now: int) -> list[int]:
+        """Both paths on the current tree (the index's first); the victims, evicted."""
+        plus1 = self.tails.plus1_tails
+        assert plus1 is not None
+        suffix = plus1.num_suffix
+        got = self.tails.select(num_blocks, now, self.prepare, allow_offload=False)
+        forest = self.tree.forest()
+        entries = [self.prepare(b) for b in forest.blocks]
+        picks = self.policy.select_victims(
+            entries, num_blocks * 64, now, forest.chains, forest.parents
+        )
+        want = forest.cut_order(picks, "perc_plus1")
+        assert [b.hash_id for b in got] == [b.hash_id for b in want]
+        self.num_suffix += plus1.num_suffix - suffix
+        self.num_greedy += plus1.num_suffix == suffix
+        for b in got:
+            self.tree.evictable.pop(b.hash_id, None)
+            self.tree.remove_gpu(b)
+            self.tree.expose_parent(b)
+        return [b.hash_id for b in got]
+
+
+# Few distinct values: ratios, costs and suffix sums tie often (decimal restores also make float
+# sums depend on their order), so positions decide.
+RESTORES = [0.1, 0.2, 0.3, 0.7, 5.0, 40.0]
+GAPS = [-1.0, 2.0, 30.0, 1e6]
+Step = tuple[int, int, int, int]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    delta_us=st.sampled_from([5.0, 1e4]),
+    population_gap_us=st.sampled_from([3.0, 1e5]),
+    parents=st.lists(st.integers(-1, 30), min_size=5, max_size=40),
+    restores=st.lists(st.sampled_from(RESTORES), min_size=40, max_size=40),
+    steps=st.lists(
+        st.tuples(st.integers(0, 4), st.integers(0, 60), st.integers(1, 7), st.integers(0, 3)),
+        min_size=3,
+        max_size=25,
+    ),
+)
+def test_random_trees_are_cut_as_the_forest_path_cuts_them(
+    delta_us: float,
+    population_gap_us: float,
+    parents: list[int],
+    restores: list[float],
+    steps: list[Step],
+) -> None:
+    """Blocks branch, are reused (re-keyed), re-grouped, cut and added again; last uses tie."""
+    tree = _Forest(delta_us, population_gap_us)
+    blocks: dict[int, HashBlock] = {}
+    for h, up in enumerate(parents):
+        parent = blocks.get(up % max(h, 1)) if up >= 0 and h else None
+        blocks[h] = tree.add(h, parent, restores[h], h % 3, now=h // 8)
+    next_hash = len(parents)
+    for t, (kind, pick, num, lag) in enumerate(steps, start=10):
+        live = [b for b in blocks.values() if tree.tree.blocks.get(b.hash_id) is b]
+        if kind == 0 and live:  # a request reuses a prefix, some time ago
+            tree.use(live[pick % len(live)], t - lag)
+        elif kind == 1:  # a new block extends a cached one (or starts a chain)
+            parent = live[pick % len(live)] if live and pick % 5 else None
+            restore = restores[pick % 40]
+            blocks[next_hash] = tree.add(next_hash, parent, restore, pick % 3, t - lag)
+            next_hash += 1
+        elif kind == 2:
+            tree.regroup(pick % 3, GAPS[lag])
+        else:
+            tree.decide(num, t)
+
+
+def test_random_trees_see_the_suffix_win_and_lose() -> None:
+    """The trees above reach both outcomes of the +1 step, and one-block forests."""
+    rng = np.random.default_rng(7)
+    num_singles = 0
+    totals = [0, 0]
+    for _ in range(300):
+        tree = _Forest(float(rng.choice([5.0, 1e4])), float(rng.choice([3.0, 1e5])))
+        blocks: list[HashBlock] = []
+        for h in range(int(rng.integers(5, 30))):
+            parent = blocks[int(rng.integers(len(blocks)))] if blocks and rng.random() < 0.8 else None
+            restore = float(rng.choice(RESTORES))
+            blocks.append(tree.add(h, parent, restore, int(rng.integers(3)), int(rng.integers(4))))
+        for t in range(10, 16):
+            if tree.tree.evictable:
+                tree.decide(int(rng.integers(1, 6)), t)
+        plus1 = tree.tails.plus1_tails
+        assert plus1 is not None
+        num_singles += plus1.num_singles
+        totals[0] += tree.num_suffix
+        totals[1] += tree.num_greedy
+    assert totals[0] >= 20 and totals[1] >= 100 and num_singles >= 20, (totals, num_singles)
+
+
+def test_a_tie_goes_to_the_chain_listed_first() -> None:
+    """Tails of equal ratio go in the order they became tails (the forest's order of leaf
+    chains); a block exposed by a cut keeps its chain's place."""
+    tree = _Forest(1e4, 1e5)
+    root = tree.add(1, None, 0.3, 0, now=1)
+    tree.add(2, root, 0.3, 0, now=1)  # a tail
+    tree.add(3, root, 0.3, 0, now=1)  # a later tail, same ratio
+    tree.add(4, None, 0.3, 0, now=1)  # later still
+    assert tree.decide(1, 5) == [2]
+    assert tree.decide(2, 5) == [3, 1]  # 3 ties 4 and goes first; its parent then ties 4 too
