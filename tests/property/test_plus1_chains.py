@@ -17,7 +17,6 @@ from typing import Any
 from unittest import mock
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -212,7 +211,9 @@ class _Forest:
 
     def regroup(self, group: int, gap_us: float) -> None:
         """The group's gap EMA moves (a session returned)."""
-        g = self.pricing.group_entries.setdefault(group, CacheEntry(-1 - group, group, 0, 0, 0, 0, 0, 0, 0))
+        g = self.pricing.group_entries.setdefault(
+            group, CacheEntry(-1 - group, group, 0, 0, 0, 0, 0, 0, 0)
+        )
         g.gap_ema_us = gap_us
         self.tails.regroup(group)
 
@@ -301,7 +302,9 @@ def test_random_trees_see_the_suffix_win_and_lose() -> None:
         tree = _Forest(float(rng.choice([5.0, 1e4])), float(rng.choice([3.0, 1e5])))
         blocks: list[HashBlock] = []
         for h in range(int(rng.integers(5, 30))):
-            parent = blocks[int(rng.integers(len(blocks)))] if blocks and rng.random() < 0.8 else None
+            parent = (
+                blocks[int(rng.integers(len(blocks)))] if blocks and rng.random() < 0.8 else None
+            )
             restore = float(rng.choice(RESTORES))
             blocks.append(tree.add(h, parent, restore, int(rng.integers(3)), int(rng.integers(4))))
         for t in range(10, 16):
@@ -325,3 +328,65 @@ def test_a_tie_goes_to_the_chain_listed_first() -> None:
     tree.add(4, None, 0.3, 0, now=1)  # later still
     assert tree.decide(1, 5) == [2]
     assert tree.decide(2, 5) == [3, 1]  # 3 ties 4 and goes first; its parent then ties 4 too
+
+
+def _load_chains(kv: Any, idle_us: list[int], length: int) -> None:
+    """Idle chains of `length` blocks on `kv`'s tree, chain c last used `idle_us[c]` ago."""
+    tree, now = kv.tree, int(kv.env.now)
+    for c, idle in enumerate(idle_us):
+        parent = None
+        for d in range(length):
+            h = c * length + d
+            e = CacheEntry(h, c, 0, 0, 0, 512, kv.hash_bytes, 0, now - idle)
+            e.recompute_us = kv._block_recompute_us(d)
+            b = HashBlock(h, parent, e)
+            kv.pool.allocate(kv.hash_bytes)
+            tree.add(b)
+            if parent is not None:
+                tree.unpin(parent)
+            parent = b
+        tree.unpin(parent)
+
+
+def test_a_decision_keys_its_victims_and_the_tails_that_could_beat_them() -> None:
+    """Complexity, counted: 400 idle chains of 25 blocks (10^4 idle blocks) whose idle times
+    spread over 20 decades, in shuffled order. A decision pops the cheapest tails from the index
+    until one costs more than greedy's set, and keys their chains' suffixes: three decisions (5, 5
+    and 20 blocks) pop 54 tails and key 454 blocks (the index's own keys included), where the
+    forest path keys 3 x 10^4."""
+    kv = make_kv(prefix_config("perc_plus1", 10_100, 0, False, 0.0))
+    kv.env.run(until=10**27)
+    rng = np.random.default_rng(3)
+    idle = [int(1e6 * 10 ** (c / 20)) for c in rng.permutation(400)]
+    _load_chains(kv, idle, 25)
+    assert kv.tree.num_idle_gpu_blocks == 10_000
+    plus1 = kv.tails.plus1_tails
+    assert isinstance(plus1, PlusOneTails)
+    for num in (5, 5, 20):  # each checked against the forest path
+        forest = kv.tree.forest()
+        entries = [kv._prepare(b, int(kv.env.now), False) for b in forest.blocks]
+        picks = kv.policy.select_victims(
+            entries, num * kv.hash_bytes, int(kv.env.now), forest.chains, forest.parents
+        )
+        want = forest.cut_order(picks, "perc_plus1")
+        assert kv._evict_blocks(num, allow_offload=False) == num
+        assert not any(b.hash_id in kv.tree.blocks for b in want)
+    (index,) = plus1.indexes.values()
+    keyed = index.num_keyed + index.index.num_keyed
+    assert plus1.num_visits <= 80 and keyed <= 1_000, (plus1.num_visits, keyed)
+    assert plus1.num_full == 0 and plus1.num_singles == 0
+
+
+def test_every_tail_costing_about_the_same_is_the_plus1_steps_worst_case() -> None:
+    """What the bound cannot prune, counted: 400 chains idle equally long cost the same per
+    depth, so every tail is within greedy's cost and the +1 step walks each one's suffix (k
+    blocks): O(tails x k) keys, still not every idle block when chains are longer than k."""
+    kv = make_kv(prefix_config("perc_plus1", 10_100, 0, False, 0.0))
+    kv.env.run(until=10**12)
+    _load_chains(kv, [10**9] * 400, 25)
+    plus1 = kv.tails.plus1_tails
+    assert isinstance(plus1, PlusOneTails)
+    assert kv._evict_blocks(5, allow_offload=False) == 5
+    (index,) = plus1.indexes.values()
+    assert plus1.num_visits == 400
+    assert 400 * 5 <= index.num_keyed <= 400 * 5 + 5

@@ -51,6 +51,7 @@ from cachepilot_sim.policies.plus1_chains import PlusOneChainIndex, ratio_of
 # rounding of a sum of non-negative terms (below 1e-10 relative for a million of them).
 _SLACK = 1e-9
 ChainKey = tuple[Any, ...]  # (0, stamp) for a leaf chain, (1, last child's key) for a branch
+Popped = tuple[float, int, HashBlock, float]  # a tail from the index: (ratio, stamp, block, cost)
 
 
 class PlusOneTails(HeldFallback):
@@ -186,15 +187,17 @@ class _Decision:
     def cost(self, b: HashBlock) -> float:
         return self.index.cost(b.entry, *self.owner.regimes.static_restore(b, self.mode), self.now)
 
-    def pop(self) -> tuple[float, int, HashBlock] | None:
-        """The index's next tail: (ratio, stamp, block), kept to go back after the decision."""
+    def pop(self) -> Popped | None:
+        """The index's next tail: (ratio, stamp, block, cost), kept to go back after the
+        decision."""
         stamp = self.index.pop_min(self.now)
         if stamp is None:
             return None
         self.owner.num_visits += 1
         self.popped.append(stamp)
         b = self.owner.blocks[stamp]
-        return ratio_of(self.cost(b), b.entry), stamp, b
+        cost = self.cost(b)
+        return ratio_of(cost, b.entry), stamp, b, cost
 
     def restore(self, victims: list[HashBlock]) -> None:
         """Put back every popped tail that is not a victim."""
@@ -227,7 +230,7 @@ class _Decision:
             if got[0] != first[0]:
                 break  # a larger ratio: it goes back with the others
             group.append(got)
-        cheapest = min(group, key=lambda g: (self.cost(g[2]), g[1]))
+        cheapest = min(group, key=lambda g: (g[3], g[1]))
         victims.append(cheapest[2])
         self.restore(victims)
         return victims
@@ -235,31 +238,32 @@ class _Decision:
     def chained(self) -> list[HashBlock]:
         """`_plus_one_on_chains`: greedy by (ratio, chain key), then the +1 suffix."""
         owner = self.owner
-        local: list[tuple[float, ChainKey, int, HashBlock]] = []  # exposed by this decision
+        local: list[tuple[float, ChainKey, int, HashBlock, float]] = []  # exposed by our cuts
         below: dict[int, ChainKey] = {}  # branch block -> largest key of its chains cut so far
         cut_children: dict[int, int] = {}
         victims: list[HashBlock] = []
         costs: list[float] = []
-        tails: list[tuple[float, int, HashBlock]] = []  # greedy's victims popped from the index
+        tails: list[Popped] = []  # greedy's victims popped from the index
         head = self.pop()
         while len(victims) < self.k:
             if local and (head is None or (local[0][0], local[0][1]) < (head[0], (0, head[1]))):
-                _, key, _, b = heapq.heappop(local)
+                _, key, _, b, cost = heapq.heappop(local)
             elif head is not None:
                 tails.append(head)
-                b, key = head[2], (0, head[1])
+                b, key, cost = head[2], (0, head[1]), head[3]
                 head = self.pop()
             else:
                 break
             victims.append(b)
-            costs.append(self.cost(b))
+            costs.append(cost)
             p = b.parent
             if p is not None and p.num_children > 1:  # b roots its chain: the chain is whole
                 below[p.hash_id] = max(below.get(p.hash_id, key), key)
             p = owner.exposed_parent(b, cut_children)
             if p is not None:
                 up = key if p.num_children == 1 else (1, below.pop(p.hash_id))
-                heapq.heappush(local, (ratio_of(self.cost(p), p.entry), up, len(victims), p))
+                cost = self.cost(p)
+                heapq.heappush(local, (ratio_of(cost, p.entry), up, len(victims), p, cost))
         if head is not None:  # popped but not cut: it goes back with the others
             tails.append(head)
         if len(victims) == self.k:
@@ -270,9 +274,7 @@ class _Decision:
         self.restore(victims)
         return victims
 
-    def plus_one(
-        self, greedy_cost: float, tails: list[tuple[float, int, HashBlock]]
-    ) -> list[HashBlock] | None:
+    def plus_one(self, greedy_cost: float, tails: list[Popped]) -> list[HashBlock] | None:
         """The cheapest k-block suffix of a leaf chain (first in position among equals), when it
         costs strictly less than `greedy_cost`; None otherwise. Walks the tails in ratio order."""
         best: tuple[float, int, list[HashBlock]] | None = None
@@ -284,7 +286,7 @@ class _Decision:
             got = pending.pop() if pending else self.pop()
             if got is None or got[0] > bound / size:
                 break
-            chain = self.suffix(got[2], bound)
+            chain = self.suffix(got[2], got[3], bound)
             if chain is None:
                 continue
             cost = math.fsum(chain[1])
@@ -293,11 +295,13 @@ class _Decision:
                 bound = cost
         return None if best is None else best[2]
 
-    def suffix(self, tail: HashBlock, bound: float) -> tuple[list[HashBlock], list[float]] | None:
+    def suffix(
+        self, tail: HashBlock, tail_cost: float, bound: float
+    ) -> tuple[list[HashBlock], list[float]] | None:
         """The k deepest blocks of `tail`'s chain and their costs, tail first; None when the chain
         is shorter or they surely cost more than `bound`."""
         limit = bound * (1.0 + _SLACK)
-        blocks, costs = [tail], [self.cost(tail)]
+        blocks, costs = [tail], [tail_cost]
         total = costs[0]
         b = tail
         while len(blocks) < self.k and total <= limit:
