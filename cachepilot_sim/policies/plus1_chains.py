@@ -43,6 +43,10 @@ class PlusOneChainIndex:
         """The tail at `stamp` is no longer indexed (no-op when absent)."""
         self.index.discard(stamp)
 
+    def advance(self, now_us: int) -> None:
+        """Set the clock before loading many tails at once (`PercIndex.advance`)."""
+        self.index.advance(now_us)
+
     def pop_min(self, now_us: int) -> int | None:
         """The stamp of the smallest (ratio, stamp) now, removed; None when empty."""
         return self.index.pop_min(now_us, self.estimator.population_gap_us)

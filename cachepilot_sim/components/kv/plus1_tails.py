@@ -27,10 +27,14 @@ rounding), summed with the same `math.fsum`. Popped tails go back after the deci
 
 Cost: greedy's k pops, plus the +1 walk over the tails that cost no more than greedy's set, each
 keying up to k blocks: O(k) per candidate, the tails that are at most k times a victim's cost
-(few where costs spread over orders of magnitude, most where every tail costs about the same;
-`experiments/bench_eviction.md`). Three cases take the forest path (`num_full`): a block held
-for a shared tier's write (`HeldFallback`: the idle blocks above it are not the forest's), and a
-restore estimate that moves with idle time (a CPU store whose residency is below δ).
+(few where costs spread over orders of magnitude, every tail where all cost about the same:
+O(tails x k) keys then, `tests/property/test_plus1_chains.py` counts both). Where the restore
+estimate moves with idle time (a CPU store whose residency is below δ) the decision indexes
+every current tail afresh, prepared now (O(t log t) in t tails, not blocks; `num_fresh`). While
+a shared tier holds a block on the GPU for its write, a decision takes the forest path
+(`HeldFallback`, `num_full`): the idle blocks above a held one are not the forest's, and whether
+the forest has only one-block chains (`num_idle_gpu_blocks` against the tails) no longer says
+which rule the forest path runs.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from cachepilot_sim.policies.plus1_chains import PlusOneChainIndex, ratio_of
 _SLACK = 1e-9
 ChainKey = tuple[Any, ...]  # (0, stamp) for a leaf chain, (1, last child's key) for a branch
 Popped = tuple[float, int, HashBlock, float]  # a tail from the index: (ratio, stamp, block, cost)
+Restore = Callable[[HashBlock], tuple[float, float]]  # block -> (restore, gap EMA) of the decision
 
 
 class PlusOneTails(HeldFallback):
@@ -76,6 +81,7 @@ class PlusOneTails(HeldFallback):
         self.num_visits = 0  # tails popped by decisions (a complexity probe for tests)
         self.num_singles = 0  # decisions over one-block chains (`greedy_plus_one`)
         self.num_suffix = 0  # chained decisions that the +1 suffix won
+        self.num_fresh = 0  # decisions whose estimates move with idle time (a fresh index)
         stamps = tree.tail_stamps = {}  # the tree stamps each block as it becomes a tail
         for b in tree.evictable.values():
             tree.tail_stamp(b)
@@ -160,10 +166,21 @@ class PlusOneTails(HeldFallback):
         tree = self.tree
         if num_blocks <= 0 or not tree.evictable:
             return []
-        mode = None if allow_offload is None else self.regimes.restore_mode(allow_offload)
-        if self.held or mode is None:
+        if self.held:
             return self.forest_path(num_blocks, now_us, prepare)
-        decision = _Decision(self, self._index(mode), mode, num_blocks, now_us)
+        mode = None if allow_offload is None else self.regimes.restore_mode(allow_offload)
+        if mode is None:  # the decision's estimates: every tail prepared, in a fresh index
+            self.num_fresh += 1
+            restore: Restore = _prepared(prepare)
+            index = self.make_index()
+            index.advance(now_us)
+            for stamp, b in self.blocks.items():
+                index.add(stamp, b.entry, *restore(b))
+        else:
+            regimes, offload = self.regimes, mode
+            restore = lambda b: regimes.static_restore(b, offload)  # noqa: E731
+            index = self._index(mode)
+        decision = _Decision(self, index, restore, num_blocks, now_us)
         if tree.num_idle_gpu_blocks == len(tree.evictable):  # every chain one tail, no branch
             self.num_singles += 1
             victims = decision.singles()
@@ -171,21 +188,22 @@ class PlusOneTails(HeldFallback):
             victims = decision.chained()
         for b in victims:  # the index's estimates are the manager's now, or it is not exact
             e = prepare(b)
-            assert (e.restore_us, e.gap_ema_us) == self.regimes.static_restore(b, mode)
+            assert mode is None or (e.restore_us, e.gap_ema_us) == restore(b)
         return victims
 
 
 class _Decision:
-    """One decision of `PlusOneTails` at a fixed time in one restore regime."""
+    """One decision of `PlusOneTails` at a fixed time, `restore` giving each block's (restore,
+    gap EMA) as the decision's `prepare` would."""
 
     def __init__(
-        self, owner: PlusOneTails, index: PlusOneChainIndex, mode: bool, k: int, now_us: int
+        self, owner: PlusOneTails, index: PlusOneChainIndex, restore: Restore, k: int, now_us: int
     ) -> None:
-        self.owner, self.index, self.mode, self.k, self.now = owner, index, mode, k, now_us
+        self.owner, self.index, self.restore_of, self.k, self.now = owner, index, restore, k, now_us
         self.popped: list[int] = []  # stamps taken from the index, in its order
 
     def cost(self, b: HashBlock) -> float:
-        return self.index.cost(b.entry, *self.owner.regimes.static_restore(b, self.mode), self.now)
+        return self.index.cost(b.entry, *self.restore_of(b), self.now)
 
     def pop(self) -> Popped | None:
         """The index's next tail: (ratio, stamp, block, cost), kept to go back after the
@@ -202,11 +220,11 @@ class _Decision:
     def restore(self, victims: list[HashBlock]) -> None:
         """Put back every popped tail that is not a victim."""
         gone = {b.hash_id for b in victims}
-        regimes, blocks = self.owner.regimes, self.owner.blocks
+        blocks = self.owner.blocks
         for stamp in self.popped:
             b = blocks[stamp]
             if b.hash_id not in gone:
-                self.index.add(stamp, b.entry, *regimes.static_restore(b, self.mode))
+                self.index.add(stamp, b.entry, *self.restore_of(b))
 
     def singles(self) -> list[HashBlock]:
         """`greedy_plus_one` over one-block chains: the k - 1 first by (ratio, position), then the
@@ -313,3 +331,13 @@ class _Decision:
             total += costs[-1]
             b = p
         return (blocks, costs) if len(blocks) == self.k and total <= limit else None
+
+
+def _prepared(prepare: Callable[[HashBlock], CacheEntry]) -> Restore:
+    """(restore, gap EMA) of a block as the decision's `prepare` gives them."""
+
+    def restore(b: HashBlock) -> tuple[float, float]:
+        e = prepare(b)
+        return e.restore_us, e.gap_ema_us
+
+    return restore
