@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tests.property.test_indexed_eviction as driver
+from cachepilot_sim.components.kv import plus1_tails
 from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
 from cachepilot_sim.components.kv.plus1_tails import PlusOneTails
 from cachepilot_sim.components.kv.tails import TailIndex
@@ -265,6 +266,7 @@ Step = tuple[int, int, int, int]
         min_size=3,
         max_size=25,
     ),
+    scan=st.booleans(),
 )
 def test_random_trees_are_cut_as_the_forest_path_cuts_them(
     delta_us: float,
@@ -272,8 +274,21 @@ def test_random_trees_are_cut_as_the_forest_path_cuts_them(
     parents: list[int],
     restores: list[float],
     steps: list[Step],
+    scan: bool,
 ) -> None:
-    """Blocks branch, are reused (re-keyed), re-grouped, cut and added again; last uses tie."""
+    """Blocks branch, are reused (re-keyed), re-grouped, cut and added again; last uses tie.
+    `scan`: the +1 step pops nothing past greedy's tails and keys the rest directly."""
+    with mock.patch.multiple(plus1_tails, _POP_BUDGET=0 if scan else 32, _DIRECT_PER_POP=10**9):
+        _cut_random_tree(delta_us, population_gap_us, parents, restores, steps)
+
+
+def _cut_random_tree(
+    delta_us: float,
+    population_gap_us: float,
+    parents: list[int],
+    restores: list[float],
+    steps: list[Step],
+) -> None:
     tree = _Forest(delta_us, population_gap_us)
     blocks: dict[int, HashBlock] = {}
     for h, up in enumerate(parents):
@@ -381,8 +396,9 @@ def test_a_decision_keys_its_victims_and_the_tails_that_could_beat_them() -> Non
 
 def test_every_tail_costing_about_the_same_is_the_plus1_steps_worst_case() -> None:
     """What the bound cannot prune, counted: 400 chains idle equally long cost the same per
-    depth, so every tail is within greedy's cost and the +1 step walks each one's suffix (k
-    blocks): O(tails x k) keys, still not every idle block when chains are longer than k."""
+    depth, so every tail is within greedy's cost and the +1 step prices each one's suffix (up to
+    k blocks): O(tails x k) keys, not every idle block when chains are longer than k. Past a
+    budget of pops it keys the remaining tails directly (a pop costs tens of keys)."""
     kv = make_kv(prefix_config("perc_plus1", 10_100, 0, False, 0.0))
     kv.env.run(until=10**12)
     _load_chains(kv, [10**9] * 400, 25)
@@ -390,5 +406,24 @@ def test_every_tail_costing_about_the_same_is_the_plus1_steps_worst_case() -> No
     assert isinstance(plus1, PlusOneTails)
     assert kv._evict_blocks(5, allow_offload=False) == 5
     (index,) = plus1.indexes.values()
-    assert plus1.num_visits == 400
-    assert 400 * 5 <= index.num_keyed <= 400 * 5 + 5
+    assert plus1.num_visits <= 6 + 32 + 400 // 16  # greedy's, then the +1 step's budget
+    assert plus1.num_visits + plus1.num_direct >= 400  # every tail, the rest keyed directly
+    assert 400 <= index.num_keyed <= 400 * 5 + 10
+
+
+def test_equal_suffixes_go_to_the_chain_listed_first() -> None:
+    """k = 3: greedy takes X's tail (tied with A's, listed first), then A's tail and the block
+    above it (0.75 in all); A's and B's 3-block suffixes both cost 0.625 (restores that are powers
+    of two: the products and sums are exact), so the +1 step wins, with B's, listed before A's
+    though its tail is dearer (the walk prices A's first)."""
+    tree = _Forest(1e4, 1e5)
+    x = tree.add(1, None, 64.0, 0, now=1)
+    tree.add(2, x, 0.25, 0, now=1)
+    b = tree.add(10, None, 0.0625, 0, now=1)
+    b = tree.add(11, b, 0.0625, 0, now=1)
+    tree.add(12, b, 0.5, 0, now=1)
+    a = tree.add(20, None, 0.125, 0, now=1)
+    a = tree.add(21, a, 0.25, 0, now=1)
+    tree.add(22, a, 0.25, 0, now=1)
+    assert tree.decide(3, 5) == [12, 11, 10]
+    assert tree.num_suffix == 1

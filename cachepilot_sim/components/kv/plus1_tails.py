@@ -54,6 +54,10 @@ from cachepilot_sim.policies.plus1_chains import PlusOneChainIndex, ratio_of
 # A suffix walk stops once its plain running sum exceeds the bound by this factor: far above the
 # rounding of a sum of non-negative terms (below 1e-10 relative for a million of them).
 _SLACK = 1e-9
+# The +1 walk pops at most this many tails plus the tails / `_DIRECT_PER_POP` from the index;
+# beyond that it keys the rest directly (a pop costs tens of keys).
+_POP_BUDGET = 32
+_DIRECT_PER_POP = 16
 ChainKey = tuple[Any, ...]  # (0, stamp) for a leaf chain, (1, last child's key) for a branch
 Popped = tuple[float, int, HashBlock, float]  # a tail from the index: (ratio, stamp, block, cost)
 Restore = Callable[[HashBlock], tuple[float, float]]  # block -> (restore, gap EMA) of the decision
@@ -82,6 +86,7 @@ class PlusOneTails(HeldFallback):
         self.num_singles = 0  # decisions over one-block chains (`greedy_plus_one`)
         self.num_suffix = 0  # chained decisions that the +1 suffix won
         self.num_fresh = 0  # decisions whose estimates move with idle time (a fresh index)
+        self.num_direct = 0  # tails the +1 step keyed directly past its pops (a complexity probe)
         stamps = tree.tail_stamps = {}  # the tree stamps each block as it becomes a tail
         for b in tree.evictable.values():
             tree.tail_stamp(b)
@@ -294,24 +299,53 @@ class _Decision:
 
     def plus_one(self, greedy_cost: float, tails: list[Popped]) -> list[HashBlock] | None:
         """The cheapest k-block suffix of a leaf chain (first in position among equals), when it
-        costs strictly less than `greedy_cost`; None otherwise. Walks the tails in ratio order."""
-        best: tuple[float, int, list[HashBlock]] | None = None
-        bound = greedy_cost  # a candidate must cost at most this (strictly less than greedy's)
+        costs strictly less than `greedy_cost`; None otherwise. Walks the tails in ratio order:
+        greedy's popped ones, then the index's, and past a budget of pops every other tail
+        keyed directly (`_scan`)."""
+        best = _Best(greedy_cost)
         size = max(tails[0][2].entry.num_bytes, 1) if tails else 1
-        pending = list(tails)
-        pending.reverse()
+        pending = list(reversed(tails))
+        budget = _POP_BUDGET + len(self.owner.blocks) // _DIRECT_PER_POP
         while True:
-            got = pending.pop() if pending else self.pop()
-            if got is None or got[0] > bound / size:
+            got: Popped | None
+            if pending:
+                got = pending.pop()
+            elif budget > 0:
+                budget -= 1
+                got = self.pop()
+            else:
+                self._scan(best)
                 break
-            chain = self.suffix(got[2], got[3], bound)
-            if chain is None:
-                continue
+            if got is None or got[0] > best.bound / size:
+                break  # this tail alone, and every later one, costs more than the bound
+            self._consider(got[2], got[1], got[3], best)
+        return best.blocks
+
+    def _scan(self, best: _Best) -> None:
+        """The tails not popped yet, keyed one by one (many tails cost about what greedy's set
+        costs: cheaper than popping each), walked in (cost, position) order."""
+        taken = set(self.popped)
+        rest: list[tuple[float, int]] = []
+        blocks = self.owner.blocks
+        for stamp, b in blocks.items():
+            if stamp not in taken:
+                self.owner.num_direct += 1
+                cost = self.cost(b)
+                if cost <= best.bound:
+                    rest.append((cost, stamp))
+        rest.sort()
+        for cost, stamp in rest:
+            if cost > best.bound:
+                break
+            self._consider(blocks[stamp], stamp, cost, best)
+
+    def _consider(self, tail: HashBlock, stamp: int, tail_cost: float, best: _Best) -> None:
+        """Price the k-block suffix of `tail`'s chain against the best so far."""
+        chain = self.suffix(tail, tail_cost, best.bound)
+        if chain is not None:
             cost = math.fsum(chain[1])
-            if cost < greedy_cost and (best is None or (cost, got[1]) < best[:2]):
-                best = (cost, got[1], chain[0])
-                bound = cost
-        return None if best is None else best[2]
+            if cost < best.greedy_cost and (best.blocks is None or (cost, stamp) < best.key):
+                best.key, best.bound, best.blocks = (cost, stamp), cost, chain[0]
 
     def suffix(
         self, tail: HashBlock, tail_cost: float, bound: float
@@ -331,6 +365,19 @@ class _Decision:
             total += costs[-1]
             b = p
         return (blocks, costs) if len(blocks) == self.k and total <= limit else None
+
+
+class _Best:
+    """The +1 step's best suffix so far: a candidate must cost at most `bound` (ties go by
+    position) and strictly less than greedy's set."""
+
+    __slots__ = ("greedy_cost", "bound", "key", "blocks")
+
+    def __init__(self, greedy_cost: float) -> None:
+        self.greedy_cost = greedy_cost
+        self.bound = greedy_cost
+        self.key: tuple[float, int] = (math.inf, -1)  # (cost, stamp)
+        self.blocks: list[HashBlock] | None = None
 
 
 def _prepared(prepare: Callable[[HashBlock], CacheEntry]) -> Restore:
