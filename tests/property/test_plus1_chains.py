@@ -369,7 +369,7 @@ def test_a_decision_keys_its_victims_and_the_tails_that_could_beat_them() -> Non
     """Complexity, counted: 400 idle chains of 25 blocks (10^4 idle blocks) whose idle times
     spread over 20 decades, in shuffled order. A decision pops the cheapest tails from the index
     until one costs more than greedy's set, and keys their chains' suffixes: three decisions (5, 5
-    and 20 blocks) pop 54 tails and key 454 blocks (the index's own keys included), where the
+    and 20 blocks) pop 54 tails and key 373 blocks (the index's own 106 keys included), where the
     forest path keys 3 x 10^4."""
     kv = make_kv(prefix_config("perc_plus1", 10_100, 0, False, 0.0))
     kv.env.run(until=10**27)
