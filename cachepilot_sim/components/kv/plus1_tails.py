@@ -23,12 +23,14 @@ a local heap by (ratio, chain key). The +1 step walks the tails in ratio order f
 the first tail whose ratio exceeds the best candidate's cost over the size (greedy's cost before
 any suffix beats it): for c <= t, fl(c / s) <= fl(t / s). A tail walked keys its chain's k - 1
 blocks above it (stopping where the chain ends, or the sum passes the bound by more than its
-rounding), summed with the same `math.fsum`. Popped tails go back after the decision.
+rounding), summed with the same `math.fsum`. Past a budget of pops the walk keys the remaining
+tails directly instead (a pop costs tens of keys) and takes those within the bound in (cost,
+position) order. Popped tails go back after the decision.
 
-Cost: greedy's k pops, plus the +1 walk over the tails that cost no more than greedy's set, each
-keying up to k blocks: O(k) per candidate, the tails that are at most k times a victim's cost
-(few where costs spread over orders of magnitude, every tail where all cost about the same:
-O(tails x k) keys then, `tests/property/test_plus1_chains.py` counts both). Where the restore
+Cost: greedy's k pops, plus the +1 walk over the tails whose own cost is at most greedy's set's,
+each keying up to k blocks: few where costs spread over orders of magnitude, every tail where
+all cost about the same (O(tails x k) keys then; `tests/property/test_plus1_chains.py` counts
+both, `experiments/bench_eviction.md` times both). Where the restore
 estimate moves with idle time (a CPU store whose residency is below δ) the decision indexes
 every current tail afresh, prepared now (O(t log t) in t tails, not blocks; `num_fresh`). While
 a shared tier holds a block on the GPU for its write, a decision takes the forest path
