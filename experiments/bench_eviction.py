@@ -171,8 +171,9 @@ class _Pricing:
         self.estimator = est
 
 
-def bench_blocks(name: str, n: int, budget_s: float) -> float:
-    """µs per decision of the prefix manager's path over n idle blocks (chains of 16)."""
+def bench_blocks(name: str, n: int, budget_s: float, cut_blocks: int = 1) -> float:
+    """µs per decision of the prefix manager's path over n idle blocks (chains of 16), each
+    decision cutting `cut_blocks` blocks."""
     policy, est = _policy(name)
     now = 2 * 10**9
     draws = Entries(n + SPARE, 2, now)
@@ -203,12 +204,12 @@ def bench_blocks(name: str, n: int, budget_s: float) -> float:
     def decide(k: int) -> None:
         t = now + 1000 * (k + 1)
         if tails.enabled:
-            cut = tails.select(1, t, lambda b: b.entry, allow_offload=False)
+            cut = tails.select(cut_blocks, t, lambda b: b.entry, allow_offload=False)
         else:
             forest = tree.forest()
             entries = [b.entry for b in forest.blocks]
             victims = policy.select_victims(  # type: ignore[attr-defined]
-                entries, BLOCK_BYTES, t, forest.chains, forest.parents
+                entries, cut_blocks * BLOCK_BYTES, t, forest.chains, forest.parents
             )
             cut = forest.cut_order(victims, name)
         for b in cut:
@@ -228,7 +229,8 @@ def bench_blocks(name: str, n: int, budget_s: float) -> float:
         warm=tails.persistent
         or tails.timed
         or tails.set_tails is not None
-        or tails.suffix_tails is not None,
+        or tails.suffix_tails is not None
+        or tails.plus1_tails is not None,
     )
 
 
@@ -238,6 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budget-s", type=float, default=0.3, help="seconds per timing window")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
     parser.add_argument("--policies", default="", help="comma-separated (default: all)")
+    parser.add_argument("--cut-blocks", type=int, default=1, help="blocks a prefix decision cuts")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     names = args.policies.split(",") if args.policies else known_policies()
@@ -255,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
                 None if skip else bench_entries(name, n, args.budget_s)
             )
             rows["us_per_decision_prefix_blocks"][str(n)] = (
-                None if skip else bench_blocks(name, n, args.budget_s)
+                None if skip else bench_blocks(name, n, args.budget_s, args.cut_blocks)
             )
             print(
                 name,

@@ -22,6 +22,7 @@ from cachepilot_sim.policies.knapsack import CoverProblem
 from cachepilot_sim.policies.knapsack_greedy import greedy_by_ratio, greedy_plus_one
 from cachepilot_sim.policies.oracle import cover_problem, expected_costs
 from cachepilot_sim.policies.perc import PercPolicy
+from cachepilot_sim.policies.plus1_chains import PlusOneChainIndex
 from cachepilot_sim.policies.plus1_index import PlusOneIndex
 from cachepilot_sim.policies.reuse import GapEstimator
 
@@ -34,7 +35,7 @@ class PercPlusOnePolicy(PercPolicy):
     key_scope = KeyScope.SET  # its own select: the +1 step looks at every entry
     # On whole entries the session manager keeps `time_index()` per restore regime, and that
     # index answers `select_victims` exactly (`policies/plus1_index.py`); on prefix chains the
-    # decision takes the full path (docs/architecture.md says why).
+    # prefix manager keeps the tails in `chain_index()` (`components/kv/plus1_tails.py`).
     key_scope_on_entries = KeyScope.DECISION
 
     def select_victims(
@@ -58,6 +59,11 @@ class PercPlusOnePolicy(PercPolicy):
     def time_index(self) -> PlusOneIndex:  # type: ignore[override]
         """An exact index of the whole decision over whole entries (`policies/plus1_index.py`)."""
         return PlusOneIndex(self.estimator)
+
+    def chain_index(self) -> PlusOneChainIndex:
+        """The chain tails of one restore regime by ratio and position, with the exact costs of
+        a chained decision (`policies/plus1_chains.py`)."""
+        return PlusOneChainIndex(self.estimator)
 
 
 def _plus_one_on_chains(p: CoverProblem) -> list[int]:

@@ -108,6 +108,10 @@ class PrefixTree:
         # Blocks whose idle state, tail state or hooks may have changed since a set index looked
         # (`set_tails.py`: SLRU's and ARC's prepare reads every idle block); None when none does.
         self.changed: dict[int, HashBlock] | None = None
+        # Per tail, a stamp taken when it last became one: `evictable`'s order, in which
+        # `forest()` lists the leaf chains (`plus1_tails.py`); None when no index reads it.
+        self.tail_stamps: dict[int, int] | None = None
+        self._next_tail_stamp = 0
 
     def _note(self, b: HashBlock, parent_too: bool = False) -> None:
         if self.changed is not None:
@@ -205,7 +209,15 @@ class PrefixTree:
         ):
             self._set_tail(p)
 
+    def tail_stamp(self, b: HashBlock) -> None:
+        """Stamp `b` as the newest tail (`tail_stamps` must be kept)."""
+        assert self.tail_stamps is not None
+        self.tail_stamps[b.hash_id] = self._next_tail_stamp
+        self._next_tail_stamp += 1
+
     def _set_tail(self, b: HashBlock) -> None:
+        if self.tail_stamps is not None and b.hash_id not in self.evictable:
+            self.tail_stamp(b)  # a tail again keeps its place in `evictable`, and its stamp
         self.evictable[b.hash_id] = b
         self._note(b)
         if self.exposed is not None:

@@ -14,8 +14,9 @@ estimate is fixed while it is idle (no offload, or a store whose residency is at
 the decision keys every tail, counted in `num_full`). A SET policy with an exact set index
 (`set_index()`: SLRU, ARC; Marconi, whose index orders the tails itself: `KeyedTails`) decides
 through `set_tails.py`, one whose set index yields the full path's order lazily (S3-FIFO's loop)
-through `rank_tails.py`, T-LRU's suffix restores (`suffix_index()`) through `suffix_tails.py`;
-other policies that need the chains (`KeyScope.SET`: the oracle) keep the forest path.
+through `rank_tails.py`, T-LRU's suffix restores (`suffix_index()`) through `suffix_tails.py`,
+perc_plus1's greedy and +1 suffix (`chain_index()`) through `plus1_tails.py`; other policies
+that need the chains (`KeyScope.SET`: the oracle) keep the forest path.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from sortedcontainers import SortedList
 
 from cachepilot_sim.components.kv.cpu_store import CpuStore
 from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
+from cachepilot_sim.components.kv.plus1_tails import PlusOneTails
 from cachepilot_sim.components.kv.protocol import Tier
 from cachepilot_sim.components.kv.rank_tails import RankTails
 from cachepilot_sim.components.kv.set_tails import KeyedTails, SetTails
@@ -96,13 +98,23 @@ class TailIndex:
             if make_suffix is None or pricing is None
             else SuffixTails(tree, make_suffix, self, self._exposed_parent)
         )
-        self.enabled = self.enabled or self.set_tails is not None or self.suffix_tails is not None
+        make_plus1 = getattr(policy, "chain_index", None) if scope == KeyScope.SET else None
+        self.plus1_tails = (  # perc_plus1's greedy and +1 suffix on chains
+            None
+            if make_plus1 is None or pricing is None
+            else PlusOneTails(tree, make_plus1, self, self._exposed_parent, policy)
+        )
+        self.enabled = self.enabled or any(
+            x is not None for x in (self.set_tails, self.suffix_tails, self.plus1_tails)
+        )
 
     # -- the exact time index (PERC) -------------------------------------------------------
     def regroup(self, group: int) -> None:
         """`group`'s gap EMA moved: its indexed tails are re-keyed at the next decision."""
         if self.timed:
             self._dirty[group] = None
+        if self.plus1_tails is not None:
+            self.plus1_tails.regroup(group)
 
     def static_restore(self, b: HashBlock, offload: bool) -> tuple[float, float]:
         """(restore, gap EMA) of tail `b` as `PrefixKvManager._prepare` gives them in a regime
@@ -257,6 +269,8 @@ class TailIndex:
             return self.set_tails.select(num_blocks, now_us, prepare)
         if self.suffix_tails is not None:
             return self.suffix_tails.select(num_blocks, now_us, prepare, allow_offload)
+        if self.plus1_tails is not None:
+            return self.plus1_tails.select(num_blocks, now_us, prepare, allow_offload)
         if self.timed and allow_offload is not None:
             self._drain_timed()
             mode = self.restore_mode(allow_offload) if num_blocks > 0 else None
