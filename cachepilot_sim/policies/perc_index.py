@@ -44,6 +44,11 @@ from sortedcontainers import SortedList
 
 # A skipped item's weight exceeds the running minimum by this factor: far above rounding error.
 _SLACK = 1e-9
+# Rebuild the expiry heap when it holds more than this many entries per young item (plus a
+# floor): discarded or re-added items leave theirs behind, and an index that no query advances
+# (a restore regime no decision reads) would otherwise keep one per add for good.
+_EXPIRY_COMPACT_FACTOR = 2
+_EXPIRY_COMPACT_FLOOR = 64
 BLOCK_ITEMS = 256  # items per block of the L order (split at twice this)
 _FINITE_MAX = float(np.finfo(np.float64).max)
 
@@ -223,6 +228,17 @@ class PercIndex:
         self._young.add((key, item_id))
         self._young_key[item_id] = (key, expiry)
         heapq.heappush(self._expiry, (expiry, item_id))
+        if (
+            len(self._expiry)
+            > _EXPIRY_COMPACT_FACTOR * len(self._young_key) + _EXPIRY_COMPACT_FLOOR
+        ):
+            self._compact_expiry()
+
+    def _compact_expiry(self) -> None:
+        """Keep one heap entry per young item, its current one: `advance` pops the same live
+        (expiry, id) pairs in the same order (they are distinct) and skipped the rest."""
+        self._expiry = [(expiry, item_id) for item_id, (_, expiry) in self._young_key.items()]
+        heapq.heapify(self._expiry)
 
     def discard(self, item_id: int) -> None:
         """Forget an item (no-op when absent)."""
