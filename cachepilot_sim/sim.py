@@ -56,6 +56,8 @@ class Simulation:
         if cfg.replay.format == TraceFormat.NONE:
             factory = SessionFactory(cfg, streams)
             self.clients = Clients(env, cfg, streams, factory, self.scheduler.inbox, events)
+            # A session that will not come back: its KV record may go (memory, not results).
+            self.clients.on_session_end.append(self.kv.close_session)
         else:  # trace replay: requests at trace times, KV shared by prefix hash
             self.replay = replay if replay is not None else load_replay(cfg, streams.arrivals)
             self.clients = ReplayClients(env, cfg, self.replay, self.scheduler.inbox)

@@ -65,6 +65,9 @@ class Clients:
         self.num_issued = 0  # requests sent so far (the workload's request budget counts these)
         self.num_ended = 0
         self.on_end: list[Callable[[Request], None]] = []  # called with each request as it ends
+        # Called with a session's id when it will send no more turns (last turn answered, a turn
+        # rejected, or the request budget spent).
+        self.on_session_end: list[Callable[[int], None]] = []
         self._open: dict[int, Request] = {}  # in flight, by id
         self._kept: list[Request] | None = [] if keep_requests else None
         self.num_sessions = 0
@@ -132,7 +135,10 @@ class Clients:
     def session(self, arrived_us: int) -> Generator[simpy.Event, object, None]:
         """Process: a session that has its slot sends each turn, waits for its answer, thinks,
         and gives the slot back."""
-        yield from self._turns(self.factory.make(), arrived_us)
+        spec = self.factory.make()
+        yield from self._turns(spec, arrived_us)
+        for watch in self.on_session_end:
+            watch(spec.session_id)
         self._release_slot()
 
     def _turns(self, spec: SessionSpec, arrived_us: int) -> Generator[simpy.Event, object, None]:

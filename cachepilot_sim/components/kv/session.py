@@ -36,6 +36,7 @@ class SessionKV:
         "waiting",
         "cpu_seq",
         "cpu_since_us",
+        "closed",
     )
 
     def __init__(self, entry: CacheEntry, block_bytes: int, cpu_block_bytes: int) -> None:
@@ -48,6 +49,7 @@ class SessionKV:
         self.waiting: Request | None = None  # request parked until an in-flight copy lands
         self.cpu_seq = -1  # order of arrival in the CPU store (its drop order)
         self.cpu_since_us = 0
+        self.closed = False  # the session sends no more turns (`close_session`)
 
     @property
     def num_bytes(self) -> int:
@@ -61,7 +63,15 @@ class SessionKV:
 
 
 class SessionKvManager:
-    """KV per session (synthetic workloads): hit, reload or recompute a returning session."""
+    """KV per session (synthetic workloads): hit, reload or recompute a returning session.
+
+    A closed session's record (`close_session`: its client sends no more turns) is forgotten
+    once it holds no KV, so that a long run keeps one record per session that may still come
+    back or still holds KV, not one per session ever seen (`forget_closed = False` keeps them
+    all: the tests compare both).
+    """
+
+    forget_closed = True
 
     def __init__(self, cfg: SimConfig, deps: KvDeps) -> None:
         self.env, self.pool, self.link = deps.env, deps.pool, deps.link
@@ -214,8 +224,8 @@ class SessionKvManager:
         making room right now) is never dropped."""
 
         def drop(session_id: int, seq: int) -> bool | None:
-            old = self.sessions[session_id]
-            if old.tier != Tier.CPU or old.cpu_seq != seq:
+            old = self.sessions.get(session_id)  # None: closed and forgotten since (stale)
+            if old is None or old.tier != Tier.CPU or old.cpu_seq != seq:
                 return None
             if old is keep:
                 return False
@@ -223,6 +233,7 @@ class SessionKvManager:
             self.cpu.record_drop(self.env.now - old.cpu_since_us)
             self.events.cpu_drop(self.env.now, old.entry, old.num_blocks, old.num_bytes)
             old.tier, old.num_blocks = Tier.NONE, 0
+            self._forget_if_closed(old)
             return True
 
         return self.cpu.make_room(num_bytes, drop)
@@ -290,6 +301,7 @@ class SessionKvManager:
         )
         self.pool.release(s.num_bytes)
         s.tier, s.num_blocks = Tier.NONE, 0
+        self._forget_if_closed(s)
 
     def _start_offload(self, s: SessionKV, score: float, expected_us: float) -> None:
         num_bytes = s.num_bytes
@@ -386,6 +398,24 @@ class SessionKvManager:
     def abandon(self, req: Request) -> None:
         """A queued request gave up (queue timeout). A session's reloaded KV is already idle and
         evictable here, so nothing is held for it."""
+
+    def close_session(self, session_id: int) -> None:
+        """The session sends no more turns: its record goes now if it holds no KV, else when its
+        KV is dropped (from the GPU or the CPU store); idle KV stays evictable as before."""
+        s = self.sessions.get(session_id)
+        if s is not None:
+            s.closed = True
+            self._forget_if_closed(s)
+
+    def _forget_if_closed(self, s: SessionKV) -> None:
+        if (
+            s.closed
+            and self.forget_closed
+            and s.tier == Tier.NONE
+            and not s.active
+            and s.waiting is None
+        ):
+            del self.sessions[s.entry.session_id]
 
     def preempt(self, req: Request, num_tokens: int) -> None:
         """Recompute preemption: the running request loses all its KV and re-queues."""
