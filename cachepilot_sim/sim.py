@@ -14,6 +14,7 @@ from cachepilot_sim.clock import SimEnvironment
 from cachepilot_sim.cluster.replica import Replica
 from cachepilot_sim.cluster.simulation import ClusterSimulation
 from cachepilot_sim.components.clients import Clients
+from cachepilot_sim.components.kv import SessionKvManager
 from cachepilot_sim.components.replay_clients import ReplayClients
 from cachepilot_sim.config import SimConfig, TraceFormat
 from cachepilot_sim.cost.gpu_scaling import hardware_note
@@ -57,7 +58,8 @@ class Simulation:
             factory = SessionFactory(cfg, streams)
             self.clients = Clients(env, cfg, streams, factory, self.scheduler.inbox, events)
             # A session that will not come back: its KV record may go (memory, not results).
-            self.clients.on_session_end.append(self.kv.close_session)
+            if isinstance(self.kv, SessionKvManager):
+                self.clients.on_session_end.append(self.kv.close_session)
         else:  # trace replay: requests at trace times, KV shared by prefix hash
             self.replay = replay if replay is not None else load_replay(cfg, streams.arrivals)
             self.clients = ReplayClients(env, cfg, self.replay, self.scheduler.inbox)

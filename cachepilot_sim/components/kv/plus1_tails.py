@@ -210,6 +210,7 @@ class _Decision:
         self.popped: list[int] = []  # stamps taken from the index, in its order
 
     def cost(self, b: HashBlock) -> float:
+        """Block `b`'s expected restore cost at this decision, as the forest path computes it."""
         return self.index.cost(b.entry, *self.restore_of(b), self.now)
 
     def pop(self) -> Popped | None:

@@ -187,10 +187,6 @@ class PrefixKvManager:
         """A queued request gave up: unpin the blocks its reload was holding for it."""
         self.cpu_tier.release_held(req)
 
-    def close_session(self, session_id: int) -> None:
-        """Nothing to forget: blocks are shared by hash across sessions, and a group's gap
-        record serves every session of the group (replays, which never close a session)."""
-
     def _insert(self, chain: list[HashBlock], new_ids: list[int], req: Request) -> None:
         group = req.group_id
         parent = chain[-1] if chain else None

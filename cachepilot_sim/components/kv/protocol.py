@@ -141,11 +141,6 @@ class KvManager(Protocol):
         """A queued request gave up: release anything held for it."""
         ...
 
-    def close_session(self, session_id: int) -> None:
-        """The session will send no more turns: what the manager keeps for it alone may go once
-        it holds no KV (memory only: no decision reads a closed session's record)."""
-        ...
-
     def evictable_bytes(self) -> int:
         """GPU bytes that eviction could free now (idle KV)."""
         ...

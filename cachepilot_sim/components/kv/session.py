@@ -15,6 +15,7 @@ import simpy
 from cachepilot_sim.components.kv.cpu_store import CpuStore
 from cachepilot_sim.components.kv.protocol import Admit, KvDeps, KvStats, Tier
 from cachepilot_sim.components.kv.room import RoomRule
+from cachepilot_sim.components.kv.session_record import SessionKV
 from cachepilot_sim.components.kv.transfers import Transfers, cpu_kv_bytes_per_token
 from cachepilot_sim.components.request import KvSource, Request
 from cachepilot_sim.config import SimConfig
@@ -23,53 +24,9 @@ from cachepilot_sim.policies import CacheEntry
 from cachepilot_sim.policies.candidates import CandidateIndex
 
 
-class SessionKV:
-    """The manager's record of one session's KV."""
-
-    __slots__ = (
-        "entry",
-        "tier",
-        "num_blocks",
-        "block_bytes",
-        "cpu_block_bytes",
-        "active",
-        "waiting",
-        "cpu_seq",
-        "cpu_since_us",
-        "closed",
-    )
-
-    def __init__(self, entry: CacheEntry, block_bytes: int, cpu_block_bytes: int) -> None:
-        self.entry = entry
-        self.tier = Tier.NONE
-        self.num_blocks = 0
-        self.block_bytes = block_bytes
-        self.cpu_block_bytes = cpu_block_bytes
-        self.active = False  # attached to a running request (never evictable then)
-        self.waiting: Request | None = None  # request parked until an in-flight copy lands
-        self.cpu_seq = -1  # order of arrival in the CPU store (its drop order)
-        self.cpu_since_us = 0
-        self.closed = False  # the session sends no more turns (`close_session`)
-
-    @property
-    def num_bytes(self) -> int:
-        """GPU bytes of the session's blocks."""
-        return self.num_blocks * self.block_bytes
-
-    @property
-    def cpu_bytes(self) -> int:
-        """Bytes the KV takes in the CPU store and on the wire."""
-        return self.num_blocks * self.cpu_block_bytes
-
-
 class SessionKvManager:
-    """KV per session (synthetic workloads): hit, reload or recompute a returning session.
-
-    A closed session's record (`close_session`: its client sends no more turns) is forgotten
-    once it holds no KV, so that a long run keeps one record per session that may still come
-    back or still holds KV, not one per session ever seen (`forget_closed = False` keeps them
-    all: the tests compare both).
-    """
+    """KV per session (synthetic workloads): hit, reload or recompute a returning session. A
+    closed session's record goes once it holds no KV (`close_session`; False keeps them all)."""
 
     forget_closed = True
 
@@ -402,19 +359,12 @@ class SessionKvManager:
     def close_session(self, session_id: int) -> None:
         """The session sends no more turns: its record goes now if it holds no KV, else when its
         KV is dropped (from the GPU or the CPU store); idle KV stays evictable as before."""
-        s = self.sessions.get(session_id)
-        if s is not None:
+        if (s := self.sessions.get(session_id)) is not None:
             s.closed = True
             self._forget_if_closed(s)
 
     def _forget_if_closed(self, s: SessionKV) -> None:
-        if (
-            s.closed
-            and self.forget_closed
-            and s.tier == Tier.NONE
-            and not s.active
-            and s.waiting is None
-        ):
+        if s.closed and s.tier == Tier.NONE and self.forget_closed:  # no request of it is left
             del self.sessions[s.entry.session_id]
 
     def preempt(self, req: Request, num_tokens: int) -> None:
