@@ -11,35 +11,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-
-from cachepilot_sim.config import register_configs, to_config
-from cachepilot_sim.sim import build
+from diag_mem_diff import mixed_spike_sim, rss_mib
 
 EVERY = 1_000_000
 
 
-def rss_mib() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS"):
-            return int(line.split()[1]) // 1024
-    return -1
-
-
 def main() -> None:
-    register_configs()
-    conf = Path(__file__).resolve().parents[1] / "cachepilot_sim" / "conf"
-    overrides = [
-        "+experiment=mixed_spike",
-        f"workload.num_requests={int(sys.argv[1])}",
-        "seeds=1",
-        "trace.enabled=false",
-    ]
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        cfg = to_config(compose("config", overrides=overrides))
     libc = ctypes.CDLL("libc.so.6")
     with tempfile.TemporaryDirectory() as out:
-        sim = build(cfg, requests_path=Path(out) / "requests.parquet")
+        sim = mixed_spike_sim(int(sys.argv[1]), Path(out))
 
         def probe(num_events: int) -> None:
             libc.malloc_trim(0)

@@ -18,7 +18,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from cachepilot_sim.config import register_configs, to_config
-from cachepilot_sim.sim import build
+from cachepilot_sim.sim import Simulation, build
 
 
 def rss_mib() -> int:
@@ -28,22 +28,28 @@ def rss_mib() -> int:
     return -1
 
 
-def main() -> None:
-    first, second = int(sys.argv[1]), int(sys.argv[2])
+def mixed_spike_sim(num_requests: int, out: Path) -> Simulation:
+    """`mixed_spike`, PERC, one seed, `num_requests` requests, no event trace; the per-request
+    table written under `out` (as the CLI writes it)."""
     register_configs()
     conf = Path(__file__).resolve().parents[1] / "cachepilot_sim" / "conf"
     overrides = [
         "+experiment=mixed_spike",
-        f"workload.num_requests={second * 2}",
+        f"workload.num_requests={num_requests}",
         "seeds=1",
         "trace.enabled=false",
     ]
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         cfg = to_config(compose("config", overrides=overrides))
+    return build(cfg, requests_path=out / "requests.parquet")
+
+
+def main() -> None:
+    first, second = int(sys.argv[1]), int(sys.argv[2])
     marks, snaps = [first, second], []
     tracemalloc.start(2)
     with tempfile.TemporaryDirectory() as out:
-        sim = build(cfg, requests_path=Path(out) / "requests.parquet")
+        sim = mixed_spike_sim(second * 2, Path(out))
 
         def probe(_num_events: int) -> None:
             if not marks or sim.clients.num_ended < marks[0]:
