@@ -18,6 +18,7 @@ from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config import RunConfig, register_configs, to_config
 from cachepilot_sim.experiment.progress import progress_hook
 from cachepilot_sim.experiment.runner import run_experiment
+from cachepilot_sim.experiment.telemetry import RunMonitor
 from cachepilot_sim.sim import build
 from tests.unit.test_telemetry import exposed
 
@@ -57,7 +58,19 @@ def test_a_replay_reports_requests_done_rising_out_of_the_trace_count() -> None:
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
-def test_the_overall_bar_moves_to_every_trace_request(jobs: int, tmp_path: Path) -> None:
+def test_the_overall_bar_moves_to_every_trace_request(
+    jobs: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The bar redraws itself 10 times a second: a quiet machine ran both cells in fewer frames
+    # than this test needs, so here every report is drawn (what the bar shows, not when).
+    report = RunMonitor.report
+
+    def report_and_draw(self: RunMonitor, p: Any) -> None:
+        report(self, p)
+        if self.bar is not None:
+            self.bar.refresh()
+
+    monkeypatch.setattr(RunMonitor, "report", report_and_draw)
     run = replay_config("compare_policies=[perc,lru]", f"jobs={jobs}")
     buf = io.StringIO()
     run_experiment(run, tmp_path, Console(file=buf, force_terminal=True, width=150))

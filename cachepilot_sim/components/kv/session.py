@@ -26,7 +26,8 @@ from cachepilot_sim.policies.candidates import CandidateIndex
 
 class SessionKvManager:
     """KV per session (synthetic workloads): hit, reload or recompute a returning session. A
-    closed session's record goes once it holds no KV (`close_session`; False keeps them all)."""
+    closed session's record goes once it holds no KV (`close_session`; `forget_closed = False`
+    keeps every record: the tests compare both)."""
 
     forget_closed = True
 
