@@ -330,20 +330,33 @@ def test_prefix_tail_heap_cuts_what_the_forest_path_cut(
     assert_same(prefix_config(policy, pool, cpu, offload, watermark), ops, chains)
 
 
-def seeded_stream(seed: int) -> tuple[list[Op], list[list[int]]]:
-    """A long stream and a prefix tree from a seed: examples that surely evict, many times."""
+def seeded_stream(
+    seed: int,
+    num_ops: int = 400,
+    num_hashes: int = 40,
+    extend: float = 0.7,
+    num_chains: int = 10,
+) -> tuple[list[Op], list[list[int]]]:
+    """A long stream and a prefix tree from a seed: examples that surely evict, many times
+    (hash h extends h - 1 with probability `extend`, else a random earlier hash or a root)."""
     rng = np.random.default_rng(seed)
-    ops = [(int(k), int(a), int(b)) for k, a, b in rng.integers(0, [9, 10**6, 10**6], (400, 3))]
+    ops = [(int(k), int(a), int(b)) for k, a, b in rng.integers(0, [9, 10**6, 10**6], (num_ops, 3))]
     parent = [-1] + [
-        h - 1 if rng.random() < 0.7 else int(rng.integers(-1, h)) for h in range(1, 40)
+        h - 1 if rng.random() < extend else int(rng.integers(-1, h)) for h in range(1, num_hashes)
     ]
     chains = []
-    for h in rng.choice(40, 10, replace=False).tolist():
+    for h in rng.choice(num_hashes, num_chains, replace=False).tolist():
         path = [h]
         while parent[path[-1]] >= 0:
             path.append(parent[path[-1]])
         chains.append([100 + x for x in reversed(path)])
     return ops, chains
+
+
+def long_seeded_stream(seed: int) -> tuple[list[Op], list[list[int]]]:
+    """1,200 operations over a 60-hash tree: small CPU stores drop KV, which `seeded_stream`'s
+    shorter ones do not reach (the chained-index tests' streams)."""
+    return seeded_stream(seed, num_ops=1200, num_hashes=60, extend=0.6, num_chains=16)
 
 
 @pytest.mark.parametrize("policy", INDEXED + SET_INDEXED)

@@ -33,6 +33,7 @@ from tests.conftest import make_kv
 from tests.property.test_held_blocks import run_held, short_stream, short_trees
 from tests.property.test_indexed_eviction import (
     Op,
+    long_seeded_stream,
     ops_strategy,
     prefix_config,
     prefix_trees,
@@ -102,30 +103,13 @@ def test_with_held_blocks_plus1_cuts_what_the_forest_path_cut(
     assert_same(prefix_config("perc_plus1", pool, cpu, offload, 0.1), ops, chains, held=True)
 
 
-def long_stream(seed: int) -> tuple[list[Op], list[list[int]]]:
-    """1,200 operations over a 60-hash tree (as `test_tlru_chains.py`'s): small CPU stores drop
-    KV, which `seeded_stream`'s shorter ones do not reach."""
-    rng = np.random.default_rng(seed)
-    ops = [(int(k), int(a), int(b)) for k, a, b in rng.integers(0, [9, 10**6, 10**6], (1200, 3))]
-    parent = [-1] + [
-        h - 1 if rng.random() < 0.6 else int(rng.integers(-1, h)) for h in range(1, 60)
-    ]
-    chains = []
-    for h in rng.choice(60, 16, replace=False).tolist():
-        path = [h]
-        while parent[path[-1]] >= 0:
-            path.append(parent[path[-1]])
-        chains.append([100 + x for x in reversed(path)])
-    return ops, chains
-
-
 def test_seeded_streams_decide_through_the_plus1_tails() -> None:
     """The streams compare something: decisions evict, most through the index (chained and
     one-block ones), some through a fresh index (the store's residency is below δ), some while
     a block is held (the forest path); every indexed tail sits at its stamp."""
     totals = dict(decisions=0, visits=0, fresh=0, singles=0, held=0)
     for seed in range(4):
-        ops, chains = long_stream(seed)
+        ops, chains = long_seeded_stream(seed)
         for cpu, offload in ((0, False), (2, True), (40, True)):
             cfg = prefix_config("perc_plus1", 6 + 4 * (seed % 2), cpu, offload, 0.1)
             kv = assert_same(cfg, ops, chains)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -28,6 +27,7 @@ from tests.conftest import make_kv
 from tests.property.test_indexed_eviction import (
     Op,
     assert_same,
+    long_seeded_stream,
     ops_strategy,
     prefix_config,
     prefix_trees,
@@ -62,23 +62,6 @@ def test_prefix_manager_tlru_cuts_what_the_forest_path_cut(
     assert_same(cfg, ops, chains)
 
 
-def _stream(seed: int) -> tuple[list[Op], list[list[int]]]:
-    """A long stream over a 60-hash tree: small CPU stores drop KV, which `seeded_stream`'s
-    shorter ones do not reach."""
-    rng = np.random.default_rng(seed)
-    ops = [(int(k), int(a), int(b)) for k, a, b in rng.integers(0, [9, 10**6, 10**6], (1200, 3))]
-    parent = [-1] + [
-        h - 1 if rng.random() < 0.6 else int(rng.integers(-1, h)) for h in range(1, 60)
-    ]
-    chains = []
-    for h in rng.choice(60, 16, replace=False).tolist():
-        path = [h]
-        while parent[path[-1]] >= 0:
-            path.append(parent[path[-1]])
-        chains.append([100 + x for x in reversed(path)])
-    return ops, chains
-
-
 @pytest.mark.parametrize("threshold_ms", [15.0, 60.0])
 def test_seeded_streams_decide_through_the_suffix_tails(threshold_ms: float) -> None:
     """The streams above compare something: the fast run decides through `SuffixTails`, from its
@@ -86,7 +69,7 @@ def test_seeded_streams_decide_through_the_suffix_tails(threshold_ms: float) -> 
     below δ); its persistent lanes hold every tail as it is now."""
     num_fresh = num_decisions = 0
     for seed in range(4):
-        ops, chains = _stream(seed)
+        ops, chains = long_seeded_stream(seed)
         for cpu, offload in ((0, False), (2, True)):
             cfg = prefix_config(
                 "tlru", 6 + 4 * (seed % 2), cpu, offload, 0.1, tlru_threshold_ms=threshold_ms
