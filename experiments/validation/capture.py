@@ -17,6 +17,10 @@ methods (no engine code is changed). Output: one ground-truth folder per workloa
     python3 capture.py --out $OUT --phase fresh        # multiturn run 2, pressure_soft_reset run 3
     python3 capture.py --out $OUT --phase hashdiag     # multiturn + pressure_preempt, hashes logged
     python3 capture.py --out $OUT --phase preemptdiag  # pressure_preempt x2, allocations logged
+    python3 capture.py --out $OUT --phase portable --parts main,defaults,swap,micro8k
+        # the fidelity issue's held-out set: GPU micro-profile, the engine's own defaults
+        # (8192-token budget, 64-token query padding, lazy graphs, auto-sized pool), CPU swap
+        # under pressure, a shared system prompt, and cost micro-runs up to 8192-token steps
 
 Engine configuration (one, documented in the README next to the data): FA2-varlen attention through
 PyTorch's own FlashAttention-2 kernel, CUDA graphs + async batching on, every padded batch shape
@@ -50,6 +54,7 @@ from capture_workloads import (
     w_closed,
     w_multiturn,
     w_poisson,
+    w_shared_prompt,
 )
 from hf_engine import EngineSpec, destroy_engine, engine_config, make_engine
 from hf_instrument import Recorder, resolve_gpu_times
@@ -475,7 +480,96 @@ def phase_smoke(s: Session, args: argparse.Namespace) -> None:
     destroy_engine(mgr)
 
 
+# The engine's own defaults (ContinuousBatchingConfig with nothing set but graphs and async on):
+# 8192-token budget, 64-token query padding, graphs captured lazily while serving, a pool of 0.9
+# of free memory. Never fitted on: the held-out configuration of the fidelity issue.
+DEFAULTS_SPEC = EngineSpec(
+    "defaults_lazy",
+    num_blocks=None,
+    max_batch_tokens=8192,
+    q_padding_interval_size=64,
+    precapture_max_seqlen_k=0,
+)
+MICRO8K_SPEC = EngineSpec(
+    "microbench_8k_lazy",
+    num_blocks=2200,
+    max_batch_tokens=8192,
+    q_padding_interval_size=64,
+    precapture_max_seqlen_k=0,
+)
+
+
+def phase_portable(s: Session, args: argparse.Namespace) -> None:
+    """Held-out captures for the fidelity issue, in the order of `--parts` (the GPU micro-profile
+    is a command of its own, kernels/profile_gpu.py): `main` (the fitted configuration: does
+    the fit transfer to this GPU?), `defaults` (the engine's defaults, each run on a fresh engine so
+    every run pays its own lazy captures), `shared` (a shared system prompt), `swap` (CPU swap
+    under pressure with the defaults' budget and padding), `micro8k` (cost micro-runs up to
+    8192-token steps at 64-token padding). Every part is packed as soon as it ends."""
+    plan = {name: (reqs, meta) for name, reqs, meta in main_plan(args)}
+    runs = tuple(range(1, args.runs + 1))
+    for part in args.parts.split(","):
+        t = perf_counter()
+        if part == "main":
+            rec = Recorder(use_cuda=True)
+            mgr, info = make_engine(s.model, MAIN_SPEC, rec, s.smoke)
+            for name in args.main_workloads.split(","):
+                reqs, meta = plan[name]
+                s.capture(mgr, rec, MAIN_SPEC, info, name, reqs, limit_s=90, meta=meta, runs=1)
+            destroy_engine(mgr)
+        elif part == "defaults":
+            for name in args.defaults_workloads.split(","):
+                reqs, meta = plan[name]
+                for run in runs:
+                    _capture_fresh(
+                        s,
+                        DEFAULTS_SPEC,
+                        f"defaults/{name}",
+                        reqs,
+                        meta,
+                        limit_s=90,
+                        run_ids=(run,),
+                    )
+        elif part == "shared":
+            reqs = w_shared_prompt("shared_prompt", 120, 6.0, seed=71)
+            meta = {"kind": "shared_prompt", "rate_rps": 6.0, "system_tokens": 1024, **MIXED}
+            for run in runs:
+                _capture_fresh(
+                    s,
+                    DEFAULTS_SPEC,
+                    "defaults/shared_prompt",
+                    reqs,
+                    meta,
+                    limit_s=90,
+                    run_ids=(run,),
+                )
+        elif part == "swap":
+            heavy = dict(PRESSURE_LEN, out_median=320, out_lo=128, out_hi=640)
+            reqs, meta = _pressure_workload("pressure_swap", 5.0, 62, heavy)
+            spec = EngineSpec(
+                "defaults_pressure_swap",
+                num_blocks=PRESSURE_BLOCKS,
+                max_batch_tokens=8192,
+                q_padding_interval_size=64,
+                precapture_max_seqlen_k=0,
+                safety_margin=0.0,
+                cpu_offload_space_gib=1.0,
+            )
+            meta = {**meta, "cpu_offload_space_gib": 1.0}
+            for run in runs:
+                _capture_fresh(
+                    s, spec, "defaults/pressure_swap", reqs, meta, limit_s=60, run_ids=(run,)
+                )
+        elif part == "micro8k":
+            microbench(s, args, name="microbench_8k", spec=MICRO8K_SPEC)
+        else:
+            raise SystemExit(f"--parts: no part {part!r}")
+        pack(s.stage, s.out, "gt")
+        print(f"[portable] {part} done in {perf_counter() - t:.1f} s", flush=True)
+
+
 PHASES = {
+    "portable": phase_portable,
     "mixed": phase_mixed,
     "small": phase_small,
     "fresh": phase_fresh,
@@ -502,8 +596,13 @@ def main() -> None:
             "fresh",
             "hashdiag",
             "preemptdiag",
+            "portable",
         ],
     )
+    ap.add_argument("--parts", default="main,defaults,shared,swap,micro8k")
+    ap.add_argument("--runs", type=int, default=2, help="portable: runs per held-out workload")
+    ap.add_argument("--main-workloads", default="poisson_r6,multiturn,closed_b64,azure_conv_sample")
+    ap.add_argument("--defaults-workloads", default="poisson_r6,multiturn,burst_4x")
     ap.add_argument("--cpu-smoke", action="store_true")
     ap.add_argument("--explore-rate", type=float, default=6.0)
     ap.add_argument(

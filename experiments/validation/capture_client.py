@@ -36,8 +36,28 @@ def token_ids(seed: int, key: str, n: int, smoke: bool) -> list[int]:
     return rng.integers(lo, hi, size=n).tolist()
 
 
+def block_hashes(ids: list[int], block_size: int, salt: str) -> list[int]:
+    """Mooncake-style hash ids of a prompt: one per block, each a hash of every token up to the
+    block's end (so equal ids mean equal prefixes, whoever sent them); a partial last block gets
+    an id of its own (`salt`: the request id), as the engine never shares it."""
+    out, h = [], hashlib.blake2b(digest_size=8)
+    for start in range(0, len(ids), block_size):
+        block = ids[start : start + block_size]
+        h.update(np.asarray(block, dtype=np.int64).tobytes())
+        if len(block) < block_size:
+            h.update(salt.encode())
+        out.append(int.from_bytes(h.copy().digest(), "little") >> 1)
+    return out
+
+
 def run_requests(
-    mgr: Any, rec: Recorder, reqs: list[Req], seed: int, smoke: bool, limit_s: float
+    mgr: Any,
+    rec: Recorder,
+    reqs: list[Req],
+    seed: int,
+    smoke: bool,
+    limit_s: float,
+    block_size: int = 256,
 ) -> dict:
     """Send `reqs` open-loop and collect the results: per-request records and the wall time."""
     by_id = {r.request_id: r for r in reqs}
@@ -127,6 +147,9 @@ def run_requests(
                 num_cpu_swaps=rec.num_cpu_swaps.get(rid, 0),
                 num_restores=rec.num_restores.get(rid, 0),
                 prefix_hit_tokens=rec.prefix_hit.get(rid),
+                block_hash_ids=block_hashes(prompts[rid], block_size, rid)
+                if rid in prompts
+                else None,
             )
         )
     return {"records": records, "wall_s": wall_s}
@@ -156,6 +179,7 @@ REQUEST_TYPES = {
     "num_cpu_swaps": "int32",
     "num_restores": "int32",
     "prefix_hit_tokens": "int32",
+    "block_hash_ids": "list_int64",
 }
 STEP_TYPES = {
     "step": "int32",
@@ -288,7 +312,7 @@ class Session:
                 mgr.stop(block=True, timeout=60, keep_for_next_session=True)
             clear_prefix_cache(mgr)
             mgr.start()
-            res = run_requests(mgr, rec, reqs, self.seed, self.smoke, limit_s)
+            res = run_requests(mgr, rec, reqs, self.seed, self.smoke, limit_s, spec.block_size)
             mgr.stop(
                 block=True,
                 timeout=60,

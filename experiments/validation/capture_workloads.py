@@ -300,3 +300,18 @@ def microbench_small_plan(scale: int = 1) -> list[tuple[dict, list[Req]]]:
                     }
                     plan.append((cfg, [primer, *batch, *prefills]))
     return plan
+
+
+def w_shared_prompt(
+    name: str, n: int, rate: float, seed: int, system_tokens: int = 1024, lengths: dict = MIXED
+) -> list[Req]:
+    """Independent requests (no sessions) that all start with one system prompt of
+    `system_tokens` tokens, then a user part of lognormal length: the most common prefix sharing
+    in production, which only per-block hash ids can express."""
+    reqs = w_poisson(name, n, rate, seed, lengths)
+    first = reqs[0].request_id
+    for r in reqs:
+        r.prompt_tokens += system_tokens
+        if r.request_id != first:
+            r.prefix_of, r.prefix_tokens = first, system_tokens
+    return reqs

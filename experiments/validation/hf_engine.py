@@ -27,7 +27,7 @@ class EngineSpec:
     """One engine configuration; everything else stays at the engine's defaults."""
 
     name: str
-    num_blocks: int
+    num_blocks: int | None  # None: the engine sizes it (max_memory_percent of free memory)
     max_batch_tokens: int = 2048
     block_size: int = 256
     use_cuda_graph: bool = True
