@@ -26,7 +26,7 @@ from cachepilot_sim.config.cluster import (
     router_config,
 )
 from cachepilot_sim.config.engine import BatcherConfig, BatchMode, KVConfig, SchedulerConfig
-from cachepilot_sim.config.engine_profile import EngineConfig, Preemption, StepCost
+from cachepilot_sim.config.engine_profile import EngineConfig, GraphMode, Preemption, StepCost
 from cachepilot_sim.config.hardware import PCIE_GBPS_PER_LANE, GpuSpecConfig, HardwareConfig
 from cachepilot_sim.config.model import ModelConfig
 from cachepilot_sim.config.policy import (
@@ -71,6 +71,7 @@ __all__ = [
     "ModelConfig",
     "OnError",
     "PolicyConfig",
+    "GraphMode",
     "Preemption",
     "Registry",
     "ReplayConfig",

@@ -19,6 +19,17 @@ class StepCost(StrEnum):
     FITTED = "fitted"  # cost/engine_step.py: a real engine's step time, fitted from its micro-runs
 
 
+class GraphMode(StrEnum):
+    """How the engine replays its forward passes (transformers CB: `use_cuda_graph`)."""
+
+    NONE = "none"  # eager: no graphs, no capture stalls (the step cost is host-bound)
+    PRECAPTURED = "precaptured"  # every padded shape captured before serving: no stalls
+    # A graph is captured the first time a padded step shape is launched, during serving: that
+    # step stalls `graph_capture_us` per capture, `graph_captures_per_shape` captures per shape
+    # (one per async IO buffer set), once per shape for the engine's lifetime.
+    LAZY = "lazy"
+
+
 class Preemption(StrEnum):
     """What the engine does when a decoding sequence needs a KV block and none is free."""
 
@@ -49,6 +60,19 @@ class EngineConfig(Sealed):
     prefill_seqlen_us: float = bounded(0.0, ge=0)  # per 10^3 (prefill x longest sequence) pairs
     request_us: float = bounded(0.0, ge=0)
     q_pad_tokens: int = bounded(256, gt=0, integer=True)  # queries padded to a multiple of this
+    # KV tokens a step reads padded to a multiple of this (transformers: kv_padding_interval_size
+    # under CUDA graphs); 0: unpadded.
+    kv_pad_tokens: int = bounded(0, ge=0, integer=True)
+    graph_mode: GraphMode = GraphMode.NONE
+    graph_capture_us: int = bounded(0, ge=0, integer=True)  # one lazy capture's stall (LAZY)
+    graph_captures_per_shape: int = bounded(1, gt=0, integer=True)  # LAZY: async buffer sets
+    # Pinned CPU swap space of the engine, in KV blocks of kv.block_tokens (transformers:
+    # cpu_offload_space): a preempted request's blocks are copied out over the PCIe link and
+    # back on resume instead of recomputed; 0: recompute (soft reset).
+    cpu_swap_blocks: int = bounded(0, ge=0, integer=True)
+    # The GPU this profile's step cost was measured on (the engine.json `gpu` of its captures);
+    # empty: not tied to one GPU (the roofline engine, which scales by the hardware section).
+    fitted_gpu: str = ""
     # Time of each padded query shape k x q_pad_tokens (k = 1..len), replacing const_us +
     # q_padded_token_us x padded queries when given (cost.engine_step.EngineStepFit.q_shape_us).
     q_shape_us: list[float] = field(default_factory=list)
