@@ -72,7 +72,7 @@ class EngineConfig(Sealed):
     cpu_swap_blocks: int = bounded(0, ge=0, integer=True)
     # The GPU this profile's step cost was measured on (the engine.json `gpu` of its captures);
     # empty: not tied to one GPU (the roofline engine, which scales by the hardware section).
-    fitted_gpu: str = ""
+    fitted_on: str = ""
     # Time of each padded query shape k x q_pad_tokens (k = 1..len), replacing const_us +
     # q_padded_token_us x padded queries when given (cost.engine_step.EngineStepFit.q_shape_us).
     q_shape_us: list[float] = field(default_factory=list)

@@ -511,7 +511,7 @@ def phase_portable(s: Session, args: argparse.Namespace) -> None:
     for part in args.parts.split(","):
         t = perf_counter()
         if part == "main":
-            rec = Recorder(use_cuda=True)
+            rec = Recorder(use_cuda=not s.smoke)
             mgr, info = make_engine(s.model, MAIN_SPEC, rec, s.smoke)
             for name in args.main_workloads.split(","):
                 reqs, meta = plan[name]

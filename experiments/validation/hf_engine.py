@@ -43,16 +43,19 @@ class EngineSpec:
 def make_engine(model: Any, spec: EngineSpec, rec: Recorder, smoke: bool) -> tuple[Any, dict]:
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
+    num_blocks = spec.num_blocks
+    if smoke:  # the CPU smoke: a small pool (sdpa's mask grows with batch tokens x pool)
+        num_blocks = min(num_blocks or 96, 96)
     cb = ContinuousBatchingConfig(
         block_size=spec.block_size,
-        num_blocks=spec.num_blocks,
+        num_blocks=num_blocks,
         max_batch_tokens=spec.max_batch_tokens,
         use_cuda_graph=spec.use_cuda_graph,
-        use_async_batching=spec.use_async_batching,
+        use_async_batching=spec.use_async_batching and not smoke,  # async needs CUDA
         q_padding_interval_size=spec.q_padding_interval_size if spec.use_cuda_graph else 0,
         kv_padding_interval_size=spec.kv_padding_interval_size if spec.use_cuda_graph else 0,
         safety_margin=spec.safety_margin,
-        cpu_offload_space=spec.cpu_offload_space_gib,
+        cpu_offload_space=0.0 if smoke else spec.cpu_offload_space_gib,  # pinned memory: CUDA
         scheduler_type=spec.scheduler_type,
         seed=0,
     )

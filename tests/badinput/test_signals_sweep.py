@@ -19,7 +19,7 @@ import pytest
 from tests.badinput.test_signals import _alive
 
 JOBS = ["seed=0,1,2,3"]
-SWEEP = ["workload.num_requests=1500", "seeds=1", "jobs=1", "hydra.launcher.n_jobs=2"]
+SWEEP = ["workload.num_requests=8000", "seeds=1", "jobs=1", "hydra.launcher.n_jobs=2"]
 
 
 def _descendants(pid: int) -> set[int]:
@@ -65,7 +65,11 @@ def test_a_stopped_sweep_leaves_no_orphan_no_partial_file_and_a_rerun_heals(
         if sweep_dir.is_dir() and _running_jobs(sweep_dir) >= 2:
             break
         time.sleep(0.2)
-    time.sleep(1.0)  # both workers are simulating
+    # Both workers have started: signal while a job is simulating (a job takes seconds here, and
+    # the launcher may sit between two jobs for a moment, so look again rather than sleep once).
+    time.sleep(0.5)
+    while time.monotonic() < deadline and proc.poll() is None and _running_jobs(sweep_dir) < 1:
+        time.sleep(0.05)
     started |= _descendants(proc.pid)
     assert proc.poll() is None and _running_jobs(sweep_dir) >= 1, "the sweep ended too soon"
     assert len(started) >= 2, "the launcher did not start its workers"
