@@ -146,8 +146,6 @@ class Batcher(DecodeRuns, DecodeGrowth, EngineStalls):
             if self.queue.expired(req):  # the client gave up waiting
                 self.queue.pop(req)
                 self.kv.abandon(req)
-                if self.swap is not None:
-                    self.swap.release(req.req_id)
                 self.reject(req, "queue_timeout")
                 continue
             if self.gate is not None and not self.gate.passes(req):
@@ -226,6 +224,8 @@ class Batcher(DecodeRuns, DecodeGrowth, EngineStalls):
         """End `req` as rejected with `reason` (one of trace.schema.REJECT_REASONS)."""
         req.outcome, req.reject_reason = Outcome.REJECTED, reason
         req.finish_us = self.env.now
+        if self.swap is not None:  # a swapped-out request gave up: its CPU blocks are free
+            self.swap.release(req.req_id)
         self.events.reject(self.env.now, req, reason)
         req.done.succeed()
 
