@@ -14,6 +14,7 @@ LAZY = (
     "engine.graph_mode=LAZY",
     f"engine.graph_capture_us={CAPTURE_US}",
     "engine.kv_pad_tokens=16384",
+    "engine.graph_captures_per_shape=1",  # one IO buffer set (the profile's async has two)
 )
 
 
