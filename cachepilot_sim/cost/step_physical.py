@@ -208,8 +208,14 @@ class PhysicalStepModel:
     fit: PhysicalFit
 
     def steps_us(self, s: StepShapes) -> np.ndarray:
-        """Durations (us, before rounding) of the steps in `s`."""
-        return physical_terms(self.profile, self.num_layers, s) @ self.fit.coefficients()
+        """Durations (us, before rounding) of the steps in `s`. Summed term by term in TERMS
+        order, not by a matrix product, whose order of summation may depend on the step count:
+        a decode run then prices each step to the bit as a single step."""
+        terms = physical_terms(self.profile, self.num_layers, s)
+        out = np.zeros(terms.shape[0])
+        for i, c in enumerate(self.fit.coefficients()):
+            out += c * terms[:, i]
+        return out
 
 
 def fit_physical(terms: np.ndarray, step_us: np.ndarray) -> tuple[PhysicalFit, np.ndarray]:
