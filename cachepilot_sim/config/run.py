@@ -163,7 +163,7 @@ class SimConfig(Sealed):
             self.vram_gb,
             f"more than gpu {self.gpu.name!r} has ({self.gpu.hbm_gb:g} GB, gpu.hbm_gb)",
         )
-        if self.engine.step_cost in (StepCost.FITTED, StepCost.PHYSICAL):
+        if self.engine.step_cost == StepCost.FITTED:
             require(
                 self.tp == 1 and self.gpu.figures() == GpuSpecConfig().figures(),
                 "gpu" if self.tp == 1 else "tp",

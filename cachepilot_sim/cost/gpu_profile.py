@@ -54,9 +54,11 @@ class Curve:
 
 @dataclass(frozen=True, slots=True)
 class DecodeAttention:
-    """One layer's varlen attention over one-query sequences: the larger of a throughput line
-    (launch + KV tokens / measured rate, over batches of several sequences) and the critical path
-    of the longest sequence alone (batch-1 rows by context)."""
+    """One layer's varlen attention over one-query sequences as the profile launches it
+    (max_seqlen_q = 1: FlashAttention's grouped-query decode path): the larger of a throughput
+    line (launch + KV tokens / measured rate, over batches of several sequences) and the longest
+    sequence alone (batch-1 rows by context). A CUDA-graph engine that pads max_seqlen_q takes the
+    prefill path instead (cost/step_physical.py)."""
 
     launch_us: float
     token_us: float
@@ -81,6 +83,9 @@ class GpuProfile:
     pcie_d2h_bytes_per_us: float
     gemm: dict[str, Curve]  # layer -> time (us) by token count M
     prefill: Curve  # one layer's causal prefill of one sequence, time (us) by (query, key) pairs
+    # One query tile's walk through its keys, time (us) by keys: the prefill rows whose tiles
+    # fit in one wave of the SMs, where the last tile's walk is the kernel's time.
+    critical: Curve
     decode: DecodeAttention
 
     def gemm_us(self, layer: str, num_tokens: float | np.ndarray) -> float | np.ndarray:
@@ -159,13 +164,28 @@ def _gemm(r: _Reader, data: dict[str, Any]) -> dict[str, Curve]:
     return {name: r.curve(pts, f"gemm[layer={name}]") for name, pts in points.items()}
 
 
-def _attention(r: _Reader, data: dict[str, Any]) -> tuple[Curve, DecodeAttention]:
+ATTENTION_BLOCK_Q = 128  # FlashAttention-2 forward's query tile (kBlockM) for head_dim 128
+
+
+def _critical(r: _Reader, rows: list[tuple[float, float]], heads: int, sm_count: float) -> Curve:
+    """Prefill rows (tokens, us) whose ceil(tokens / 128) x heads tiles fit in one wave; the two
+    smallest rows when fewer do."""
+    rows = sorted(rows)
+    one_wave = [(t, us) for t, us in rows if math.ceil(t / ATTENTION_BLOCK_Q) * heads <= sm_count]
+    return r.curve(one_wave if len(one_wave) >= 2 else rows[:2], "attention.prefill")
+
+
+def _attention(
+    r: _Reader, data: dict[str, Any], heads: int
+) -> tuple[Curve, Curve, DecodeAttention]:
     attn = r.get(data, "attention", "attention")
-    prefill = []
+    prefill, by_tokens = [], []
     for i, row in enumerate(r.rows(attn, "prefill", "attention.prefill")):
         key = f"attention.prefill[{i}]"
         tokens = r.number(row, "tokens", f"{key}.tokens")
-        prefill.append((causal_pairs(tokens), r.number(row, "us", f"{key}.us")))
+        us = r.number(row, "us", f"{key}.us")
+        prefill.append((causal_pairs(tokens), us))
+        by_tokens.append((tokens, us))
     single: list[tuple[float, float, float]] = []
     multi: list[tuple[float, float, float]] = []
     for i, row in enumerate(r.rows(attn, "decode", "attention.decode")):
@@ -180,9 +200,10 @@ def _attention(r: _Reader, data: dict[str, Any]) -> tuple[Curve, DecodeAttention
     x = np.array([[1.0, kv] for _, kv, _ in multi])
     y = np.array([us for _, _, us in multi])
     coef, _ = nnls(x / y[:, None], np.ones_like(y))  # relative error, like the step fits
-    return r.curve(prefill, "attention.prefill"), DecodeAttention(
-        float(coef[0]), float(coef[1]), single_curve
-    )
+    decode = DecodeAttention(float(coef[0]), float(coef[1]), single_curve)
+    prefill_curve = r.curve(prefill, "attention.prefill")
+    sm_count = r.number(data, "sm_count", "sm_count")
+    return prefill_curve, _critical(r, by_tokens, heads, sm_count), decode
 
 
 def parse_gpu_profile(data: Any, path: Path) -> GpuProfile:
@@ -197,9 +218,11 @@ def parse_gpu_profile(data: Any, path: Path) -> GpuProfile:
     model_obj = r.get(data, "model", "model")
     model = {k: int(r.number(model_obj, k, f"model.{k}")) for k in MODEL_KEYS}
     rates = {k: r.number(data, k, k) for k in RATE_KEYS}
-    prefill, decode = _attention(r, data)
+    prefill, critical, decode = _attention(r, data, model["heads"])
     gemm = _gemm(r, data)
-    return GpuProfile(str(path), gpu, model, **rates, gemm=gemm, prefill=prefill, decode=decode)
+    return GpuProfile(
+        str(path), gpu, model, **rates, gemm=gemm, prefill=prefill, critical=critical, decode=decode
+    )
 
 
 def load_gpu_profile(path: str | Path) -> GpuProfile:
@@ -285,5 +308,6 @@ def datasheet_profile(
         pcie_d2h_bytes_per_us=pcie_gbps * 1e3,
         gemm=gemm,
         prefill=Curve((1.0, 2.0), (pair_us, 2 * pair_us)),
+        critical=Curve((1.0, 2.0), (0.0, 0.0)),  # a datasheet knows no critical path
         decode=DecodeAttention(0.0, kv_token_us, Curve((1.0, 2.0), (kv_token_us, 2 * kv_token_us))),
     )

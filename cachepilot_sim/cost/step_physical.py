@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 from scipy.optimize import nnls
 
-from cachepilot_sim.cost.gpu_profile import DECODER_LAYERS, GpuProfile
+from cachepilot_sim.cost.gpu_profile import ATTENTION_BLOCK_Q, DECODER_LAYERS, GpuProfile
 
 # Order of the basis columns and of PhysicalFit's coefficients.
 TERMS = (
@@ -34,7 +34,6 @@ TERMS = (
     "elementwise_scale",  # x activation and logits bytes over the measured copy rate
     "grid_block_ns",  # x attention query tiles launched (thousands): empty ones exit early
 )
-ATTENTION_BLOCK_Q = 128  # FlashAttention-2 forward's query tile (kBlockM) for head_dim 128
 # Activation elements read or written per padded token per decoder layer, in units of hidden
 # (h), KV width (kv) and intermediate (i): two RMSNorms (2h each), rotary on q and k (2h + 2kv),
 # two residual adds (3h each), SiLU x up (3i). The GEMMs' own reads and writes are in their times.
@@ -148,14 +147,17 @@ def prefill_pairs(s: StepShapes) -> np.ndarray:
 
 
 def attention_us(profile: GpuProfile, s: StepShapes) -> np.ndarray:
-    """One layer's varlen attention: every key read once (one-query rate) plus the prefill
-    chunks' pairs (causal prefill rate), or the longest sequence's critical path if longer."""
-    keys = s.kv_read + s.q_tokens
-    dec = profile.decode
-    stream = np.where(keys > 0, dec.launch_us + dec.token_us * keys, 0.0)
-    pairs = prefill_pairs(s)
-    stream = stream + np.where(pairs > 0, profile.prefill.at(np.maximum(pairs, 1.0)), 0.0)
-    return np.maximum(stream, dec.single.at(s.longest))
+    """One layer's varlen attention as a padded CUDA-graph step launches it: max_seqlen_q is the
+    padded query count, so every sequence takes the prefill path and a decode's one query fills a
+    whole 128-row tile. Work = 128 x the decodes' keys + the prefill chunks' pairs, priced at the
+    profile's prefill rate, or the longest sequence's tile walking its keys if that is longer."""
+    chunk = s.prefill_tokens / np.maximum(s.num_prefill_requests, 1.0)
+    prefill_ctx = np.clip(s.num_prefill_requests * (s.longest - chunk), 0.0, s.kv_read)
+    num_decodes = s.num_requests - s.num_prefill_requests
+    decode_keys = s.kv_read - prefill_ctx + num_decodes
+    work = ATTENTION_BLOCK_Q * decode_keys + prefill_pairs(s)
+    stream = np.where(work > 0, profile.prefill.at(np.maximum(work, 1.0)), 0.0)
+    return np.maximum(stream, profile.critical.at(s.longest))
 
 
 def physical_terms(profile: GpuProfile, num_layers: int, s: StepShapes) -> np.ndarray:
