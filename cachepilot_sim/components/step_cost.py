@@ -1,7 +1,8 @@
 """How long one engine step takes: the batcher's step-cost port, chosen by the engine profile.
 
 `RooflineStepCost` is the project's own engine model (cost/model.py over the hardware section);
-`FittedStepCost` is a real engine's step time fitted from its micro-runs (cost/engine_step.py).
+`FittedStepCost` is a real engine's step time fitted from its micro-runs (cost/engine_step.py);
+`PhysicalStepCost` the same engine's kernels on a measured GPU profile (cost/step_physical.py).
 The batcher calls the port and never asks which engine it imitates.
 """
 
@@ -12,9 +13,19 @@ from typing import Protocol
 
 import numpy as np
 
+from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config import SimConfig, StepCost
+from cachepilot_sim.config.base import ConfigError
 from cachepilot_sim.cost import ComputeFit, batch_iteration_us, decode_step_slope_us, iteration_us
 from cachepilot_sim.cost.engine_step import EngineStepFit, decode_run_us, engine_step_us
+from cachepilot_sim.cost.gpu_profile import check_model, load_gpu_profile, resolve_profile_path
+from cachepilot_sim.cost.step_physical import (
+    PaddingRules,
+    PhysicalFit,
+    PhysicalStepModel,
+    batch_shape,
+    decode_shapes,
+)
 
 EXACT = 1 << 53  # integers below this are exact in float64, so their float sums are too
 
@@ -115,9 +126,74 @@ class FittedStepCost:
         return decode_run_us(self.fit, ctx, num_steps)
 
 
+class PhysicalStepCost:
+    """A CUDA-graph engine's kernels on a measured GPU at its padded launch shape, scaled by
+    constants fitted from its micro-runs (cost/step_physical.py)."""
+
+    def __init__(self, model: PhysicalStepModel) -> None:
+        self.model = model
+
+    def iteration_us(
+        self, new: np.ndarray, ctx: np.ndarray, tok_bytes: np.ndarray, model: np.ndarray
+    ) -> float:
+        """One step over its padded shape; an empty step costs nothing."""
+        if new.size == 0:
+            return 0.0
+        return float(self.model.steps_us(batch_shape(self.model.rules, new, ctx))[0])
+
+    def iteration_us_ints(
+        self, new: list[int], ctx: list[int], tok_bytes: list[int]
+    ) -> float | None:
+        """None: the physical model takes the arrays (`iteration_us`)."""
+        return None
+
+    def decode_run_us(
+        self, ctx: np.ndarray, tok_bytes: np.ndarray, model: np.ndarray, num_steps: int
+    ) -> np.ndarray:
+        """Each step priced over its padded shape, as `iteration_us` prices it."""
+        return self.model.steps_us(decode_shapes(self.model.rules, ctx, num_steps))
+
+
+# Where a relative engine.gpu_profile is looked up: the package's conf/, then the repository.
+PROFILE_ROOTS = (CONF_DIR, CONF_DIR.parents[1])
+
+
+def physical_step_model(cfg: SimConfig) -> PhysicalStepModel:
+    """The physical step model of `cfg`'s engine profile: reads engine.gpu_profile (the only
+    file read) and refuses a profile measured for another model geometry."""
+    e = cfg.engine
+    if len(cfg.models) != 1:
+        raise ConfigError(
+            f"config key 'extra_models' = {len(cfg.models) - 1} extra model(s): "
+            "step_cost=physical prices one model's engine"
+        )
+    profile = load_gpu_profile(resolve_profile_path(e.gpu_profile, PROFILE_ROOTS))
+    m = cfg.model
+    check_model(profile, m.num_kv_heads, m.head_dim, m.num_attention_heads)
+    rules = PaddingRules(
+        q_pad_tokens=e.q_pad_tokens,
+        kv_pad_tokens=e.kv_pad_tokens,
+        max_batch_tokens=cfg.batcher.throughput_token_budget,
+        max_kv_tokens=e.kv_pool_blocks * cfg.kv.block_tokens,
+        max_seqs=cfg.batcher.throughput_max_seqs,
+    )
+    fit = PhysicalFit(
+        e.physical_overhead_us,
+        e.physical_request_us,
+        e.physical_gemm_scale,
+        e.physical_kv_copy_scale,
+        e.physical_attention_scale,
+        e.physical_elementwise_scale,
+        e.physical_grid_block_ns,
+    )
+    return PhysicalStepModel(profile, m.num_layers, rules, fit)
+
+
 def make_step_cost(cfg: SimConfig, fit: ComputeFit) -> StepCostModel:
     """The step-cost port the engine profile asks for."""
     e = cfg.engine
+    if e.step_cost == StepCost.PHYSICAL:
+        return PhysicalStepCost(physical_step_model(cfg))
     if e.step_cost == StepCost.FITTED:
         return FittedStepCost(
             EngineStepFit(

@@ -17,6 +17,9 @@ from cachepilot_sim.config.base import Sealed, bounded, join_key, require
 class StepCost(StrEnum):
     ROOFLINE = "roofline"  # cost/model.py over hardware.*: an idealised kernel-bound engine
     FITTED = "fitted"  # cost/engine_step.py: a real engine's step time, fitted from its micro-runs
+    # cost/step_physical.py: the engine's kernels on a measured GPU profile (engine.gpu_profile)
+    # at its padded launch shape, with a few constants fitted from its micro-runs
+    PHYSICAL = "physical"
 
 
 class GraphMode(StrEnum):
@@ -82,6 +85,19 @@ class EngineConfig(Sealed):
     # Time of each padded query shape k x q_pad_tokens (k = 1..len), replacing const_us +
     # q_padded_token_us x padded queries when given (cost.engine_step.EngineStepFit.q_shape_us).
     q_shape_us: list[float] = field(default_factory=list)
+    # PHYSICAL: the GPU micro-profile (kernels/profile_gpu.py's gpu_profile.json); a relative path
+    # is looked up under the package's conf/ folder, then the repository root.
+    gpu_profile: str = ""
+    # PHYSICAL: the engine's constants over the physical terms (cost.step_physical.PhysicalFit):
+    # per-step and per-request overhead (us), a scale of each kernel time on the profile, and
+    # ns per attention query tile launched (padding slots included).
+    physical_overhead_us: float = bounded(0.0, ge=0)
+    physical_request_us: float = bounded(0.0, ge=0)
+    physical_gemm_scale: float = bounded(0.0, ge=0)
+    physical_kv_copy_scale: float = bounded(0.0, ge=0)
+    physical_attention_scale: float = bounded(0.0, ge=0)
+    physical_elementwise_scale: float = bounded(0.0, ge=0)
+    physical_grid_block_ns: float = bounded(0.0, ge=0)
     # KV pool in blocks of kv.block_tokens, as the engine allocated it; 0: from vram_gb.
     kv_pool_blocks: int = bounded(0, ge=0, integer=True)
     # Async batching: step n+1 is scheduled while step n runs, so a request that arrived during a
@@ -116,3 +132,16 @@ class EngineConfig(Sealed):
             list(self.q_shape_us),
             "must hold positive step times (us), one per padded query shape",
         )
+        if self.step_cost == StepCost.PHYSICAL:
+            require(
+                bool(self.gpu_profile),
+                join_key(prefix, "gpu_profile"),
+                self.gpu_profile,
+                "step_cost=physical needs the GPU micro-profile it is built on (gpu_profile.json)",
+            )
+            require(
+                self.physical_gemm_scale > 0,
+                join_key(prefix, "physical_gemm_scale"),
+                self.physical_gemm_scale,
+                "must be > 0 for step_cost=physical (a step without its GEMMs is no fit)",
+            )

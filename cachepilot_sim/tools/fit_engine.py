@@ -13,6 +13,11 @@ left out. Writes the fit, the data file it came from and the residuals as JSON, 
 query padding: 2048 / 256) instead of a line in the padded query count; the JSON reports the
 cross-validation of both forms.
 
+`--form physical --gpu-profile PATH --max-tokens 2048` fits the physical form instead
+(cost/step_physical.py: the engine's kernels on a measured GPU profile, a few fitted constants)
+on the steps of up to 2048 queries and reports the larger steps' errors apart
+(tools/fit_physical.py).
+
 Several micro-run files are stacked (their configurations keep their own names, so the
 cross-validation still leaves one configuration out at a time).
 """
@@ -155,7 +160,20 @@ def main(argv: list[str] | None = None) -> None:
         "--q-shapes", type=int, default=0, help="fit a time per padded query shape (0: a line)"
     )
     ap.add_argument("--json", type=Path, help="write the fit and its residuals here")
+    ap.add_argument("--form", choices=("engine_step", "physical"), default="engine_step")
+    ap.add_argument("--gpu-profile", help="physical: gpu_profile.json, or 'datasheet'")
+    ap.add_argument(
+        "--max-tokens", type=int, default=2048, help="physical: fit steps of <= this many queries"
+    )
+    ap.add_argument("--predict", type=Path, nargs="*", help="physical: steps files only predicted")
     args = ap.parse_args(argv)
+    if args.form == "physical":
+        if not args.gpu_profile:
+            ap.error("--form physical needs --gpu-profile (a gpu_profile.json or 'datasheet')")
+        from cachepilot_sim.tools.fit_physical import run
+
+        run(args)
+        return
     steps = load_micro_steps(*args.steps)
     fit, resid = fit_steps(steps, args.q_pad_tokens, args.q_shapes)
     out = report(args.steps if len(args.steps) > 1 else args.steps[0], steps, fit, resid)
