@@ -73,6 +73,10 @@ class EngineConfig(Sealed):
     # The GPU this profile's step cost was measured on (the engine.json `gpu` of its captures);
     # empty: not tied to one GPU (the roofline engine, which scales by the hardware section).
     fitted_on: str = ""
+    # The engine.json settings the step cost was measured at (validation/engine_settings.py
+    # refuses a capture made at another value unless the step cost represents it), spelled as
+    # engine_settings.normalised writes them: {"q_padding_interval_size": "256", ...}.
+    fitted_settings: dict[str, str] = field(default_factory=dict)
     # Time of each padded query shape k x q_pad_tokens (k = 1..len), replacing const_us +
     # q_padded_token_us x padded queries when given (cost.engine_step.EngineStepFit.q_shape_us).
     q_shape_us: list[float] = field(default_factory=list)

@@ -22,6 +22,7 @@ import polars as pl
 
 from cachepilot_sim.config import RunConfig, register_configs, to_config
 from cachepilot_sim.tools import CONF_DIR
+from cachepilot_sim.validation.engine_settings import EngineSettingsError, resolve
 from cachepilot_sim.validation.ground_truth import (
     GroundTruth,
     GroundTruthError,
@@ -30,7 +31,7 @@ from cachepilot_sim.validation.ground_truth import (
     request_latencies,
     summarize,
 )
-from cachepilot_sim.validation.replay import engine_overrides, simulate
+from cachepilot_sim.validation.replay import simulate
 
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 STATS = ("mean", "p50", "p90", "p99")
@@ -124,11 +125,12 @@ def validate_runs(
         if name in ("microbench",):
             continue  # cost micro-runs: the fit's data, not a validation workload
         real = load_ground_truth(paths[0])
-        block_tokens = sim_config(engine, []).kv.block_tokens
-        run_cfg = sim_config(engine, engine_overrides(real, block_tokens))
+        settings = resolve(paths[0], real.engine, sim_config(engine, []))
+        run_cfg = sim_config(engine, settings.overrides)
         cfg = run_cfg.sim_for(run_cfg.policy.name, 0)
         sim, _ = simulate(cfg, real)
         row = compare(sim, real)
+        row["engine_settings"] = settings.as_dict()
         if len(paths) > 1:
             row["spread"] = spread(real, load_ground_truth(paths[1]))
         out[name] = row
@@ -153,6 +155,26 @@ def markdown(workloads: dict[str, Any]) -> str:
             + f" | {row['preemptions_sim']}/{row['preemptions_real']}"
             + f" | {_pct(row['e2e_mape']).lstrip('+')} |"
         )
+    return "\n".join(lines)
+
+
+def settings_text(workloads: dict[str, Any]) -> str:
+    """The resolved engine settings the workloads were replayed with: a key with one value in
+    every workload once, a key that differs with each workload's value; then every transfer to a
+    GPU the step cost was not measured on."""
+    per_key: dict[str, dict[str, str]] = {}
+    for name, row in workloads.items():
+        for key, v in row["engine_settings"]["settings"].items():
+            per_key.setdefault(key, {})[name] = f"{v['value']}: {v['use']}"
+    lines = ["engine settings replayed (engine.json key = value: what the replay did):"]
+    for key, by_name in per_key.items():
+        values = set(by_name.values())
+        if len(values) == 1 and len(by_name) == len(workloads):
+            lines.append(f"  {key} = {values.pop()}")
+        else:
+            lines += [f"  {key} [{name}] = {v}" for name, v in by_name.items()]
+    for name, row in workloads.items():
+        lines += [f"note ({name}): {n}" for n in row["engine_settings"]["notes"]]
     return "\n".join(lines)
 
 
@@ -198,9 +220,10 @@ def main(argv: list[str] | None = None) -> None:
     only = [w for w in args.workloads.split(",") if w] or None
     try:
         workloads, pairs = validate_runs(args.ground_truth, args.engine, only)
-    except GroundTruthError as err:
+    except (GroundTruthError, EngineSettingsError) as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    print(settings_text(workloads))
     print(f"engine profile: {args.engine}; cells: sim vs run 1 (run 2 vs run 1)")
     print(markdown(workloads))
     if args.json:

@@ -16,12 +16,13 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from cachepilot_sim.config import SimConfig
+from cachepilot_sim.config import RunConfig, SimConfig
 from cachepilot_sim.validation.block_hashes import (
     SharedBlocksRule,
     num_shared_blocks,
     replay_hash_ids,
 )
+from cachepilot_sim.validation.engine_settings import resolve
 from cachepilot_sim.validation.ground_truth import (
     ENGINE_FILE,
     HASH_COLUMN,
@@ -95,19 +96,10 @@ def workload_from_ground_truth(
     return workload, df
 
 
-def engine_overrides(gt: GroundTruth, block_tokens: int) -> list[str]:
-    """Config overrides read from the run's engine.json: its pool size (in blocks of the profile's
-    `block_tokens`) and its safety
-    margin (engine.prefill_margin_fraction; as a KV watermark instead, 0.15 made
-    pressure_queue's TTFT 2.7x too long)."""
-    out = []
-    blocks, size = gt.engine.get("num_blocks"), gt.engine.get("block_size")
-    if isinstance(blocks, int) and isinstance(size, int):  # the same tokens in the profile's blocks
-        out.append(f"engine.kv_pool_blocks={blocks * size // block_tokens}")
-    margin = gt.engine.get("safety_margin")
-    if isinstance(margin, int | float) and 0 <= margin < 1:
-        out.append(f"engine.prefill_margin_fraction={margin}")
-    return out
+def engine_overrides(gt: GroundTruth, profile: RunConfig) -> list[str]:
+    """Config overrides from the run's engine.json for a replay on `profile` (every setting
+    honoured or refused: validation/engine_settings.py)."""
+    return resolve(Path(gt.path), gt.engine, profile).overrides
 
 
 def simulate(

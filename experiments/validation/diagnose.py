@@ -131,7 +131,9 @@ def shape_bias(steps_path: Path, fit_path: Path | None) -> None:
 def prefix_hits(folder: Path) -> None:
     """Per request: blocks hit in the simulator's replay vs the engine's reported hits."""
     real = load_ground_truth(folder)
-    run_cfg = sim_config("hf_cb", [*engine_overrides(real, BLOCK_TOKENS), "trace.enabled=true"])
+    run_cfg = sim_config(
+        "hf_cb", [*engine_overrides(real, sim_config("hf_cb", [])), "trace.enabled=true"]
+    )
     cfg = run_cfg.sim_for(run_cfg.policy.name, 0)
     wl, order = workload_from_ground_truth(real, BLOCK_TOKENS)
     with tempfile.TemporaryDirectory() as tmp:
@@ -177,7 +179,7 @@ def itl_tail(folder: Path, above: list[float], at: int | None) -> None:
             steps.append((self.env.now, us, n_dec, parts))
         return us
 
-    run_cfg = sim_config("hf_cb", engine_overrides(real, BLOCK_TOKENS))
+    run_cfg = sim_config("hf_cb", engine_overrides(real, sim_config("hf_cb", [])))
     Batcher._raw_duration_us = record  # type: ignore[method-assign]
     try:
         sim, _ = simulate(run_cfg.sim_for(run_cfg.policy.name, 0), real)
@@ -243,7 +245,9 @@ def preempt_log(folder: Path) -> None:
                     ] += 1
         print(f"{log.name}: engine preemptions {sum(kinds.values())}: {dict(kinds)}")
     real = load_ground_truth(folder / "pressure_preempt" / "run2")
-    run_cfg = sim_config("hf_cb", [*engine_overrides(real, BLOCK_TOKENS), "trace.enabled=true"])
+    run_cfg = sim_config(
+        "hf_cb", [*engine_overrides(real, sim_config("hf_cb", [])), "trace.enabled=true"]
+    )
     cfg = run_cfg.sim_for(run_cfg.policy.name, 0)
     wl, _ = workload_from_ground_truth(real, BLOCK_TOKENS)
     with tempfile.TemporaryDirectory() as tmp:
@@ -277,7 +281,11 @@ def cost_sensitivity(
         for f in scales:
             shapes = ",".join(repr(v * f) for v in e.q_shape_us)
             scaled = [f"engine.{k}={getattr(e, k) * f!r}" for k in SCALED]
-            ov = [*engine_overrides(real, BLOCK_TOKENS), f"engine.q_shape_us=[{shapes}]", *scaled]
+            ov = [
+                *engine_overrides(real, sim_config("hf_cb", [])),
+                f"engine.q_shape_us=[{shapes}]",
+                *scaled,
+            ]
             run_cfg = sim_config("hf_cb", [*ov, *extra])
             sim, _ = simulate(run_cfg.sim_for(run_cfg.policy.name, 0), real)
             c = compare(sim, real)

@@ -29,8 +29,7 @@ SHARED_PROMPT = ROOT / "tests/data/ground_truth_shared_prompt/run1"
 
 
 def _replay(gt: GroundTruth, rule: SharedBlocksRule = num_shared_blocks) -> GroundTruth:
-    block_tokens = sim_config("hf_cb", []).kv.block_tokens
-    run_cfg = sim_config("hf_cb", engine_overrides(gt, block_tokens))
+    run_cfg = sim_config("hf_cb", engine_overrides(gt, sim_config("hf_cb", [])))
     sim, _ = simulate(run_cfg.sim_for(run_cfg.policy.name, 0), gt, rule)
     return sim
 

@@ -250,7 +250,7 @@ def test_a_queued_request_made_active_by_a_prefix_hit_is_evicted_when_it_starves
     starved, it is soft reset (a preemption of a request that never ran again: 0 blocks)."""
     real = load_ground_truth(PRESSURE_PREEMPT)
     gt = GroundTruth(real.path, real.requests, None, real.engine)
-    reqs, trace = _run(gt, tmp_path, *engine_overrides(real, 256), *overrides)
+    reqs, trace = _run(gt, tmp_path, *engine_overrides(real, sim_config("hf_cb", [])), *overrides)
     assert (reqs["outcome"] == "completed").all()
     ev = trace.filter(pl.col("kind").is_in(["preempt", "admit", "finish"])).sort("t_us", "seq")
     phantom = ev.filter((pl.col("kind") == "preempt") & (pl.col("blocks") == 0))
