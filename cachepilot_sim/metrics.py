@@ -44,6 +44,7 @@ REQUEST_SCHEMA = pl.Schema(
         "e2e_us": pl.Int64,
         "sla_met": pl.Boolean,
         "session_wait_us": pl.Int64,
+        "cpu_swaps": pl.Int64,  # of `preemptions`: KV kept in the engine's CPU swap space
     }
 )
 
@@ -81,6 +82,7 @@ def request_row(
         r.finish_us - r.arrival_us if done else -1,
         done and ttft <= ttft_slo_us[r.class_index] and tpot <= r.tpot_slo_us,
         r.session_wait_us,
+        r.num_cpu_swaps,
     )
 
 

@@ -86,6 +86,9 @@ class Simulation:
         check_ended(self.clients, int(self.env.now), "model")
         if not self.pool.conserved():
             raise SimulationError("VRAM pool accounting broken at the end of the run")
+        swap = self.engine.swap
+        if swap is not None and (not swap.conserved() or swap.free_blocks != swap.capacity_blocks):
+            raise SimulationError("CPU swap space not conserved, or held after the run")
         # The closing row carries the simulated duration (stale timers can outlive the last event).
         self.events.run_end(int(self.env.now))
         self.recorder.close(self.trace_meta())
@@ -151,6 +154,12 @@ class Simulation:
             "reloads": kv.reloads,
             "recomputes": kv.recomputes,
             "preemptions": kv.preemptions,
+            # Of those: KV copied to the engine's CPU swap space, and dropped to be recomputed.
+            "cpu_swaps": eng.cpu_swaps,
+            "soft_resets": kv.preemptions - eng.cpu_swaps,
+            # Lazy CUDA-graph captures (engine.graph_mode LAZY) and the time they stalled steps.
+            "graph_captures": eng.graph_captures,
+            "graph_capture_s": eng.graph_capture_us / 1e6,
             "promoted": self.queue.num_promoted,
             "sessions": self.clients.num_sessions,
             "vram_kv_util_mean": eng.kv_byte_us / duration / self.pool.capacity_bytes,

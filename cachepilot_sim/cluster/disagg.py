@@ -127,6 +127,7 @@ class Disaggregation:
         req.kv_source, req.prefill_tokens = half.kv_source, half.prefill_tokens
         req.reload_us_paid, req.recompute_us_paid = half.reload_us_paid, half.recompute_us_paid
         req.num_preemptions, req.generated = half.num_preemptions, half.generated
+        req.num_cpu_swaps = half.num_cpu_swaps
         end: Request = half
         if half.outcome == Outcome.COMPLETED and req.output_tokens > 1:
             d = yield from self._choose_decode()
@@ -143,6 +144,7 @@ class Disaggregation:
             self._decode_outstanding[d] -= 1
             req.generated += end.generated
             req.num_preemptions += end.num_preemptions
+            req.num_cpu_swaps += end.num_cpu_swaps
         req.outcome, req.reject_reason, req.finish_us = (
             end.outcome,
             end.reject_reason,

@@ -12,6 +12,7 @@ import simpy
 
 from cachepilot_sim.clock import SimEnvironment, s_to_us
 from cachepilot_sim.components.batcher import Batcher
+from cachepilot_sim.components.cpu_swap import CpuSwapSpace
 from cachepilot_sim.components.kv import KvDeps, make_kv_manager
 from cachepilot_sim.components.kv.remote import RemoteKv
 from cachepilot_sim.components.pcie_link import PcieLink
@@ -61,9 +62,12 @@ class Replica:
         )  # fmt: skip
         self.kv = make_kv_manager(cfg if hw is cfg.hardware else replace(cfg, hardware=hw), deps)
         self.scheduler = Scheduler(env, self.queue, self.kv, events)
+        swap_blocks = cfg.engine.cpu_swap_blocks
+        self.swap = CpuSwapSpace(self.link, swap_blocks) if swap_blocks else None
         ports = EnginePorts(
-            env, self.queue, self.kv, self.pool, fit, events, wake, make_step_cost(cfg, fit)
-        )
+            env, self.queue, self.kv, self.pool, fit, events, wake, make_step_cost(cfg, fit),
+            self.swap,
+        )  # fmt: skip
         self.batcher = Batcher(cfg, ports)
 
     @property

@@ -24,7 +24,9 @@ import simpy
 from cachepilot_sim.clock import ceil_us, ms_to_us
 from cachepilot_sim.components.admission_gate import AdmissionGate
 from cachepilot_sim.components.decode_run import DecodeRuns
+from cachepilot_sim.components.engine_stalls import EngineStalls
 from cachepilot_sim.components.engine_stats import EngineStats
+from cachepilot_sim.components.graph_capture import make_graph_captures
 from cachepilot_sim.components.growth import DecodeGrowth
 from cachepilot_sim.components.kv import Admit
 from cachepilot_sim.components.ports import EnginePorts
@@ -39,7 +41,7 @@ CTX, PREFILL_LEFT, DECODE_LEFT, BLOCKS, BLOCK_BYTES, TOKEN_BYTES, MODEL, ORDER, 
 )
 
 
-class Batcher(DecodeRuns, DecodeGrowth):
+class Batcher(DecodeRuns, DecodeGrowth, EngineStalls):
     """The engine loop: admission at iteration boundaries, one timeout per iteration or run."""
 
     def __init__(self, cfg: SimConfig, ports: EnginePorts) -> None:
@@ -88,6 +90,11 @@ class Batcher(DecodeRuns, DecodeGrowth):
         self._admit_seq = 0
         self._run_id = 0
         self.stats = EngineStats()
+        # Compute-stream stalls (engine_stalls.py): lazy graph captures, CPU swap copies.
+        pool_tokens = self.pool.capacity_bytes // int(self.kv.block_bytes[0]) * self.block_tokens
+        self.graphs = make_graph_captures(cfg, pool_tokens)
+        self.swap = ports.swap
+        self.stall_us = 0
         # Admission control of new sessions under pressure; None (`all`): every request admitted.
         self.gate: AdmissionGate | None = None
         if cfg.admission.name != "all":
@@ -125,6 +132,8 @@ class Batcher(DecodeRuns, DecodeGrowth):
         n = self.n
         wanted = sum(self.prefill_left[:n].tolist()) + n
         order = self.queue.in_order() if self.admit_past_blocked else None
+        if order is not None and self.swap is not None:
+            order = self._interleave_swapped(order)
         while self.n < max_seqs and wanted < budget and not self.block_new:
             if self.n and self._outside_margin():
                 return  # the engine admits no new prefill next to running requests
@@ -144,7 +153,12 @@ class Batcher(DecodeRuns, DecodeGrowth):
             free = order is not None and self._any_free_block()
             result = self.kv.admit(req)
             if result in (Admit.BLOCKED, Admit.BLOCKED_HIT):
-                if result == Admit.BLOCKED_HIT and self.preemption == Preemption.STARVED_BACK:
+                # A swapped-out request skips the prefix match, so a hit never makes it active.
+                if (
+                    result == Admit.BLOCKED_HIT
+                    and self.preemption == Preemption.STARVED_BACK
+                    and not self._swapped_out(req)
+                ):
                     self._starve_queued(req)
                 if not free:  # the engine stops looking once no block is free
                     return
@@ -153,6 +167,8 @@ class Batcher(DecodeRuns, DecodeGrowth):
             if result == Admit.REJECT:
                 self.reject(req, "exceeds_kv_capacity")
             elif result == Admit.READY:
+                if self.swap is not None and self.swap.holds(req.req_id):
+                    self._swap_in(req)
                 self._place(req)
                 wanted += req.prefill_tokens + 1
 
@@ -208,6 +224,8 @@ class Batcher(DecodeRuns, DecodeGrowth):
         """End `req` as rejected with `reason` (one of trace.schema.REJECT_REASONS)."""
         req.outcome, req.reject_reason = Outcome.REJECTED, reason
         req.finish_us = self.env.now
+        if self.swap is not None:  # a swapped-out request gave up: its CPU blocks are free
+            self.swap.release(req.req_id)
         self.events.reject(self.env.now, req, reason)
         req.done.succeed()
 
@@ -254,6 +272,10 @@ class Batcher(DecodeRuns, DecodeGrowth):
         decode = decoding.nonzero()[0].tolist()
         chunk_idx, chunks = self._plan_prefill(budget - len(decode))
         duration = ceil_us(self._raw_duration_us(decode, chunk_idx, chunks))
+        if self.graphs is not None:
+            duration += self._step_graph_stall(self.graphs, decode, chunk_idx, chunks)
+        if self.stall_us:
+            duration += self._take_stall()
         if self.ghost.shape[1]:
             self.ghost = self.ghost[:, :0]
         self._account(duration, 1)

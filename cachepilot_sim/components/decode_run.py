@@ -16,6 +16,7 @@ import simpy
 if TYPE_CHECKING:
     from cachepilot_sim.clock import SimEnvironment
     from cachepilot_sim.components.engine_stats import EngineStats
+    from cachepilot_sim.components.graph_capture import GraphCaptures, GraphKey
     from cachepilot_sim.components.signal import Signal
     from cachepilot_sim.components.step_cost import StepCostModel
 
@@ -39,6 +40,9 @@ class DecodeRuns:
     step_start_us: int
     _run_id: int
 
+    graphs: GraphCaptures | None
+    stall_us: int
+
     if TYPE_CHECKING:  # provided by DecodeGrowth and the batcher; declared for the type checker
 
         def _reserve_decode_blocks(self, k: int) -> int: ...
@@ -50,6 +54,12 @@ class DecodeRuns:
         def _account(self, duration: int, steps: int) -> None: ...
 
         def _finish_done(self) -> None: ...
+
+        def _take_stall(self) -> int: ...
+
+        def _run_graph_keys(self, graphs: GraphCaptures, num_steps: int) -> list[GraphKey]: ...
+
+        def _launched(self, graphs: GraphCaptures, keys: list[GraphKey]) -> int: ...
 
     def _decode_run(self) -> Generator[simpy.Event, object, None]:
         """Up to k pure-decode steps as one timeout; blocks for all k steps are reserved first.
@@ -65,7 +75,14 @@ class DecodeRuns:
         raw = self.step_cost.decode_run_us(self.ctx[:n], self.tok_bytes[:n], self.model[:n], k)
         if self.ghost.size:  # last step's finished requests ride along in this one
             raw[0] = self._raw_duration_us(list(range(n)), [], [])
+        graphs, keys = self.graphs, []
+        if graphs is not None:  # lazy captures: priced now, booked for the steps that run
+            keys = self._run_graph_keys(graphs, k)
+            raw = raw + np.asarray(graphs.stalls(keys), dtype=np.float64)
+        if self.ghost.size:
             self.ghost = self.ghost[:, :0]
+        if self.stall_us:  # copies enqueued before the run delay its first step
+            raw[0] += self._take_stall()
         ends = np.cumsum(np.maximum(1.0, np.ceil(raw))).astype(np.int64)  # step j's end, in us
         env = self.env
         start, total = env.now, int(ends[-1])
@@ -89,6 +106,8 @@ class DecodeRuns:
                 steps = int(ends.searchsorted(elapsed)) + 1  # the step in progress at the wake
                 if ends[steps - 1] > elapsed:
                     yield env.timeout(int(ends[steps - 1]) - elapsed)
+        if graphs is not None:
+            self._launched(graphs, keys[:steps])
         done = ends[:steps].tolist()
         self._account(done[-1], steps)
         self.step_start_us = start + (done[-2] if steps > 1 else 0)

@@ -20,6 +20,11 @@ class EngineStats:
     tokens_decoded: int = 0
     kv_byte_us: float = 0.0  # integral of (used + in flight) KV bytes over time
     kv_peak_bytes: int = 0
+    # Stalls of the compute stream added to steps (engine profile; 0 under the defaults).
+    graph_captures: int = 0  # lazy CUDA-graph captures (engine.graph_mode LAZY)
+    graph_capture_us: int = 0  # their stall
+    cpu_swaps: int = 0  # preemptions copied to the CPU swap space (engine.cpu_swap_blocks)
+    swap_copy_us: int = 0  # the swap copies' stall, out and back
     # Requests preempted while decoding -> when their last token came (a long gap follows).
     last_token_us: dict[object, int] = field(default_factory=dict, repr=False)
     # Inter-token gaps counted so far (us -> tokens) and decode runs not yet folded into them.

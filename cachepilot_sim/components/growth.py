@@ -49,6 +49,10 @@ class DecodeGrowth:
     def _remove(self, i: int) -> Request:  # provided by the batcher
         raise NotImplementedError
 
+    if TYPE_CHECKING:  # provided by EngineStalls; declared for the type checker
+
+        def _swap_out(self, victim: int) -> bool: ...
+
     def _reserve_decode_blocks(self, k: int) -> int:
         """Reserve blocks for k decode steps, shortening the run when memory is short; the
         single-step fallback evicts and, failing that, preempts. Returns the steps to run."""
@@ -149,10 +153,15 @@ class DecodeGrowth:
         self._preempt_column(int(np.lexsort((-self.order[:n], self.prio[:n]))[0]), front=True)
 
     def _preempt_column(self, victim: int, front: bool) -> None:
+        """Preempt column `victim`: its KV goes to the engine's CPU swap space when that has
+        room (one victim at a time, as chosen: transformers gives the space to a round's oldest
+        victim first, which differs only when one round has several), else it is dropped and
+        recomputed on resume (soft reset)."""
         tokens = int(self.ctx[victim])
+        swapped = self._swap_out(victim)
         self.stats.preempted(self.slot_req[victim], self.env.now, self.prefill_left[victim] == 0)
         req = self._remove(victim)
-        self.kv.preempt(req, tokens)
+        self.kv.preempt(req, tokens, swapped)
         if front:
             self.queue.requeue_front(req)
         else:

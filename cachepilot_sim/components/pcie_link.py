@@ -81,6 +81,15 @@ class PcieLink:
         """Service time of one transfer of `num_bytes` in `direction` (µs)."""
         return transfer_us(self.fits[direction], num_bytes)
 
+    def copy_on_stream(self, direction: str, num_bytes: int) -> int:
+        """A copy that the engine's compute stream serializes (transformers CB's CPU swap runs on
+        it): counted on the link and returned as the time the next step waits (µs), not queued on
+        a lane, because nothing else on that engine copies. Schedules no event."""
+        duration = self.duration_us(direction, num_bytes)
+        self.busy_us[direction] += duration
+        self.bytes_moved[direction] += num_bytes
+        return duration
+
     def transfer(self, direction: str, num_bytes: int) -> Generator[simpy.Event, object, int]:
         """Process: queue for the direction's lane, hold it for the transfer time.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cachepilot_sim.clock import SimEnvironment
+from cachepilot_sim.components.cpu_swap import CpuSwapSpace
 from cachepilot_sim.components.kv import KvManager
 from cachepilot_sim.components.scheduler import RequestQueue
 from cachepilot_sim.components.signal import Signal
@@ -26,3 +27,5 @@ class EnginePorts:
     events: TraceEvents
     wake: Signal  # an arrival, a landed copy or a hand-back: re-check admission
     step_cost: StepCostModel  # the engine profile's step time (components/step_cost.py)
+    # The engine's pinned CPU swap pool (engine.cpu_swap_blocks > 0); None: preemption recomputes.
+    swap: CpuSwapSpace | None = None

@@ -52,6 +52,7 @@ class Request:
         "reload_us_paid",
         "recompute_us_paid",
         "num_preemptions",
+        "num_cpu_swaps",
         "done",
         "prefill_tokens",
         "prefix_hit_tokens",
@@ -99,7 +100,8 @@ class Request:
         self.kv_source = KvSource.NEW
         self.reload_us_paid = 0
         self.recompute_us_paid = 0.0
-        self.num_preemptions = 0
+        self.num_preemptions = 0  # soft resets (recompute) and CPU swaps together
+        self.num_cpu_swaps = 0  # the preemptions whose KV went to the engine's CPU swap space
         self.prefill_tokens = 0  # tokens this admission must prefill (set by the KV manager)
         self.prefix_hit_tokens = 0  # prompt tokens its first admission found cached (prefix KV)
         self.session_wait_us = 0  # first turn only: time the session waited for a front-end slot

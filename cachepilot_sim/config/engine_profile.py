@@ -24,9 +24,10 @@ class GraphMode(StrEnum):
 
     NONE = "none"  # eager: no graphs, no capture stalls (the step cost is host-bound)
     PRECAPTURED = "precaptured"  # every padded shape captured before serving: no stalls
-    # A graph is captured the first time a padded step shape is launched, during serving: that
-    # step stalls `graph_capture_us` per capture, `graph_captures_per_shape` captures per shape
-    # (one per async IO buffer set), once per shape for the engine's lifetime.
+    # A graph is captured the first time a padded step shape is launched on an IO buffer set,
+    # during serving: that step stalls `graph_capture_us`. Steps take the
+    # `graph_captures_per_shape` buffer sets in turn (async batching: two), so a shape is
+    # captured once per set, for the engine's lifetime (components/graph_capture.py).
     LAZY = "lazy"
 
 
@@ -65,10 +66,11 @@ class EngineConfig(Sealed):
     kv_pad_tokens: int = bounded(0, ge=0, integer=True)
     graph_mode: GraphMode = GraphMode.NONE
     graph_capture_us: int = bounded(0, ge=0, integer=True)  # one lazy capture's stall (LAZY)
-    graph_captures_per_shape: int = bounded(1, gt=0, integer=True)  # LAZY: async buffer sets
+    graph_captures_per_shape: int = bounded(1, gt=0, integer=True)  # LAZY: IO buffer sets
     # Pinned CPU swap space of the engine, in KV blocks of kv.block_tokens (transformers:
     # cpu_offload_space): a preempted request's blocks are copied out over the PCIe link and
-    # back on resume instead of recomputed; 0: recompute (soft reset).
+    # back on resume instead of recomputed, while they fit; 0: recompute (soft reset)
+    # (components/cpu_swap.py).
     cpu_swap_blocks: int = bounded(0, ge=0, integer=True)
     # The GPU this profile's step cost was measured on (the engine.json `gpu` of its captures);
     # empty: not tied to one GPU (the roofline engine, which scales by the hardware section).

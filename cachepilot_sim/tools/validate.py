@@ -114,8 +114,11 @@ def validate_runs(
         raise GroundTruthError(f"{root}: no requests.parquet under this folder")
     by_workload: dict[str, list[Path]] = {}
     for path in runs:
-        wl = load_ground_truth(path).workload if path == root else None
-        name = wl or (path.parent.name if path.name.startswith("run") else path.name)
+        if path == root:
+            name = load_ground_truth(path).workload
+        else:  # the folder below root, `<config>/<workload>` where configurations nest
+            folder = path.parent if path.name.startswith("run") else path
+            name = folder.name if folder == root else folder.relative_to(root).as_posix()
         by_workload.setdefault(name, []).append(path)
     out: dict[str, Any] = {}
     pairs: dict[str, tuple[GroundTruth, GroundTruth]] = {}

@@ -153,6 +153,7 @@ def request_results(trace: Trace, meta: dict[str, Any]) -> pl.DataFrame:
             v.filter(K == "reload_done").sum().alias("reload_us"),
             pl.col("cost_us").filter(K == "recompute").sum().alias("recompute_us"),
             (K == "preempt").sum().cast(pl.Int64).alias("preemptions"),
+            (K == "swap_out").sum().cast(pl.Int64).alias("cpu_swaps"),
             K.filter(K.is_in(_SOURCES)).last().cast(pl.Utf8).alias("source_kind"),
             _first(v, K == "session_start", 0).alias("session_wait_us"),
         )
@@ -222,6 +223,7 @@ def request_results(trace: Trace, meta: dict[str, Any]) -> pl.DataFrame:
         "reload_us",
         "recompute_us",
         "preemptions",
+        "cpu_swaps",
         "ttft_us",
         "tpot_us",
         "e2e_us",
@@ -262,9 +264,10 @@ def event_totals(trace: Trace) -> dict[str, int | float]:
             _count(K == "reload_done").alias("reloads"),
             _count(K == "recompute").alias("recomputes"),
             _count(K == "preempt").alias("preemptions"),
+            _count(K == "swap_out").alias("cpu_swaps"),
             _count(K == "session_start").alias("sessions"),
-            b.filter(K == "offload_done").sum().alias("pcie_d2h_bytes"),
-            b.filter(K == "reload_done").sum().alias("pcie_h2d_bytes"),
+            b.filter(K.is_in(["offload_done", "swap_out"])).sum().alias("pcie_d2h_bytes"),
+            b.filter(K.is_in(["reload_done", "swap_in"])).sum().alias("pcie_h2d_bytes"),
             pl.len().cast(pl.Int64).alias("events"),
             v.filter(it).sum().alias("busy_us"),
             (b * v).filter(it).sum().alias("kv_byte_us"),
@@ -303,10 +306,12 @@ def run_metrics(trace: Trace, meta: dict[str, Any]) -> dict[str, Any]:
         "reloads",
         "recomputes",
         "preemptions",
+        "cpu_swaps",
         "sessions",
         "events",
     ):
         out[key] = totals[key]
+    out["soft_resets"] = totals["preemptions"] - totals["cpu_swaps"]
     if meta.get("iteration_every") == 1:
         span, pool = span_us, meta["kv_pool_bytes"]
         out |= {

@@ -243,6 +243,40 @@ class TraceEvents:
             value=duration_us,
         )
 
+    def swap_out(
+        self, t_us: int, req: Request, blocks: int, num_bytes: int, duration_us: int
+    ) -> None:
+        """A preempted request's KV copied to the engine's CPU swap space (not recomputed)."""
+        self.recorder.emit(
+            t_us,
+            "pcie",
+            "swap_out",
+            req.session_id,
+            req.req_id,
+            req.model_index,
+            blocks,
+            num_bytes,
+            "cpu",
+            value=duration_us,
+        )
+
+    def swap_in(
+        self, t_us: int, req: Request, blocks: int, num_bytes: int, duration_us: int
+    ) -> None:
+        """A swapped-out request's KV copied back as it resumes."""
+        self.recorder.emit(
+            t_us,
+            "pcie",
+            "swap_in",
+            req.session_id,
+            req.req_id,
+            req.model_index,
+            blocks,
+            num_bytes,
+            "gpu",
+            value=duration_us,
+        )
+
     # -- run ----------------------------------------------------------------------------------
     def run_end(self, t_us: int) -> None:
         """The last row of a complete run: t_us is the simulated duration."""

@@ -29,6 +29,8 @@ EVENT_KINDS = (
     "run_end",  # the last row of a complete run: t_us = simulated duration
     "reuse_gap",  # a session came back: value = true idle gap (us), score = the gap predicted
     #               by the reuse estimator before this observation (us; lambda = 1 / score)
+    "swap_out",  # a preempted request's KV copied to the engine's CPU swap space (value = us)
+    "swap_in",  # a swapped-out request's KV copied back as it resumes (value = us)
 )
 TIERS = ("gpu", "cpu", "none", "flight")
 REJECT_REASONS = ("exceeds_kv_capacity", "queue_timeout", "admission")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cachepilot_sim.config import RunConfig, StepCost
+from cachepilot_sim.validation.engine_behaviour import graph_and_swap_overrides
 
 HF_ENGINE = "transformers-continuous-batching"
 ENGINE_FILE = "engine.json"
@@ -217,8 +218,8 @@ def _hf(r: _Reader) -> None:
         if key.startswith("q_") and v == 0:
             raise r.fail(key, "unpadded queries (graphs off) are not modelled")
         r.honour(key, v, f"engine.{field_name}={v}")
-    _graphs(r, fitted)
     _swap(r)
+    _graphs(r, fitted)
     for key, want, why in (
         ("scheduler_type", "fifo", "only the FIFO scheduler's rules are modelled"),
         ("use_prefix_sharing", "true", "the replay always shares prefix blocks"),
@@ -270,28 +271,36 @@ def _graphs(r: _Reader, fitted: bool) -> None:
             )  # fmt: skip
         r.honour("use_cuda_graph", e["use_cuda_graph"], "engine.graph_mode=NONE")
         return
-    pre = e.get("precaptured_graphs")
-    if isinstance(pre, int) and pre > 0:
-        r.honour("use_cuda_graph", e["use_cuda_graph"], "engine.graph_mode=PRECAPTURED")
-        return
-    raise r.fail(
-        "use_cuda_graph",
-        "graphs captured lazily during serving stall the engine; that stall is not modelled yet",
-    )
+    graph = [o for o in _behaviour(r) if not o.startswith("engine.cpu_swap_blocks")]
+    lazy = "engine.graph_mode=LAZY" in graph
+    if lazy and not any(o.startswith("engine.graph_capture_us=") for o in graph):
+        if not r.cfg.engine.graph_capture_us:
+            raise r.fail(
+                "use_cuda_graph", "graphs captured lazily, but neither graph_captures_during_run "
+                "nor the profile (engine.graph_capture_us) says how long a capture stalls"
+            )  # fmt: skip
+    r.honour("use_cuda_graph", e["use_cuda_graph"], *graph)
+
+
+def _behaviour(r: _Reader) -> list[str]:
+    """validation/engine_behaviour.py's overrides, its errors as this file's one line."""
+    try:
+        return graph_and_swap_overrides(r.engine, r.cfg.kv.block_tokens)
+    except ValueError as err:
+        raise EngineSettingsError(f"{r.file}: {err}") from None
 
 
 def _swap(r: _Reader) -> None:
+    """CPU swap of preempted requests (num_cpu_blocks, or cpu_offload_space_gib): swapped out
+    and back over the link, not recomputed (components/cpu_swap.py)."""
     blocks = r.get("num_cpu_blocks", int)
-    if blocks is None or blocks == 0:
-        if blocks == 0:
-            r.out.settings.append(Setting("num_cpu_blocks", 0, "no swap (recompute)"))
-        return
-    if blocks < 0:
+    if blocks is not None and blocks < 0:
         raise r.fail("num_cpu_blocks", "must be >= 0")
-    raise r.fail(
-        "num_cpu_blocks", "CPU swap of preempted requests is not modelled yet (it would be "
-        "replayed as recompute)"
-    )  # fmt: skip
+    swap = [o for o in _behaviour(r) if o.startswith("engine.cpu_swap_blocks")]
+    if swap == ["engine.cpu_swap_blocks=0"]:
+        r.out.settings.append(Setting("num_cpu_blocks", 0, "no swap (recompute)"))
+    elif swap:
+        r.honour("num_cpu_blocks", r.engine.get("num_cpu_blocks"), *swap)
 
 
 def _model(r: _Reader) -> None:

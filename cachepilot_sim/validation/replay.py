@@ -132,7 +132,9 @@ def simulate(
         first_token_us=pl.when(done).then(pl.col("first_token_us")),
         end_us=pl.when(done).then(pl.col("finish_us")),
         status=pl.when(done).then(pl.lit("finished")).otherwise(pl.lit("failed")),
-        num_soft_resets=pl.col("preemptions"),
+        # A preemption is a CPU swap (KV kept in the engine's swap space) or a soft reset.
+        num_soft_resets=pl.col("preemptions") - pl.col("cpu_swaps"),
+        num_cpu_swaps=pl.col("cpu_swaps"),
         prefix_hit_tokens=pl.col("prefix_hit_tokens"),
     )
     out = GroundTruth(Path(gt.path), frame, None, {"engine": "cachepilot-sim"}, pl.Series(itl))

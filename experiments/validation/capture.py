@@ -30,6 +30,7 @@ captured before serving (`precapture_graphs`), so serving never stalls on a lazy
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import time
@@ -561,7 +562,10 @@ def phase_portable(s: Session, args: argparse.Namespace) -> None:
                     s, spec, "defaults/pressure_swap", reqs, meta, limit_s=60, run_ids=(run,)
                 )
         elif part == "micro8k":
-            microbench(s, args, name="microbench_8k", spec=MICRO8K_SPEC)
+            spec = MICRO8K_SPEC
+            if args.micro_blocks:  # an 80 GB card holds fewer than the H200's 2,200 blocks
+                spec = dataclasses.replace(spec, num_blocks=args.micro_blocks)
+            microbench(s, args, name="microbench_8k", spec=spec)
         else:
             raise SystemExit(f"--parts: no part {part!r}")
         pack(s.stage, s.out, "gt")
@@ -603,6 +607,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2, help="portable: runs per held-out workload")
     ap.add_argument("--main-workloads", default="poisson_r6,multiturn,closed_b64,azure_conv_sample")
     ap.add_argument("--defaults-workloads", default="poisson_r6,multiturn,burst_4x")
+    ap.add_argument("--micro-blocks", type=int, default=0, help="portable micro8k: KV blocks")
     ap.add_argument("--cpu-smoke", action="store_true")
     ap.add_argument("--explore-rate", type=float, default=6.0)
     ap.add_argument(

@@ -9,7 +9,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from cachepilot_sim.config import ConfigError, KVConfig, SchedulerConfig, TraceConfig
+from cachepilot_sim.config import ConfigError, EngineConfig, KVConfig, SchedulerConfig, TraceConfig
 from cachepilot_sim.sim import build
 from cachepilot_sim.trace.derive import TraceError, load_trace, request_results, run_metrics
 from tests.conftest import make_sim_config, make_workload
@@ -26,6 +26,13 @@ PRESSURE = {
         vram_gb=9.6,
         kv=KVConfig(cpu_store_bytes=10**9, offload_dtype_bytes=1),
         scheduler=SchedulerConfig(queue_timeout_s=5.0),
+    ),
+    # preempted requests go to the engine's CPU swap space instead (and some give up there)
+    "cpu_swap": dict(
+        vram_gb=9.6,
+        kv=KVConfig(cpu_store_bytes=10**9),
+        scheduler=SchedulerConfig(queue_timeout_s=5.0),
+        engine=EngineConfig(cpu_swap_blocks=400),
     ),
     "drop_only": dict(
         vram_gb=10.0,
@@ -63,15 +70,19 @@ def test_metrics_derived_from_the_trace_equal_the_collectors(tmp_path: Path, cas
     assert collected["rejected"] > 0 and collected["preemptions"] > 0
     if case != "drop_only":
         assert collected["reloads"] > 5 and collected["cpu_drops"] > 0
+    assert (collected["cpu_swaps"] > 0) == (case == "cpu_swap")
     wrong = {k: (v, collected[k]) for k, v in derived.items() if not _same(v, collected[k])}
     assert not wrong
     # Everything the collector reports is derived, except engine counters the trace never sees
-    # (a quantized CPU tier's conversion time is inside the offload/reload durations, not apart).
+    # (a quantized CPU tier's conversion time is inside the offload/reload durations, not apart;
+    # lazy graph captures are inside the iteration durations).
     assert set(result.metrics) - set(derived) == {
         "iterations",
         "promoted",
         "kv_pool_gb",
         "kv_convert_s",
+        "graph_captures",
+        "graph_capture_s",
     }
 
 

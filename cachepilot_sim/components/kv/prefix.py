@@ -359,8 +359,9 @@ class PrefixKvManager:
         self.off_gpu.write_through(req, r.chain)
         self._enforce_cap()
 
-    def preempt(self, req: Request, num_tokens: int) -> None:
-        """Recompute preemption: private pages and blocks it had not finished computing go."""
+    def preempt(self, req: Request, num_tokens: int, swapped: bool = False) -> None:
+        """Preemption: private pages and blocks it had not finished computing go; recomputed on
+        resume unless `swapped` (the engine's CPU swap space holds its KV)."""
         r = self.running.pop(req.session_id)
         self.pool.release(r.private_pages * self.block_bytes[0])
         kept = 0
@@ -378,7 +379,10 @@ class PrefixKvManager:
                 kept = max(kept, (depth + 1) * self.hash_tokens)
                 if b.refcount == 0:  # idle now: a reuse gap starts
                     self.policy.on_release(b.entry, now)
-        cost = recompute_us(self.fit, num_tokens) - recompute_us(self.fit, min(kept, num_tokens))
+        cost = 0.0
+        if not swapped:
+            done = recompute_us(self.fit, min(kept, num_tokens))
+            cost = recompute_us(self.fit, num_tokens) - done
         self.stats.preemptions += 1
         self.stats.preempt_recompute_us += cost
         self.events.preempt(int(self.env.now), req, r.pages, 0, cost)

@@ -133,8 +133,9 @@ class KvManager(Protocol):
         """The request ended holding `num_tokens` tokens of KV; that KV becomes idle."""
         ...
 
-    def preempt(self, req: Request, num_tokens: int) -> None:
-        """Recompute preemption: the running request loses its KV and will prefill again."""
+    def preempt(self, req: Request, num_tokens: int, swapped: bool = False) -> None:
+        """Preemption: the running request loses its GPU KV and will prefill again; `swapped`:
+        the engine copied that KV to its CPU swap space, so nothing is recomputed (cost 0)."""
         ...
 
     def abandon(self, req: Request) -> None:

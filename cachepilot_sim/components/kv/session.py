@@ -368,10 +368,11 @@ class SessionKvManager:
         if s.closed and s.tier == Tier.NONE and self.forget_closed:  # no request of it is left
             del self.sessions[s.entry.session_id]
 
-    def preempt(self, req: Request, num_tokens: int) -> None:
-        """Recompute preemption: the running request loses all its KV and re-queues."""
+    def preempt(self, req: Request, num_tokens: int, swapped: bool = False) -> None:
+        """Preemption: the running request loses all its GPU KV and re-queues; recomputed on
+        resume unless `swapped` (the engine's CPU swap space holds it)."""
         s = self.sessions[req.session_id]
-        cost = recompute_us(self.fit, num_tokens)
+        cost = 0.0 if swapped else recompute_us(self.fit, num_tokens)
         self.stats.preemptions += 1
         self.stats.preempt_recompute_us += cost
         self.events.preempt(self.env.now, req, s.num_blocks, s.num_bytes, cost)
