@@ -55,6 +55,7 @@ class Request:
         "num_cpu_swaps",
         "done",
         "prefill_tokens",
+        "prefix_hit_tokens",
         "session_wait_us",
         "next_gap_us",
         "hash_ids",
@@ -102,6 +103,7 @@ class Request:
         self.num_preemptions = 0  # soft resets (recompute) and CPU swaps together
         self.num_cpu_swaps = 0  # the preemptions whose KV went to the engine's CPU swap space
         self.prefill_tokens = 0  # tokens this admission must prefill (set by the KV manager)
+        self.prefix_hit_tokens = 0  # prompt tokens its first admission found cached (prefix KV)
         self.session_wait_us = 0  # first turn only: time the session waited for a front-end slot
         # The think time after this turn, known to the client only (-1: last turn). The KV manager
         # passes it on solely for clairvoyant policies (an upper bound on what prediction can buy).

@@ -20,6 +20,7 @@ import polars as pl
 REQUESTS_FILE = "requests.parquet"
 STEPS_FILE = "steps.parquet"
 ENGINE_FILE = "engine.json"
+HASH_COLUMN = "block_hash_ids"
 
 STATUSES = ("finished", "failed", "missing")
 _INT = "integer"
@@ -45,6 +46,7 @@ OPTIONAL_REQUEST_COLUMNS = {
     "num_soft_resets": _INT,
     "num_cpu_swaps": _INT,
     "prefix_hit_tokens": _INT,
+    HASH_COLUMN: _INT_LIST,
 }
 REQUIRED_STEP_COLUMNS = {
     "start_us": _INT,
@@ -125,8 +127,11 @@ def _check_columns(
         for c, k in {**required, **optional}.items()
         if k == _STR and c in df.columns
     ]
-    if "token_us" in df.columns:
-        casts.append(pl.col("token_us").cast(pl.List(pl.Int64)))
+    casts += [
+        pl.col(c).cast(pl.List(pl.Int64))
+        for c, k in {**required, **optional}.items()
+        if k == _INT_LIST and c in df.columns
+    ]
     return df.with_columns(casts)
 
 
@@ -225,6 +230,56 @@ def _read_engine(path: Path) -> dict[str, Any]:
     return engine
 
 
+def _validate_block_hashes(folder: Path, df: pl.DataFrame, engine: dict[str, Any]) -> None:
+    """`block_hash_ids`: one id per block of `block_size` (engine.json) tokens of the prompt, a
+    partial last block optional (the capture names it, Mooncake style; the replay never shares
+    it); ids unique in a row, and an id names its whole prefix, so it follows the same id in
+    every row (else one cached block would have two parents)."""
+    size = engine.get("block_size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise GroundTruthError(
+            f"{folder / ENGINE_FILE}: key 'block_size' (a positive integer) is needed by column "
+            f"'{HASH_COLUMN}' of {REQUESTS_FILE}"
+        )
+    path, ids = folder / REQUESTS_FILE, pl.col(HASH_COLUMN)
+    num = ids.list.len()
+    full = pl.col("prompt_tokens") // size
+    checks = [
+        (ids.is_null() & (pl.col("status") == "finished"), "is null for a finished request"),
+        (ids.list.eval(pl.element().is_null()).list.any(), "holds a null id"),
+        (
+            ids.is_not_null()
+            & (num != full)
+            & (num != (pl.col("prompt_tokens") + size - 1) // size),
+            f"has a length other than prompt_tokens // {size} (block_size of {ENGINE_FILE}) "
+            "or that plus a partial last block",
+        ),
+        (num != ids.list.n_unique(), "repeats an id within a row"),
+    ]
+    for bad, reason in checks:
+        _fail_rows(path, df, bad.fill_null(False), HASH_COLUMN, reason)
+    pos = (
+        df.select("request_id", HASH_COLUMN)
+        .explode(HASH_COLUMN)
+        .drop_nulls(HASH_COLUMN)
+        .with_columns(prev=pl.col(HASH_COLUMN).shift(1).over("request_id"))
+    )
+    # -1 can be a real id: compare (has a previous id, that id) pairs
+    pos = pos.with_columns(first=pl.col("prev").is_null())
+    clash = pos.group_by(HASH_COLUMN).agg(
+        (pl.struct("first", "prev").n_unique() > 1).alias("clash")
+    )
+    bad_ids = clash.filter("clash")[HASH_COLUMN].implode()
+    rows = pos.filter(pl.col(HASH_COLUMN).is_in(bad_ids))["request_id"].unique().implode()
+    _fail_rows(
+        path,
+        df,
+        pl.col("request_id").is_in(rows),
+        HASH_COLUMN,
+        "has an id that follows different ids in different rows (an id names its whole prefix)",
+    )
+
+
 def load_ground_truth(folder: str | Path) -> GroundTruth:
     """Load and validate one ground-truth folder; raises GroundTruthError on any problem."""
     path = Path(folder)
@@ -234,6 +289,8 @@ def load_ground_truth(folder: str | Path) -> GroundTruth:
     steps_path = path / STEPS_FILE
     steps = _validate_steps(steps_path, _read_parquet(steps_path)) if steps_path.exists() else None
     engine = _read_engine(path / ENGINE_FILE)
+    if HASH_COLUMN in requests.columns:
+        _validate_block_hashes(path, requests, engine)
     if requests.filter(pl.col("status") == "finished").height == 0:
         raise GroundTruthError(f"{path / REQUESTS_FILE}: column 'status' has no finished request")
     return GroundTruth(path, requests, steps, engine)

@@ -2,11 +2,10 @@
 
 Requests without a parent are sent at their recorded send time; a request with a parent (a later
 turn) is sent its think time after the parent's last token in the simulation, as the capture's
-client did. A turn's prompt extends its parent's prompt, so its leading full blocks carry the
-parent's prefix hashes, the parent's last prompt block included once its reply filled it (the
-simulator's prefix-hash path, components/kv/prefix.py); every other block gets a hash of its own.
-Blocks made of reply tokens only are not shared in the simulator (its prefix cache keeps prompt
-blocks only): no turn of the committed multiturn workload has one (replies are under 256 tokens).
+client did. Blocks are shared by the ground truth's `block_hash_ids` when it has them (a system
+prompt shared across sessions), else along parent chains (a turn's prompt extends its parent's
+prompt and reply); either way a request also shares the blocks its reply filled, as the engine
+does (`block_hashes.py`).
 """
 
 from __future__ import annotations
@@ -18,8 +17,18 @@ import numpy as np
 import polars as pl
 
 from cachepilot_sim.config import RunConfig, SimConfig
+from cachepilot_sim.validation.block_hashes import (
+    SharedBlocksRule,
+    num_shared_blocks,
+    replay_hash_ids,
+)
 from cachepilot_sim.validation.engine_settings import resolve
-from cachepilot_sim.validation.ground_truth import GroundTruth
+from cachepilot_sim.validation.ground_truth import (
+    ENGINE_FILE,
+    HASH_COLUMN,
+    GroundTruth,
+    GroundTruthError,
+)
 from cachepilot_sim.workloads.replay import ReplayWorkload
 from cachepilot_sim.workloads.sessions import Sessions
 from cachepilot_sim.workloads.traces import TraceTable
@@ -39,46 +48,34 @@ def replay_order(gt: GroundTruth) -> pl.DataFrame:
     )
 
 
-def _hash_ids(
-    prompt: list[int], output: list[int], parent: list[int], block_tokens: int
-) -> list[list[int]]:
-    """Per request, one hash id per prompt block (the last one partial). A turn repeats its
-    parent's ids for every block that is full in the parent's prompt + reply: the parent's partial
-    last prompt block counts once its reply filled it (the engine hashes blocks completed by
-    decoding too); blocks made of reply tokens only get fresh ids (the simulator's prefix cache
-    holds prompt blocks)."""
-    out: list[list[int]] = []
-    next_id = 0
-    for i, tokens in enumerate(prompt):
-        num_blocks = -(-tokens // block_tokens)
-        ids: list[int] = []
-        p = parent[i]
-        if p >= 0:
-            full = (prompt[p] + output[p]) // block_tokens
-            ids = out[p][: min(len(out[p]), full, tokens // block_tokens)]
-        fresh = num_blocks - len(ids)
-        out.append(ids + list(range(next_id, next_id + fresh)))
-        next_id += fresh
-    return out
-
-
 def workload_from_ground_truth(
-    gt: GroundTruth, block_tokens: int
+    gt: GroundTruth, block_tokens: int, rule: SharedBlocksRule = num_shared_blocks
 ) -> tuple[ReplayWorkload, pl.DataFrame]:
-    """The ReplayWorkload of `gt` (rows in send order) and that order's request frame."""
+    """The ReplayWorkload of `gt` (rows in send order) and that order's request frame; `rule`
+    says how many blocks of prompt + reply a request shares (the engine's by default)."""
     df = replay_order(gt)
     prompt = df["prompt_tokens"].to_list()
     parent = df["parent_row"].to_list()
-    ids = _hash_ids(prompt, df["output_tokens"].fill_null(0).to_list(), parent, block_tokens)
-    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum([len(x) for x in ids])
-    n = df.height
+    column = None
+    if HASH_COLUMN in df.columns:
+        size = gt.engine.get("block_size")
+        if size != block_tokens:
+            raise GroundTruthError(
+                f"{gt.path / ENGINE_FILE}: key 'block_size' ({size}) is not the replay's "
+                f"{block_tokens}-token hash block, so column '{HASH_COLUMN}' cannot be replayed "
+                "(set replay.hash_block_tokens to it)"
+            )
+        column = df[HASH_COLUMN].to_list()
     output = (
         df["output_tokens"]
         .fill_null(df["max_new_tokens"] if "max_new_tokens" in df.columns else 1)
         .to_numpy()
         .astype(np.int64)
     )
+    ids = replay_hash_ids(prompt, output.tolist(), parent, block_tokens, column, rule)
+    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(x) for x in ids])
+    n = df.height
     table = TraceTable(
         str(gt.path),
         np.arange(1, n + 1),
@@ -105,17 +102,27 @@ def engine_overrides(gt: GroundTruth, profile: RunConfig) -> list[str]:
     return resolve(Path(gt.path), gt.engine, profile).overrides
 
 
-def simulate(cfg: SimConfig, gt: GroundTruth) -> tuple[GroundTruth, dict[str, Any]]:
+def simulate(
+    cfg: SimConfig, gt: GroundTruth, rule: SharedBlocksRule = num_shared_blocks
+) -> tuple[GroundTruth, dict[str, Any]]:
     """Run `gt`'s request list through the simulator; the result in the ground-truth shape (so
-    the same metrics apply) and the simulator's run metrics."""
+    the same metrics apply, with each request's `prefix_hit_tokens`) and the simulator's run
+    metrics. `rule`: as in `workload_from_ground_truth`."""
     from cachepilot_sim.sim import build  # the core, imported only when a replay runs
 
-    workload, order = workload_from_ground_truth(gt, cfg.replay.hash_block_tokens)
+    workload, order = workload_from_ground_truth(gt, cfg.replay.hash_block_tokens, rule)
     simulation = build(cfg, None, workload)
     result = simulation.run()
     gaps = simulation.batcher.stats.itl_gaps  # every token after a request's first: exact
     itl = np.repeat(np.fromiter(gaps, np.int64, len(gaps)), list(gaps.values()))
     sim = result.requests.sort("request")
+    # Not in the request log (its schema is every run's): read off the requests themselves.
+    hits = {
+        r.req_id: r.prefix_hit_tokens for r in simulation.clients.requests if r.admitted_us >= 0
+    }
+    sim = sim.with_columns(
+        prefix_hit_tokens=pl.Series([hits.get(i) for i in sim["request"].to_list()], dtype=pl.Int64)
+    )
     done = pl.col("outcome") == "completed"
     frame = sim.select(
         request_id=order["request_id"],
@@ -128,6 +135,7 @@ def simulate(cfg: SimConfig, gt: GroundTruth) -> tuple[GroundTruth, dict[str, An
         # A preemption is a CPU swap (KV kept in the engine's swap space) or a soft reset.
         num_soft_resets=pl.col("preemptions") - pl.col("cpu_swaps"),
         num_cpu_swaps=pl.col("cpu_swaps"),
+        prefix_hit_tokens=pl.col("prefix_hit_tokens"),
     )
     out = GroundTruth(Path(gt.path), frame, None, {"engine": "cachepilot-sim"}, pl.Series(itl))
     return out, result.metrics

@@ -9,19 +9,20 @@ import polars as pl
 import pytest
 
 from cachepilot_sim.tools.validate import main, validate_runs
+from cachepilot_sim.validation.block_hashes import replay_hash_ids
 from cachepilot_sim.validation.ground_truth import load_ground_truth
-from cachepilot_sim.validation.replay import _hash_ids, replay_order
+from cachepilot_sim.validation.replay import replay_order
 
 ROOT = Path(__file__).resolve().parents[2] / "experiments/validation/hf_cb/2026-12-01"
 
 
 def test_a_turn_shares_its_parents_full_blocks_including_one_its_reply_filled() -> None:
-    ids = _hash_ids([600, 900, 300, 700], [100, 10, 5, 5], [-1, 0, -1, 2], 256)
+    ids = replay_hash_ids([600, 900, 300, 700], [100, 10, 5, 5], [-1, 0, -1, 2], 256)
     assert ids[0] == [0, 1, 2]
     assert ids[1][:2] == ids[0][:2] and ids[1][2] not in ids[0]  # 610 // 256 = 2 shared
     assert len(ids[1]) == 4 and not set(ids[2]) & set(ids[0] + ids[1])
     assert ids[3][:1] == ids[2][:1] and len(set(ids[3]) & set(ids[2])) == 1  # 305 // 256 = 1
-    ids = _hash_ids([600, 900], [200, 10], [-1, 0], 256)
+    ids = replay_hash_ids([600, 900], [200, 10], [-1, 0], 256)
     assert ids[1][:3] == ids[0]  # 800 // 256 = 3: the partial block was filled by the reply
 
 

@@ -168,6 +168,7 @@ class PrefixKvManager:
         self.cpu_tier.release_held(req)
         req.prefill_tokens = max(1, tokens - min(hits * self.hash_tokens, tokens))
         if req.admitted_us < 0:  # its first admission
+            req.prefix_hit_tokens = tokens - req.prefill_tokens  # the engine keeps one to compute
             self._count_lookup(req, ids, hits)
         self._enforce_cap()
         return Admit.READY
