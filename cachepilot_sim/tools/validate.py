@@ -31,6 +31,7 @@ from cachepilot_sim.validation.ground_truth import (
     request_latencies,
     summarize,
 )
+from cachepilot_sim.validation.prefix_hits import compare_prefix_hits
 from cachepilot_sim.validation.replay import simulate
 
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
@@ -93,7 +94,10 @@ def compare(sim: GroundTruth, real: GroundTruth) -> dict[str, Any]:
             out[f"{lat}_{st}_real_ms"] = r[f"{lat}_ms_{st}"]
     out["throughput_err"] = _rel(s["throughput_tok_s"], r["throughput_tok_s"])
     real_pre = (r["num_soft_resets"] or 0) + (r["num_cpu_swaps"] or 0)
-    out["preemptions_real"], out["preemptions_sim"] = real_pre, s["num_soft_resets"]
+    sim_pre = (s["num_soft_resets"] or 0) + (s["num_cpu_swaps"] or 0)
+    out["preemptions_real"], out["preemptions_sim"] = real_pre, sim_pre
+    out["soft_resets_real"], out["soft_resets_sim"] = r["num_soft_resets"], s["num_soft_resets"]
+    out["cpu_swaps_real"], out["cpu_swaps_sim"] = r["num_cpu_swaps"], s["num_cpu_swaps"]
     for lat in ("ttft", "tpot", "e2e"):
         out[f"{lat}_mape"] = _mape(sim, real, f"{lat}_us")
     return out
@@ -134,6 +138,8 @@ def validate_runs(
         sim, _ = simulate(cfg, real)
         row = compare(sim, real)
         row["engine_settings"] = settings.as_dict()
+        if "prefix_hit_tokens" in real.requests.columns:
+            row["prefix_hits"] = compare_prefix_hits(sim, real)
         if len(paths) > 1:
             row["spread"] = spread(real, load_ground_truth(paths[1]))
         out[name] = row
@@ -145,9 +151,24 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:+.1%}"
 
 
+def _hits(hits: dict[str, Any] | None) -> str:
+    """Prefix-hit tokens, sim vs real: the relative error of the total, or n/a."""
+    if not hits:
+        return "n/a"
+    return _pct(hits.get("hit_tokens_err")) if hits.get("real_hit_tokens") else "0/0"
+
+
 def markdown(workloads: dict[str, Any]) -> str:
     """The error table: sim vs run 1, with run 2's difference (the engine's spread) in brackets."""
-    head = ["workload", "requests", *TABLE, "preempt (sim/real)", "E2E MAPE"]
+    head = [
+        "workload",
+        "requests",
+        *TABLE,
+        "resets (sim/real)",
+        "swaps (sim/real)",
+        "prefix hits",
+        "E2E MAPE",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|---|---:|" + "---:|" * (len(head) - 2)]
     for name, row in workloads.items():
         sp = row.get("spread", {})
@@ -155,7 +176,9 @@ def markdown(workloads: dict[str, Any]) -> str:
         lines.append(
             f"| `{name}` | {row['requests']} | "
             + " | ".join(cells)
-            + f" | {row['preemptions_sim']}/{row['preemptions_real']}"
+            + f" | {row['soft_resets_sim'] or 0}/{row['soft_resets_real'] or 0}"
+            + f" | {row['cpu_swaps_sim'] or 0}/{row['cpu_swaps_real'] or 0}"
+            + f" | {_hits(row.get('prefix_hits'))}"
             + f" | {_pct(row['e2e_mape']).lstrip('+')} |"
         )
     return "\n".join(lines)
