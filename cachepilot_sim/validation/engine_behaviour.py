@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from cachepilot_sim.components.graph_capture import pad_seqlen_k
@@ -56,11 +57,11 @@ def graph_and_swap_overrides(engine_json: dict[str, Any], block_tokens: int) -> 
     Graphs on and pre-captured (`precaptured_graphs` > 0): PRECAPTURED, no stall (shapes the
     pre-capture skipped or did not sweep are not modelled: `graph_captures_during_run` lists any
     that were captured while serving). Graphs on without it: LAZY, one capture per shape and IO
-    buffer set (two under async batching), each stalling the median `dur_us` of the captures in
-    `graph_captures_during_run` when it has any (else the profile's value stays: estimate it from
-    steps.parquet with `estimate_graph_capture_us`). Graphs off: NONE. Enum values are given by
-    name (OmegaConf reads `LAZY`, not `lazy`). The query padding stays the profile's
-    `q_pad_tokens` (its step cost is fitted per padded query shape)."""
+    buffer set (two under async batching), each stalling the profile's `graph_capture_us` +
+    `graph_capture_us_per_token` x padded queries: a cost of the engine on its GPU, fitted by
+    `fit_capture_cost` on other runs' captures, never read from the run being replayed. Graphs
+    off: NONE. Enum values are given by name (OmegaConf reads `LAZY`, not `lazy`). The query
+    padding is validation/engine_settings.py's (the step cost decides whether it can follow)."""
     out: list[str] = []
     graphs = _graphs_on(engine_json)
     if graphs is not None:
@@ -75,14 +76,27 @@ def graph_and_swap_overrides(engine_json: dict[str, Any], block_tokens: int) -> 
             async_io = engine_json.get("use_async_batching")
             if async_io is not None:
                 out.append(f"engine.graph_captures_per_shape={2 if async_io else 1}")
-            durations = sorted(
-                int(c["dur_us"]) for c in engine_json.get("graph_captures_during_run") or []
-            )
-            if durations and pre == 0:
-                out.append(f"engine.graph_capture_us={_median_int(durations)}")
     if "num_cpu_blocks" in engine_json or "cpu_offload_space_gib" in engine_json:
         out.append(f"engine.cpu_swap_blocks={_swap_blocks(engine_json, block_tokens)}")
     return out
+
+
+def fit_capture_cost(engine_jsons: list[dict[str, Any]]) -> tuple[int, float, float]:
+    """One lazy capture's stall as `fixed_us + per_token_us x padded queries`, least squares over
+    every capture the runs logged (`graph_captures_during_run`: key = padded queries, KV read,
+    longest sequence; dur_us). Returns (fixed_us, per_token_us, mean |relative residual|)."""
+    rows = [
+        (float(c["key"][0]), float(c["dur_us"]))
+        for e in engine_jsons
+        for c in e.get("graph_captures_during_run") or []
+    ]
+    if len(rows) < 2:
+        raise ValueError("need at least two logged captures to fit their cost")
+    q, dur = (np.array(col) for col in zip(*rows, strict=True))
+    coef, *_ = np.linalg.lstsq(np.c_[np.ones_like(q), q], dur, rcond=None)
+    fixed, per_token = max(float(coef[0]), 0.0), max(float(coef[1]), 0.0)
+    resid = float(np.mean(np.abs((fixed + per_token * q - dur) / dur)))
+    return round(fixed), per_token, resid
 
 
 def _median_int(values: list[int]) -> int:

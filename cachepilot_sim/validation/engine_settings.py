@@ -272,13 +272,11 @@ def _graphs(r: _Reader, fitted: bool) -> None:
         r.honour("use_cuda_graph", e["use_cuda_graph"], "engine.graph_mode=NONE")
         return
     graph = [o for o in _behaviour(r) if not o.startswith("engine.cpu_swap_blocks")]
-    lazy = "engine.graph_mode=LAZY" in graph
-    if lazy and not any(o.startswith("engine.graph_capture_us=") for o in graph):
-        if not r.cfg.engine.graph_capture_us:
-            raise r.fail(
-                "use_cuda_graph", "graphs captured lazily, but neither graph_captures_during_run "
-                "nor the profile (engine.graph_capture_us) says how long a capture stalls"
-            )  # fmt: skip
+    if "engine.graph_mode=LAZY" in graph and not r.cfg.engine.graph_capture_us:
+        raise r.fail(
+            "use_cuda_graph", "graphs captured lazily stall the engine, and this profile has no "
+            "capture cost (engine.graph_capture_us: fit one with fit_capture_cost on other runs)"
+        )  # fmt: skip
     r.honour("use_cuda_graph", e["use_cuda_graph"], *graph)
 
 

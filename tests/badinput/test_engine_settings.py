@@ -61,7 +61,7 @@ def test_the_capture_settings_become_overrides(hf_cb: Any) -> None:
         ({"kv_padding_interval_size": 0}, "kv_padding_interval_size"),
         ({"attn_implementation": "paged|sdpa"}, "attn_implementation"),
         ({"use_cuda_graph": [False, False]}, "use_cuda_graph"),
-        ({"precaptured_graphs": None}, "use_cuda_graph"),  # lazy, and no stall duration
+        ({"precaptured_graphs": None}, "use_cuda_graph"),  # lazy: hf_cb has no capture cost
         ({"num_cpu_blocks": -1}, "num_cpu_blocks"),
         ({"scheduler_type": "prefill_first"}, "scheduler_type"),
         ({"use_prefix_sharing": False}, "use_prefix_sharing"),
@@ -86,10 +86,10 @@ def test_a_setting_the_profile_cannot_replay_is_refused_naming_the_key(
 def test_lazy_graphs_and_cpu_swap_are_replayed(hf_cb: Any) -> None:
     captures = [{"t_us": 0, "dur_us": d, "key": [64, 16384, 1024], "pair": 0} for d in (9, 7, 8)]
     engine = _engine(precaptured_graphs=None, graph_captures_during_run=captures)
-    out = resolve(CAPTURE, engine | {"num_cpu_blocks": 32}, hf_cb)
-    assert (
-        "engine.graph_mode=LAZY" in out.overrides and "engine.graph_capture_us=8" in out.overrides
-    )
+    lazy_cb = sim_config("hf_cb", ["engine.graph_capture_us=50000"])
+    out = resolve(CAPTURE, engine | {"num_cpu_blocks": 32}, lazy_cb)
+    assert "engine.graph_mode=LAZY" in out.overrides
+    assert not any(o.startswith("engine.graph_capture_us") for o in out.overrides)
     assert "engine.cpu_swap_blocks=32" in out.overrides
 
 

@@ -11,6 +11,7 @@ import pytest
 from cachepilot_sim.tools.validate import sim_config
 from cachepilot_sim.validation.engine_behaviour import (
     estimate_graph_capture_us,
+    fit_capture_cost,
     graph_and_swap_overrides,
 )
 
@@ -39,19 +40,30 @@ def test_an_eager_capture_without_swap_space() -> None:
     ]
 
 
-def test_lazy_graphs_stall_the_median_capture_of_the_run() -> None:
+def test_lazy_graphs_take_the_profile_s_stall_never_the_run_s_own() -> None:
     engine = _engine(CPU_SWAP) | {
         "precaptured_graphs": 0,
         "use_async_batching": False,
         "graph_captures_during_run": [{"dur_us": d, "pair": 0} for d in (140_000, 120_000)],
     }
     out = graph_and_swap_overrides(engine, 256)
-    assert out[:4] == [
+    assert out[:3] == [
         "engine.graph_mode=LAZY",
         "engine.kv_pad_tokens=16384",
         "engine.graph_captures_per_shape=1",
-        "engine.graph_capture_us=130000",
     ]
+    assert not any(o.startswith("engine.graph_capture_us") for o in out)
+
+
+def test_the_capture_cost_is_fitted_over_padded_queries() -> None:
+    runs = [
+        {"graph_captures_during_run": [{"key": [q, 16384, 1024], "dur_us": 50_000 + 40 * q}]}
+        for q in (64, 512, 2048)
+    ]
+    fixed, per_token, resid = fit_capture_cost(runs)
+    assert fixed == 50_000 and abs(per_token - 40.0) < 1e-6 and resid < 1e-9
+    with pytest.raises(ValueError, match="two logged captures"):
+        fit_capture_cost(runs[:1])
 
 
 def test_swap_space_is_counted_in_the_profile_s_blocks() -> None:
