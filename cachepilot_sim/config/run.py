@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from cachepilot_sim.config import trust_registry
 from cachepilot_sim.config.admission import AdmissionConfig
 from cachepilot_sim.config.base import GB, Sealed, bounded, require
 from cachepilot_sim.config.cluster import ROUTERS, ClusterConfig, RouterConfig
@@ -164,12 +165,38 @@ class SimConfig(Sealed):
             f"more than gpu {self.gpu.name!r} has ({self.gpu.hbm_gb:g} GB, gpu.hbm_gb)",
         )
         if self.engine.step_cost == StepCost.FITTED:
-            require(
-                self.tp == 1 and self.gpu.figures() == GpuSpecConfig().figures(),
-                "gpu" if self.tp == 1 else "tp",
-                self.gpu.name if self.tp == 1 else self.tp,
-                "a fitted engine step cost was measured on one H200: use engine=default",
-            )
+            self._check_fitted_gpu()
+
+    def _check_fitted_gpu(self) -> None:
+        """A fitted step cost has no hardware terms: it runs unchanged only on a GPU whose
+        captures it was replayed against (conf/trust.json: the GPU it was fitted on, or one it
+        was transferred to with its errors committed); elsewhere it is refused."""
+        e = self.engine
+        require(
+            self.tp == 1,
+            "tp",
+            self.tp,
+            f"engine {e.name}'s fitted step cost was measured on one GPU: use tp=1 or "
+            "engine=default (unvalidated)",
+        )
+        hit = trust_registry.measurement_for(e.name, self.gpu)
+        if hit is not None and hit.fitted_on == e.fitted_on:
+            return
+        never_validated = not trust_registry.measured_gpus(e.name)
+        if never_validated and self.gpu.figures() == GpuSpecConfig().figures():
+            return  # a new fit, before its errors are committed: the H200 only, as before
+        floor = trust_registry.transfer_floor(e.name)
+        bound = f"at least ±{100 * floor:.1f} % (its measured transfer)" if floor else "unknown"
+        measured = ", ".join(trust_registry.measured_gpus(e.name)) or "none"
+        require(
+            False,
+            "gpu",
+            self.gpu.name,
+            f"engine {e.name}'s step cost was fitted on {e.fitted_on or 'an unnamed GPU'} and has "
+            f"real-engine errors on gpu {measured} only (conf/trust.json); here it would be "
+            f"datasheet only, error {bound}: use one of those GPUs, capture this one, or "
+            "engine=default (unvalidated)",
+        )
 
     def _check_fits(self) -> None:
         if self.engine.kv_pool_blocks:

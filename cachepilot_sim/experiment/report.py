@@ -113,7 +113,8 @@ def versions() -> dict[str, str]:
 
 
 def run_meta(config_yaml: str, title: str, wall_s: float, started: str) -> dict[str, Any]:
-    """What run_meta.json records: command, config, versions, commit, wall time."""
+    """What run_meta.json records: command, config, versions, commit, wall time (the runner adds
+    `trust`, the engine label of trust.py, which report.md shows under its title)."""
     return {
         "title": title,
         "command": " ".join(["cachepilot-sim", *sys.argv[1:]]),
@@ -159,7 +160,15 @@ def write_report(
         ("wall time", f"{meta['wall_s']:.1f} s"),
         ("versions", ", ".join(f"{k} {v}" for k, v in meta["versions"].items())),
     ]
-    md = [f"# {meta['title']}", "", f"![headline figure]({figure.name})", ""]
+    trust = str(meta.get("trust", "not recorded"))
+    md = [
+        f"# {meta['title']}",
+        "",
+        f"**Trust:** {trust}",
+        "",
+        f"![headline figure]({figure.name})",
+        "",
+    ]
     for heading, headers, body in sections:
         md += [f"**{heading}**", "", "| " + " | ".join(" ".join(h.split()) for h in headers) + " |",
                "|---|" + "---:|" * (len(headers) - 1)]  # fmt: skip
@@ -170,6 +179,7 @@ def write_report(
     png = base64.b64encode(figure.read_bytes()).decode("ascii")
     page = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(meta['title'])}"
             f"</title><style>{STYLE}</style></head><body><h1>{html.escape(meta['title'])}</h1>",
+            f"<p><b>Trust:</b> {html.escape(trust)}</p>",
             f"<img alt='headline figure' src='data:image/png;base64,{png}'>"]  # fmt: skip
     for heading, headers, body in sections:
         page += [f"<h3>{html.escape(heading)}</h3>", _html_table(headers, body)]

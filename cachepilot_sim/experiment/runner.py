@@ -40,6 +40,7 @@ from cachepilot_sim.experiment.report import results_frame, run_meta, write_repo
 from cachepilot_sim.experiment.serving import baseline_policy, policy_rows, serving_stats
 from cachepilot_sim.experiment.telemetry import RunMonitor
 from cachepilot_sim.sim import Simulation, make_simulation
+from cachepilot_sim.trust import trust_for
 
 SERVING = "_serving"  # the key under which a worker returns its cell's serving statistics
 
@@ -236,18 +237,23 @@ def _run_staged(
     report = {"title": title, "run_id": rid, "cells": cells, "summary": summary} | skipped
     if derived := hardware_derivation(cfg):  # not one measured H200: say what was derived
         report["hardware"] = derived
+    trust = trust_for(cfg).as_dict()  # how far to trust every number below (trust.py)
+    report["trust"] = trust
     outdir.write_json(stage / "metrics.json", report)
     baseline = baseline_policy(cfg.policy_names())
     rows = policy_rows(cells, serving, baseline)
     shown = title.replace("; mean ± σ [min, max]", "")
-    md = f"{shown}\n\n{markdown_answer(rows, baseline)}"
+    md = f"{shown}\n\nTrust: {trust['label']}\n\n{markdown_answer(rows, baseline)}"
     _write_atomic(stage / "summary.md", lambda p: p.write_text(md))
+    # First, as its own unwrapped line: a wrapped label would not survive grep or a log reader.
+    console.print(f"trust: {trust['label']}", markup=False, highlight=False, soft_wrap=True)
     for t in answer_tables(rows, baseline, shown, console.width):
         console.print(t)
     if len(cells) == 1:
         console.print(bench_block(rows[0]), markup=False, highlight=False)
     if cfg.write_report:
         meta = run_meta(_config_text(cfg, out_dir), shown, time.perf_counter() - t0, started)
+        meta["trust"] = trust["label"]
         write_report(stage, rows, baseline, results_frame(cells, serving), meta)
     return report, serving
 

@@ -52,6 +52,7 @@ class Run:
     cells: list[dict[str, Any]]
     meta: dict[str, Any] = field(default_factory=dict)
     overrides: dict[str, Any] | None = None
+    trust: str = ""  # metrics.json's trust label ("" for a run made before runs carried one)
 
 
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -96,7 +97,10 @@ def read_run(run_dir: Path, root: Path) -> Run:
     meta_path = run_dir / "run_meta.json"
     meta = _load_json(meta_path) if meta_path.is_file() else {}
     name = str(run_dir.relative_to(root)) if run_dir != root else "."
-    return Run(run_dir, name, read_config(run_dir, meta), cells, meta, read_overrides(run_dir))
+    trust = report.get("trust") if isinstance(report, dict) else None
+    label = str(trust.get("label", "")) if isinstance(trust, dict) else ""
+    config = read_config(run_dir, meta)
+    return Run(run_dir, name, config, cells, meta, read_overrides(run_dir), label)
 
 
 def find_runs(root: Path) -> list[Run]:

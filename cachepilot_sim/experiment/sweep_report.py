@@ -166,6 +166,8 @@ def sweep_meta(root: Path, runs: Sequence[Run], keys: Sequence[str]) -> dict[str
         "commit": git_commit(Path(__file__).resolve().parent),
         "job_commits": commits,
         "versions": versions(),
+        # Every engine label among the runs: how far each configuration's numbers can be trusted.
+        "trust": sorted({r.trust or "not recorded (a run from before trust labels)" for r in runs}),
         "jobs_wall_s": round(wall, 3),
         "span_s": round(max(ends) - min(starts), 3) if starts else None,
     }
@@ -235,7 +237,9 @@ def _pages(
             f" Weak: some configurations have {min(seeds)} seed(s); with 2 the t factor is 12.7, "
             "so their intervals are wide by construction. Run more seeds before ranking them."
         )
-    md = [f"# {title}", "", f"![headline by configuration]({FIGURE}.png)", "", note, ""]
+    trust = [f"Trust: {t}" for t in meta.get("trust", [])]
+    md = [f"# {title}", "", *trust, "", f"![headline by configuration]({FIGURE}.png)", "", note]
+    md.append("")
     md += ["| " + " | ".join(headers) + " |", "|---" * len(headers) + "|"]
     md += ["| " + " | ".join(r) + " |" for r in rows] + [""]
     md += [f"- {k}: `{v}`" for k, v in facts] + ["", "Jobs:", ""]
@@ -244,6 +248,7 @@ def _pages(
     page = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
+        *(f"<p><b>Trust:</b> {html.escape(t.removeprefix('Trust: '))}</p>" for t in trust),
         f"<img alt='headline by configuration' src='data:image/png;base64,{png}'>",
         f"<p>{html.escape(note)}</p>",
         _html_table(headers, rows),

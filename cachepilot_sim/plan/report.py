@@ -87,6 +87,8 @@ def build_answer(
         "num_simulated": len(evals),
         "grid_size": grid,
         "hardware": sorted({e.hardware_profile for e in evals if e.hardware_profile}),
+        # One engine label per engine x GPU simulated: how far each answer can be trusted.
+        "trust": sorted({e.trust for e in evals if e.trust}),
         "prices": {g: asdict(p) for g, p in sorted(prices.items())},
     }
 
@@ -108,6 +110,8 @@ def markdown(answer: dict[str, Any]) -> str:
         f"SLA: TTFT p99 <= {sla['ttft_p99_s']:g} s, TPOT p99 <= {sla['tpot_p99_ms']:g} ms, "
         f"goodput >= {sla['goodput_fraction']:.0%} of requests within their SLOs.\n",
     ]
+    trust = answer.get("trust") or ["not recorded"]
+    lines += [f"Trust: {t}" for t in trust] + [""]
     best = answer["cheapest"]
     if best is None:
         lines.append("**No configuration in the search space meets the SLA.**\n")

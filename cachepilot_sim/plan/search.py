@@ -101,6 +101,7 @@ class Evaluation:
     rejected_requests: int
     misses: dict[str, dict[str, float]] = field(default_factory=dict)  # SLA term -> value, limit
     hardware_profile: str = ""
+    trust: str = ""  # the engine label (trust.py): engine, hardware, measured error
 
     @property
     def meets(self) -> bool:
@@ -176,6 +177,7 @@ def evaluate(plan: PlanConfig, cell: Cell, scale: int) -> Evaluation:
     """Simulate `cell` at `scale` and score it against the plan's SLA."""
     from cachepilot_sim.cost.gpu_scaling import hardware_note
     from cachepilot_sim.sim import make_simulation
+    from cachepilot_sim.trust import engine_label, trust_for
 
     run = compose_run(plan, cell, scale)
     sim_cfg = run.sim_for(run.policy.name, run.seed)
@@ -185,7 +187,10 @@ def evaluate(plan: PlanConfig, cell: Cell, scale: int) -> Evaluation:
     note = str(hardware_note(sim_cfg).get("hardware_profile", ""))
     misses = misses_of(plan.sla, ttft, tpot, good)
     n_gpus = cell.num_gpus(scale)
-    return Evaluation(cell, scale, n_gpus, ttft, tpot, good, frame.height, rejected, misses, note)
+    trust = engine_label(trust_for(sim_cfg))
+    return Evaluation(
+        cell, scale, n_gpus, ttft, tpot, good, frame.height, rejected, misses, note, trust
+    )
 
 
 def search_cell(plan: PlanConfig, cell: Cell) -> CellResult:

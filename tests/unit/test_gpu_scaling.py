@@ -154,7 +154,7 @@ def test_a_model_that_does_not_fit_the_gpu_is_refused_naming_the_key() -> None:
 
 def test_a_fitted_engine_step_is_refused_off_the_h200() -> None:
     engine = EngineConfig(step_cost=StepCost.FITTED)
-    with pytest.raises(ConfigError, match=r"'gpu' = 'l40s': a fitted engine step cost"):
+    with pytest.raises(ConfigError, match=r"'gpu' = 'l40s': engine default's step cost was fitted"):
         make_sim_config(engine=engine, gpu=GPUS["l40s"])
     with pytest.raises(ConfigError, match=r"'tp' = 2"):
         make_sim_config(engine=engine, tp=2)

@@ -110,6 +110,12 @@ def test_the_plan_answers_and_gives_the_same_answer_on_rerun(tmp_path: Path) -> 
     assert any("l40s: derived, not measured" in h for h in answer["hardware"])
     md = (tmp_path / "a" / "plan.md").read_text()
     assert "Pareto front" in md and (tmp_path / "a" / "pareto.png").stat().st_size > 0
+    # every engine x GPU simulated names its trust, on the plan's first lines
+    assert len(answer["trust"]) == 2 and all("unvalidated" in t for t in answer["trust"])
+    assert any(
+        "hardware l40s (the H200 calibration scaled by datasheet" in t for t in answer["trust"]
+    )
+    assert "Trust: engine default (roofline step cost), hardware h200" in md.split("## ")[0]
 
 
 def test_a_model_that_does_not_fit_is_refused_naming_the_key(tmp_path: Path) -> None:

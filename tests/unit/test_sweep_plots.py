@@ -77,6 +77,9 @@ def test_sweep_callback_writes_the_report_with_one_row_per_job_policy_seed(sweep
     meta = json.loads((sweep / "sweep_meta.json").read_text())
     assert meta["differing_keys"] == ["vram_gb"] and meta["jobs_wall_s"] > 0
     assert {"python", "scipy", "polars"} <= set(meta["versions"]) and len(meta["jobs"]) == 4
+    [trust] = meta["trust"]  # the four jobs share one engine and GPU: one label
+    assert trust.startswith("engine default (roofline step cost)") and "unvalidated" in trust
+    assert f"Trust: {trust}" in md.split("| vram_gb |")[0]
 
 
 def test_headline_pools_two_seeds_per_configuration_with_the_t_interval(sweep: Path) -> None:
