@@ -86,7 +86,7 @@ def _from(kind: TrustKind, engine: EngineConfig, hardware: str, m: Measurement) 
 
 def trust_of(engine: EngineConfig, gpu: GpuSpecConfig, tp: int = 1) -> Trust:
     """The trust of `engine` on `tp` x `gpu` (module docstring: the four kinds)."""
-    if engine.step_cost != StepCost.FITTED:
+    if engine.step_cost == StepCost.ROOFLINE:  # fitted and physical costs come from captures
         basis = _roofline_basis(gpu, tp)
         return Trust(
             engine.name, "", _hardware(gpu, tp), basis, TrustKind.UNVALIDATED,

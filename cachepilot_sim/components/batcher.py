@@ -153,13 +153,9 @@ class Batcher(DecodeRuns, DecodeGrowth, EngineStalls):
             free = order is not None and self._any_free_block()
             result = self.kv.admit(req)
             if result in (Admit.BLOCKED, Admit.BLOCKED_HIT):
-                # A swapped-out request skips the prefix match, so a hit never makes it active.
-                if (
-                    result == Admit.BLOCKED_HIT
-                    and self.preemption == Preemption.STARVED_BACK
-                    and not self._swapped_out(req)
-                ):
-                    self._starve_queued(req)
+                if result == Admit.BLOCKED_HIT and self.preemption == Preemption.STARVED_BACK:
+                    if not self._swapped_out(req):  # it skips the prefix match: no hit activates it
+                        self._starve_queued(req)
                 if not free:  # the engine stops looking once no block is free
                     return
                 continue
@@ -224,8 +220,7 @@ class Batcher(DecodeRuns, DecodeGrowth, EngineStalls):
         """End `req` as rejected with `reason` (one of trace.schema.REJECT_REASONS)."""
         req.outcome, req.reject_reason = Outcome.REJECTED, reason
         req.finish_us = self.env.now
-        if self.swap is not None:  # a swapped-out request gave up: its CPU blocks are free
-            self.swap.release(req.req_id)
+        self._release_swap(req)  # a swapped-out request gave up: its CPU blocks are free
         self.events.reject(self.env.now, req, reason)
         req.done.succeed()
 

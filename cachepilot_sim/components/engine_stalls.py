@@ -86,6 +86,11 @@ class EngineStalls:
         return us
 
     # -- CPU swap ------------------------------------------------------------------------------
+    def _release_swap(self, req: Request) -> None:
+        """`req` ended while swapped out (rejected): its CPU swap blocks are free again."""
+        if self.swap is not None:
+            self.swap.release(req.req_id)
+
     def _swap_out(self, victim: int) -> bool:
         """Copy the victim column's blocks to the swap space if they fit (the engine's rule);
         False: it is soft reset. The copy delays the next step."""

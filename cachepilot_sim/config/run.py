@@ -164,7 +164,7 @@ class SimConfig(Sealed):
             self.vram_gb,
             f"more than gpu {self.gpu.name!r} has ({self.gpu.hbm_gb:g} GB, gpu.hbm_gb)",
         )
-        if self.engine.step_cost == StepCost.FITTED:
+        if self.engine.step_cost != StepCost.ROOFLINE:  # fitted or physical: one GPU's times
             self._check_fitted_gpu()
 
     def _check_fitted_gpu(self) -> None:

@@ -31,6 +31,7 @@ from cachepilot_sim.cost.step_physical import (
     physical_terms,
 )
 from cachepilot_sim.kernels.profile_gpu import DEFAULT_MODEL
+from cachepilot_sim.tools.micro_steps import load_micro_steps
 
 ENGINE_FILES = ("microbench.json", "engine.json")
 NUM_LAYERS = 32  # Llama-3-8B, the captures' model
@@ -49,10 +50,8 @@ def engine_settings(steps_path: Path) -> dict[str, Any]:
 
 
 def load_physical_steps(paths: list[Path]) -> pl.DataFrame:
-    """Usable micro-run steps of every file (tools.fit_engine.load_micro_steps' rules), each
+    """Usable micro-run steps of every file (tools.micro_steps.load_micro_steps' rules), each
     tagged with its engine's `max_seqs` and its file."""
-    from cachepilot_sim.tools.fit_engine import load_micro_steps
-
     frames = []
     for path in paths:
         max_seqs = int(engine_settings(path)["max_requests_per_batch"])

@@ -39,19 +39,20 @@ class TrustTableError(ValueError):
     """An error table the registry cannot be built from (named file and key)."""
 
 
-def _capture_engine_json(source: Path, workload: str) -> dict[str, Any]:
-    runs = sorted((source.parent / workload).glob("run*/engine.json"))
+def _capture_engine_json(source: Path, workload: str, base: Path) -> dict[str, Any]:
+    runs = sorted((base / workload).glob("run*/engine.json"))
     if not runs:
         raise TrustTableError(f"{source}: workload {workload!r} has no run*/engine.json beside it")
     return dict(json.loads(runs[0].read_text()))
 
 
-def _device(source: Path, workloads: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The GPU every workload of `source` was captured on, and one capture's engine.json."""
+def _device(source: Path, workloads: dict[str, Any], base: Path) -> tuple[str, dict[str, Any]]:
+    """The GPU every workload of `source` was captured on, and one capture's engine.json
+    (workload folders under `base`: the folder validate read)."""
     devices = set()
     first: dict[str, Any] = {}
     for name, w in workloads.items():
-        engine_json = _capture_engine_json(source, name)
+        engine_json = _capture_engine_json(source, name, base)
         first = first or engine_json
         device = str(engine_json.get("gpu", ""))
         recorded = (w.get("engine_settings") or {}).get("gpu")
@@ -79,7 +80,9 @@ def measurement(source: Path, root: Path) -> dict[str, Any]:
     """One registry entry from one errors.json (see the module docstring)."""
     raw = json.loads(source.read_text())
     engine, workloads = raw["engine"], raw["workloads"]
-    device, engine_json = _device(source, workloads)
+    # The folder validate read (`ground_truth`, relative to the repository), else the table's own.
+    base = root / raw["ground_truth"] if "ground_truth" in raw else source.parent
+    device, engine_json = _device(source, workloads, base)
     if device not in DEVICE_PRESETS:
         raise TrustTableError(f"{source}: GPU {device!r} has no conf/gpu preset in DEVICE_PRESETS")
     preset = DEVICE_PRESETS[device]

@@ -233,6 +233,16 @@ def plot(pairs: dict[str, tuple[GroundTruth, GroundTruth]], out_dir: Path) -> No
         plt.close(fig)
 
 
+def _repo_relative(path: Path) -> str:
+    """`path` relative to the repository when inside it (the registry of tools/trust_table.py
+    finds the captures from there), else as given."""
+    repo = CONF_DIR.parents[1]
+    try:
+        return path.resolve().relative_to(repo).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         prog="python -m cachepilot_sim.validate", description=__doc__.splitlines()[0]
@@ -254,7 +264,15 @@ def main(argv: list[str] | None = None) -> None:
     print(markdown(workloads))
     if args.json:
         args.json.write_text(
-            json.dumps({"engine": args.engine, "workloads": workloads}, indent=1) + "\n"
+            json.dumps(
+                {
+                    "engine": args.engine,
+                    "ground_truth": _repo_relative(args.ground_truth),
+                    "workloads": workloads,
+                },
+                indent=1,
+            )
+            + "\n"  # fmt: skip
         )
     if args.plot:
         plot(pairs, args.plot)

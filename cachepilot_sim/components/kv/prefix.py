@@ -1,13 +1,12 @@
-"""Prefix-sharing KV manager for trace replay: reference-counted hash blocks, suffix-first eviction,
-and a CPU tier.
+"""Prefix-sharing KV manager (trace replay): ref-counted hash blocks, suffix eviction, a CPU tier.
 
-A request reuses the leading blocks of its hash chain that are cached and computes the rest; when
-it ends, its blocks stay cached (idle). A decision shows the policy every idle block whose GPU
-subtree is idle, as chains cut at branch points (`forest.py`); it may cut only tails. The restore
-cost of a block is the recompute of its tokens at its position in the chain, or a reload when a CPU
-copy will exist and is cheaper (priced by the CPU store's survival estimate). Tokens not covered by
-hash blocks (output, traces without hashes) sit in private pages freed at the end. With
-`kv.offload_enabled`, evicted tails go to the CPU store (`prefix_tier.py`).
+A request reuses the leading cached blocks of its hash chain and computes the rest; when it ends,
+its blocks stay cached (idle). A decision shows the policy every idle block whose GPU subtree is
+idle, as chains cut at branch points (`forest.py`); it may cut only tails. A block's restore cost
+is the recompute of its tokens at its chain position, or a reload when a CPU copy will exist and is
+cheaper (priced by the CPU store's survival estimate). Tokens outside hash blocks (output, traces
+without hashes) sit in private pages freed at the end. With `kv.offload_enabled`, evicted tails go
+to the CPU store (`prefix_tier.py`).
 """
 
 from __future__ import annotations
@@ -81,8 +80,7 @@ class PrefixKvManager:
         self.running: dict[int, _Running] = {}
         self.seen: set[int] = set()  # hash ids ever cached: a miss on one is a paid restore
         self.group_entries: dict[int, CacheEntry] = {}  # per inferred session: its gap EMA
-        # One policy entry per hash, kept after eviction: a returning block is the same entry to
-        # the policy (its uses, its ghost-list record), as a returning session is.
+        # One policy entry per hash, kept after eviction (a returning block keeps its history).
         self.hash_entries: dict[int, CacheEntry] = {}
         self._next_entry_id = 0
         self._block_costs: list[float] = []  # _block_recompute_us by depth
@@ -360,8 +358,7 @@ class PrefixKvManager:
         self._enforce_cap()
 
     def preempt(self, req: Request, num_tokens: int, swapped: bool = False) -> None:
-        """Preemption: private pages and blocks it had not finished computing go; recomputed on
-        resume unless `swapped` (the engine's CPU swap space holds its KV)."""
+        """Private pages and unfinished blocks go; recomputed on resume unless `swapped`."""
         r = self.running.pop(req.session_id)
         self.pool.release(r.private_pages * self.block_bytes[0])
         kept = 0
@@ -379,10 +376,8 @@ class PrefixKvManager:
                 kept = max(kept, (depth + 1) * self.hash_tokens)
                 if b.refcount == 0:  # idle now: a reuse gap starts
                     self.policy.on_release(b.entry, now)
-        cost = 0.0
-        if not swapped:
-            done = recompute_us(self.fit, min(kept, num_tokens))
-            cost = recompute_us(self.fit, num_tokens) - done
+        done = recompute_us(self.fit, min(kept, num_tokens))
+        cost = 0.0 if swapped else recompute_us(self.fit, num_tokens) - done
         self.stats.preemptions += 1
         self.stats.preempt_recompute_us += cost
         self.events.preempt(int(self.env.now), req, r.pages, 0, cost)
