@@ -164,7 +164,8 @@ class SimConfig(Sealed):
             self.vram_gb,
             f"more than gpu {self.gpu.name!r} has ({self.gpu.hbm_gb:g} GB, gpu.hbm_gb)",
         )
-        if self.engine.step_cost != StepCost.ROOFLINE:  # fitted or physical: one GPU's times
+        measuring = self.replay.measuring  # validate: the replay is the measurement
+        if self.engine.step_cost != StepCost.ROOFLINE and not measuring:  # one GPU's times
             self._check_fitted_gpu()
 
     def _check_fitted_gpu(self) -> None:

@@ -89,6 +89,9 @@ class ReplayConfig(Sealed):
     section: ClassVar[str | None] = "replay"
     format: TraceFormat = TraceFormat.NONE
     path: str = ""
+    # validate replays a real engine's capture to measure a profile's error on the capture's GPU:
+    # the rule that a fitted step cost runs only where its errors are committed does not apply.
+    measuring: bool = False
     limit: int = bounded(0, ge=0)  # replay the first `limit` valid requests; 0: all
     on_error: OnError = OnError.RAISE
     # Multiplies every inter-arrival gap (0.5 replays twice as fast).

@@ -57,12 +57,14 @@ def sim_config(engine: str, extra: list[str]) -> RunConfig:
     overrides = [
         f"engine={engine}",
         "model=llama3_8b",
-        "vram_gb=141",  # the H200; the pool itself is engine.kv_pool_blocks
         "trace.enabled=false",
         "replay.format=MOONCAKE",
         "replay.path=ground_truth",
+        "replay.measuring=true",
         *extra,
     ]
+    if not any(o.startswith("vram_gb=") for o in extra):  # the H200; the pool: kv_pool_blocks
+        overrides.insert(2, "vram_gb=141")
     with initialize_config_dir(str(CONF_DIR), version_base=None):
         return to_config(compose("config", overrides=overrides))
 

@@ -27,6 +27,10 @@ from cachepilot_sim.config import RunConfig, StepCost
 from cachepilot_sim.validation.engine_behaviour import graph_and_swap_overrides
 
 HF_ENGINE = "transformers-continuous-batching"
+# The conf/gpu preset of each GPU a capture names (engine.json `gpu`), and its memory in GB: the
+# replay runs on the capture's GPU (a fitted step cost is checked against it, config/run.py).
+DEVICE_PRESETS = {"NVIDIA H200": "h200", "NVIDIA H100 80GB HBM3": "h100_sxm"}
+PRESET_VRAM_GB = {"h200": 141, "h100_sxm": 80}
 ENGINE_FILE = "engine.json"
 
 # Records of the run, not settings: read by nothing (transformers captures).
@@ -238,6 +242,11 @@ def _hf(r: _Reader) -> None:
         r.out.settings.append(Setting("attn_implementation", attn, use))
     _model(r)
     r.out.gpu = e.get("gpu") if isinstance(e.get("gpu"), str) else None
+    preset = DEVICE_PRESETS.get(r.out.gpu or "")
+    if preset is not None:
+        r.honour("gpu", r.out.gpu, f"gpu={preset}", f"vram_gb={PRESET_VRAM_GB[preset]}")
+    elif r.out.gpu:
+        r.out.notes.append(f"gpu {r.out.gpu!r} has no conf/gpu preset: replayed on the H200's")
     if r.out.transfer:
         r.out.notes.append(
             f"transfer: the step cost was measured on {r.out.fitted_on}, this capture ran on "
