@@ -66,16 +66,11 @@ class GraphCaptures:
     `stalls` prices steps without changing anything (a decode run may be cut short by a wake-up);
     `launch` books the steps that ran. The captured set is only tested for membership."""
 
-    def __init__(
-        self,
-        padding: GraphPadding,
-        capture_us: int,
-        num_buffer_sets: int,
-        capture_us_per_token: float = 0.0,
-    ) -> None:
+    def __init__(self, padding: GraphPadding, capture_us: int, num_buffer_sets: int) -> None:
         self.padding = padding
-        self.capture_us = capture_us  # a capture's fixed part
-        self.capture_us_per_token = capture_us_per_token  # per padded query token of the key
+        # What a capture adds to its step: the capture itself, beyond the step's own kernels
+        # (a capture step takes its usual time plus this, whatever its shape).
+        self.capture_us = capture_us
         self.num_buffer_sets = num_buffer_sets
         self._captured: set[tuple[int, GraphKey]] = set()
         self.num_steps = 0  # steps launched so far: the next one runs on set num_steps mod sets
@@ -96,12 +91,7 @@ class GraphCaptures:
 
     def stalls(self, keys: list[GraphKey]) -> list[int]:
         """Capture stall (µs) of each of the next len(keys) steps, launched in this order."""
-        return [self.cost_us(k) if new else 0 for k, new in zip(keys, self._new(keys), strict=True)]
-
-    def cost_us(self, key: GraphKey) -> int:
-        """One capture of `key`: the fixed part plus the per-token part over its padded queries
-        (a capture records the whole forward pass once, so it grows with the query rows)."""
-        return self.capture_us + round(self.capture_us_per_token * key[0])
+        return [self.capture_us if new else 0 for new in self._new(keys)]
 
     def launch(self, keys: list[GraphKey]) -> int:
         """The next len(keys) steps ran with these keys: their graphs exist now. Returns their
@@ -112,7 +102,7 @@ class GraphCaptures:
             if new:
                 self._captured.add(((start + j) % sets, key))
                 captures += 1
-                stall += self.cost_us(key)
+                stall += self.capture_us
         self.num_steps += len(keys)
         self.num_captures += captures
         self.stall_us += stall
@@ -127,6 +117,4 @@ def make_graph_captures(cfg: SimConfig, pool_tokens: int) -> GraphCaptures | Non
         return None
     budget = max(b.throughput_token_budget, b.latency_token_budget)
     padding = GraphPadding(e.q_pad_tokens, budget, e.kv_pad_tokens, pool_tokens)
-    return GraphCaptures(
-        padding, e.graph_capture_us, e.graph_captures_per_shape, e.graph_capture_us_per_token
-    )
+    return GraphCaptures(padding, e.graph_capture_us, e.graph_captures_per_shape)

@@ -69,9 +69,6 @@ class EngineConfig(Sealed):
     kv_pad_tokens: int = bounded(0, ge=0, integer=True)
     graph_mode: GraphMode = GraphMode.NONE
     graph_capture_us: int = bounded(0, ge=0, integer=True)  # one lazy capture's stall (LAZY)
-    # ... plus this per padded query token of the captured shape (a capture runs the forward
-    # pass at that shape: 50 ms at 64 queries, 130 ms at 2,112 on the H100)
-    graph_capture_us_per_token: float = bounded(0.0, ge=0)
     graph_captures_per_shape: int = bounded(1, gt=0, integer=True)  # LAZY: IO buffer sets
     # Pinned CPU swap space of the engine, in KV blocks of kv.block_tokens (transformers:
     # cpu_offload_space): a preempted request's blocks are copied out over the PCIe link and

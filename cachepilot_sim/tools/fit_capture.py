@@ -1,11 +1,12 @@
-"""Fit a lazy CUDA-graph capture's stall from the captures a real engine logged.
+"""Fit what a lazy CUDA-graph capture adds to its step, from a real engine's captures.
 
     python -m cachepilot_sim.tools.fit_capture GROUND_TRUTH_DIR [...]
 
-Reads every engine.json under the folders (`graph_captures_during_run`: key and duration of each
-capture made while serving) and prints `engine.graph_capture_us` and
-`engine.graph_capture_us_per_token` for an engine profile (validation/engine_behaviour.py). Fit
-on runs you will not validate the stall on. Bad input: one line naming the file, exit status 2.
+Reads every run (steps.parquet beside engine.json) under the folders and prints
+`engine.graph_capture_us` for an engine profile: per run, the median excess time of the steps that
+captured a graph over the steps of the same padded shape that did not; the median over the runs
+(validation/engine_behaviour.py). Fit on runs you will not validate the stall on. Bad input: one
+line naming the file, exit status 2.
 """
 
 from __future__ import annotations
@@ -15,33 +16,39 @@ import json
 import sys
 from pathlib import Path
 
-from cachepilot_sim.validation.engine_behaviour import fit_capture_cost
+import polars as pl
+
+from cachepilot_sim.validation.engine_behaviour import fit_capture_stall
+
+
+def _fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m cachepilot_sim.tools.fit_capture")
     ap.add_argument("folders", nargs="+", type=Path)
     args = ap.parse_args(argv)
-    runs = []
+    runs: list[tuple[pl.DataFrame, int | None]] = []
     for folder in args.folders:
-        files = sorted(folder.rglob("engine.json")) if folder.is_dir() else []
+        files = sorted(folder.rglob("steps.parquet")) if folder.is_dir() else []
         if not files:
-            print(f"error: {folder}: no engine.json under this folder", file=sys.stderr)
-            raise SystemExit(2)
+            _fail(f"{folder}: no steps.parquet under this folder")
         for path in files:
             try:
-                runs.append(json.loads(path.read_text()))
-            except (OSError, json.JSONDecodeError) as err:
-                print(f"error: {path}: not JSON ({err})", file=sys.stderr)
-                raise SystemExit(2) from None
+                engine = json.loads((path.parent / "engine.json").read_text())
+                steps = pl.read_parquet(path)
+            except (OSError, json.JSONDecodeError, pl.exceptions.PolarsError) as err:
+                _fail(f"{path.parent}: unreadable run ({err})")
+            pages = engine.get("num_pages")
+            runs.append((steps, pages if isinstance(pages, int) else None))
     try:
-        fixed, per_token, resid = fit_capture_cost(runs)
-    except (ValueError, KeyError, TypeError, IndexError) as err:
-        print(f"error: {', '.join(map(str, args.folders))}: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
-    print(f"engine.graph_capture_us: {fixed}")
-    print(f"engine.graph_capture_us_per_token: {per_token}")
-    print(f"# mean |relative error| per capture: {resid:.1%} over {len(runs)} runs")
+        stall = fit_capture_stall(runs)
+    except (ValueError, pl.exceptions.PolarsError) as err:
+        _fail(f"{', '.join(map(str, args.folders))}: {err}")
+    print(f"engine.graph_capture_us: {stall}")
+    print(f"# median over {len(runs)} runs of the excess of capture steps over same-shape steps")
 
 
 if __name__ == "__main__":

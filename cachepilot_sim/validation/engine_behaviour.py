@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import polars as pl
 
 from cachepilot_sim.components.graph_capture import pad_seqlen_k
@@ -57,9 +56,9 @@ def graph_and_swap_overrides(engine_json: dict[str, Any], block_tokens: int) -> 
     Graphs on and pre-captured (`precaptured_graphs` > 0): PRECAPTURED, no stall (shapes the
     pre-capture skipped or did not sweep are not modelled: `graph_captures_during_run` lists any
     that were captured while serving). Graphs on without it: LAZY, one capture per shape and IO
-    buffer set (two under async batching), each stalling the profile's `graph_capture_us` +
-    `graph_capture_us_per_token` x padded queries: a cost of the engine on its GPU, fitted by
-    `fit_capture_cost` on other runs' captures, never read from the run being replayed. Graphs
+    buffer set (two under async batching), each adding the profile's `graph_capture_us` to its
+    step: a cost of the engine on its GPU, fitted by `fit_capture_stall` on other runs'
+    captures, never read from the run being replayed. Graphs
     off: NONE. Enum values are given by name (OmegaConf reads `LAZY`, not `lazy`). The query
     padding is validation/engine_settings.py's (the step cost decides whether it can follow)."""
     out: list[str] = []
@@ -81,22 +80,16 @@ def graph_and_swap_overrides(engine_json: dict[str, Any], block_tokens: int) -> 
     return out
 
 
-def fit_capture_cost(engine_jsons: list[dict[str, Any]]) -> tuple[int, float, float]:
-    """One lazy capture's stall as `fixed_us + per_token_us x padded queries`, least squares over
-    every capture the runs logged (`graph_captures_during_run`: key = padded queries, KV read,
-    longest sequence; dur_us). Returns (fixed_us, per_token_us, mean |relative residual|)."""
-    rows = [
-        (float(c["key"][0]), float(c["dur_us"]))
-        for e in engine_jsons
-        for c in e.get("graph_captures_during_run") or []
-    ]
-    if len(rows) < 2:
-        raise ValueError("need at least two logged captures to fit their cost")
-    q, dur = (np.array(col) for col in zip(*rows, strict=True))
-    coef, *_ = np.linalg.lstsq(np.c_[np.ones_like(q), q], dur, rcond=None)
-    fixed, per_token = max(float(coef[0]), 0.0), max(float(coef[1]), 0.0)
-    resid = float(np.mean(np.abs((fixed + per_token * q - dur) / dur)))
-    return round(fixed), per_token, resid
+def fit_capture_stall(runs: list[tuple[pl.DataFrame, int | None]]) -> int:
+    """What one lazy capture adds to its step (µs), from several captures' steps.parquet (each
+    with its engine's `num_pages`): the median over the runs of `estimate_graph_capture_us`. The
+    engine's own capture time (`graph_captures_during_run` dur_us) includes the step's kernels,
+    which the step cost already prices: it grows with the step (50 ms at 64 queries, 130 ms at
+    2,112 on the H100), while the excess over the same shape without a capture does not."""
+    values = [v for steps, pages in runs if (v := estimate_graph_capture_us(steps, pages))]
+    if not values:
+        raise ValueError("no capture step has a same-shape step without a capture")
+    return _median_int(sorted(values))
 
 
 def _median_int(values: list[int]) -> int:

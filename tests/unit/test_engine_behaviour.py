@@ -11,7 +11,7 @@ import pytest
 from cachepilot_sim.tools.validate import sim_config
 from cachepilot_sim.validation.engine_behaviour import (
     estimate_graph_capture_us,
-    fit_capture_cost,
+    fit_capture_stall,
     graph_and_swap_overrides,
 )
 
@@ -55,15 +55,17 @@ def test_lazy_graphs_take_the_profile_s_stall_never_the_run_s_own() -> None:
     assert not any(o.startswith("engine.graph_capture_us") for o in out)
 
 
-def test_the_capture_cost_is_fitted_over_padded_queries() -> None:
-    runs = [
-        {"graph_captures_during_run": [{"key": [q, 16384, 1024], "dur_us": 50_000 + 40 * q}]}
-        for q in (64, 512, 2048)
-    ]
-    fixed, per_token, resid = fit_capture_cost(runs)
-    assert fixed == 50_000 and abs(per_token - 40.0) < 1e-6 and resid < 1e-9
-    with pytest.raises(ValueError, match="two logged captures"):
-        fit_capture_cost(runs[:1])
+def test_the_capture_stall_is_the_median_excess_over_runs() -> None:
+    def run(excess: int) -> tuple[pl.DataFrame, int | None]:
+        shape = {"q_tokens_padded": [64] * 3, "kv_read_padded": [16384] * 3}
+        return pl.DataFrame(
+            shape | {"max_seqlen_k": [900] * 3, "start_us": [0, 0, 0],
+                     "end_us": [13_000, 13_000 + excess, 13_000], "graph_captures": [0, 1, 0]}
+        ), None  # fmt: skip
+
+    assert fit_capture_stall([run(40_000), run(44_000), run(90_000)]) == 44_000
+    with pytest.raises(ValueError, match="same-shape"):
+        fit_capture_stall([(run(1)[0].filter(pl.col("graph_captures") == 1), None)])
 
 
 def test_swap_space_is_counted_in_the_profile_s_blocks() -> None:
