@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 
@@ -98,7 +99,8 @@ def latency_cells(row: PolicyRow) -> list[str]:
 def _table(
     title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], num_labels: int = 1
 ) -> Table:
-    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left")
+    # Titles are plain text: "[h100_sxm: derived, not measured]" is not a Rich style tag.
+    t = Table(title=escape(title), box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left")
     for i, header in enumerate(headers):
         # The first column holds names (may fold); numbers never wrap.
         t.add_column(

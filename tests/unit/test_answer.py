@@ -126,3 +126,16 @@ def test_markdown_has_one_line_headers_and_every_policy() -> None:
     md = markdown_answer(policy_rows(cells, serving, "lru"), "lru")
     assert "| policy | restore s (KV reload + recompute) | vs lru (ratio) |" in md
     assert all(f"| {p} |" in md for p in POLICIES) and "(seed metric)" not in md
+
+
+def test_a_title_in_brackets_is_printed_not_read_as_markup() -> None:
+    cells, serving = make_cells()
+    rows = policy_rows(cells, serving, "lru")
+    title = (
+        "mixed: 1000 requests, 80 GB VRAM [h100_sxm: derived, not measured]; mean ± σ [min, max]"
+    )
+    console = Console(width=200, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    for table in answer_tables(rows, "lru", title, 200):
+        console.print(table)
+    text = console.export_text()
+    assert "[h100_sxm: derived, not measured]" in text and "[min, max]" in text
