@@ -25,6 +25,9 @@ TOOLS: dict[str, str] = {
     "train-forecast": "train_forecast",
     "validate": "validate",
     "fit-engine": "fit_engine",
+    "fit-capture": "fit_capture",
+    "profile-gpu": "profile_gpu",
+    "trust-table": "trust_table",
     "trace-export": "trace_export",
     "plan": "plan",
 }
