@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +137,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--json", type=Path, help="write the fit and its residuals here")
     ap.add_argument("--form", choices=("engine_step", "physical"), default="engine_step")
-    ap.add_argument("--gpu-profile", help="physical: gpu_profile.json, or 'datasheet'")
+    ap.add_argument(
+        "--gpu-profile", help="physical: gpu_profile.json, or 'datasheet[:GPU]' (a conf/gpu preset)"
+    )
     ap.add_argument(
         "--max-tokens", type=int, default=2048, help="physical: fit steps of <= this many queries"
     )
@@ -147,7 +150,11 @@ def main(argv: list[str] | None = None) -> None:
             ap.error("--form physical needs --gpu-profile (a gpu_profile.json or 'datasheet')")
         from cachepilot_sim.tools.fit_physical import run
 
-        run(args)
+        try:
+            run(args)
+        except (ValueError, OSError, KeyError) as err:  # the profile's or a file's one line
+            print(f"error: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
         return
     steps = load_micro_steps(*args.steps)
     fit, resid = fit_steps(steps, args.q_pad_tokens, args.q_shapes)

@@ -8,8 +8,9 @@ of its range: steps of up to `--max-tokens` queries are fitted, the larger ones 
 
 Each steps file needs its engine's settings beside it (`microbench.json` or `engine.json`:
 `max_requests_per_batch`, the sequence slots a padded step launches); the padded shapes are the
-ones the engine recorded (`q_tokens_padded`, `kv_read_padded`). `--gpu-profile datasheet` prices
-the kernels from the H200 datasheet instead (nothing measured), to show what that costs.
+ones the engine recorded (`q_tokens_padded`, `kv_read_padded`). `--gpu-profile datasheet[:GPU]`
+prices the kernels from a conf/gpu preset's datasheet (default the H200; nothing measured) instead,
+to show what that costs.
 """
 
 from __future__ import annotations
@@ -82,9 +83,20 @@ def recorded_shapes(steps: pl.DataFrame) -> StepShapes:
 
 
 def profile_for(spec: str) -> GpuProfile:
-    """A measured profile (a path) or `datasheet` (H200 datasheet figures, Llama-3-8B GEMMs)."""
-    if spec == "datasheet":
+    """A measured profile (a path), or `datasheet[:GPU]`: the datasheet figures of a conf/gpu
+    preset (default the H200) with Llama-3-8B GEMMs, nothing measured."""
+    if spec == "datasheet" or spec.startswith("datasheet:"):
+        import yaml
+
+        from cachepilot_sim.conf import CONF_DIR
+
+        name = spec.partition(":")[2]
         gpu = GpuSpecConfig()
+        if name:
+            path = CONF_DIR / "gpu" / f"{name}.yaml"
+            if not path.is_file():
+                raise ValueError(f"--gpu-profile {spec}: no conf/gpu/{name}.yaml")
+            gpu = GpuSpecConfig(**yaml.safe_load(path.read_text()))
         pcie_gbps = PCIE_GBPS_PER_LANE[gpu.pcie_gen] * gpu.pcie_lanes  # unused by the step cost
         model = dict(DEFAULT_MODEL)
         return datasheet_profile(gpu.name, gpu.hbm_gbps, gpu.bf16_dense_tflops, pcie_gbps, model)

@@ -137,8 +137,13 @@ def validate_runs(
         settings = resolve(paths[0], real.engine, sim_config(engine, []))
         run_cfg = sim_config(engine, settings.overrides)
         cfg = run_cfg.sim_for(run_cfg.policy.name, 0)
-        sim, _ = simulate(cfg, real)
+        sim, metrics = simulate(cfg, real)
         row = compare(sim, real)
+        # lazy CUDA-graph captures while serving: the engine's (steps.parquet) and the replay's
+        steps = real.steps
+        if steps is not None and "graph_captures" in steps.columns:
+            row["graph_captures_real"] = int(steps["graph_captures"].sum())
+            row["graph_captures_sim"] = int(metrics.get("graph_captures", 0))
         row["engine_settings"] = settings.as_dict()
         if "prefix_hit_tokens" in real.requests.columns:
             row["prefix_hits"] = compare_prefix_hits(sim, real)

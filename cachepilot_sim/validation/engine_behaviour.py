@@ -1,7 +1,7 @@
 """A transformers capture's graph and swap behaviour, from its engine.json and steps.parquet.
 
 `graph_and_swap_overrides` turns the keys the capture script writes (`use_cuda_graph`,
-`precaptured_graphs`, `use_async_batching`, `kv_padding_interval_size`,
+`precaptured_graphs`, `use_async_batching`,
 `graph_captures_during_run`, `num_cpu_blocks`, `cpu_offload_space_gib`, `block_size`,
 `kv_bytes_per_token`) into `engine.*` overrides; `estimate_graph_capture_us` measures one lazy
 capture's stall from the steps that captured (components/graph_capture.py, cpu_swap.py).
@@ -50,7 +50,7 @@ def _swap_blocks(engine_json: dict[str, Any], block_tokens: int) -> int:
 
 
 def graph_and_swap_overrides(engine_json: dict[str, Any], block_tokens: int) -> list[str]:
-    """Hydra overrides of `engine.graph_mode`, `kv_pad_tokens`, `graph_captures_per_shape`,
+    """Hydra overrides of `engine.graph_mode`, `graph_captures_per_shape`,
     `graph_capture_us` and `cpu_swap_blocks` (in blocks of `block_tokens`) for a capture.
 
     Graphs on and pre-captured (`precaptured_graphs` > 0): PRECAPTURED, no stall (shapes the
@@ -69,9 +69,6 @@ def graph_and_swap_overrides(engine_json: dict[str, Any], block_tokens: int) -> 
         else:
             pre = engine_json.get("precaptured_graphs") or 0
             out.append(f"engine.graph_mode={'PRECAPTURED' if pre > 0 else 'LAZY'}")
-            kv_pad = engine_json.get("kv_padding_interval_size")
-            if isinstance(kv_pad, int) and kv_pad >= 0:
-                out.append(f"engine.kv_pad_tokens={kv_pad}")
             async_io = engine_json.get("use_async_batching")
             if async_io is not None:
                 out.append(f"engine.graph_captures_per_shape={2 if async_io else 1}")

@@ -330,6 +330,14 @@ def _model(r: _Reader) -> None:
                 raise EngineSettingsError(
                     f"{r.file}: key 'model.{key}' = {got}: the replayed model ({m.name}) has {want}"
                 )
+        pinned = r.cfg.engine.fitted_settings
+        for key, got in geom.items():  # the shape the step cost was measured on
+            want_s = pinned.get(f"model.{key}")
+            if want_s is not None and normalised(got) != want_s:
+                raise EngineSettingsError(
+                    f"{r.file}: key 'model.{key}' = {normalised(got)}: the step cost of "
+                    f"engine={r.cfg.engine.name} was measured with {want_s}"
+                )
         r.out.settings.append(Setting("model", "...", f"matches model={m.name}"))
     per_token = r.get("kv_bytes_per_token", int)
     if per_token is not None:

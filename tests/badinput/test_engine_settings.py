@@ -100,6 +100,16 @@ def test_a_model_of_another_shape_is_refused(hf_cb: Any) -> None:
         resolve(CAPTURE, engine, hf_cb)
 
 
+@pytest.mark.parametrize(("key", "value"), [("hidden_size", 5120), ("dtype", "float16")])
+def test_a_model_the_step_cost_was_not_measured_on_is_refused(
+    hf_cb: Any, key: str, value: Any
+) -> None:
+    engine = _engine()
+    engine["model"] = dict(engine["model"], **{key: value})
+    with pytest.raises(EngineSettingsError, match=rf"'model.{key}' = {value}: the step cost"):
+        resolve(CAPTURE, engine, hf_cb)
+
+
 def test_another_gpu_is_a_transfer_reported_not_hidden(hf_cb: Any) -> None:
     out = resolve(CAPTURE, _engine(gpu="NVIDIA H100 80GB HBM3"), hf_cb)
     assert out.transfer and out.fitted_on == "NVIDIA H200"

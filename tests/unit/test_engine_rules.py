@@ -23,6 +23,7 @@ from cachepilot_sim.sim import build
 from cachepilot_sim.tools.validate import sim_config
 from cachepilot_sim.validation.ground_truth import GroundTruth, load_ground_truth
 from cachepilot_sim.validation.replay import engine_overrides, workload_from_ground_truth
+from tests.engine_runs import ground_truth
 
 
 def _req(i: int, arrival: int, deadline: int) -> Request:
@@ -79,22 +80,6 @@ def test_in_order_is_the_order_peek_and_pop_give(promotion: bool) -> None:
     assert listed == ([1, 2, 0, 3] if promotion else [0, 1, 2, 3])
 
 
-def _ground_truth(prompts: list[int], outputs: list[int], sends: list[int]) -> GroundTruth:
-    n = len(prompts)
-    frame = pl.DataFrame(
-        {
-            "request_id": [f"r{i:03d}" for i in range(n)],
-            "send_us": sends,
-            "prompt_tokens": prompts,
-            "output_tokens": outputs,
-            "first_token_us": [0] * n,
-            "end_us": [0] * n,
-            "status": ["finished"] * n,
-        }
-    )
-    return GroundTruth(Path("synthetic"), frame, None, {})
-
-
 def _run(gt: GroundTruth, tmp_path: Path, *overrides: str) -> tuple[pl.DataFrame, pl.DataFrame]:
     run_cfg = sim_config("hf_cb", ["trace.enabled=true", "trace.iteration_every=1", *overrides])
     cfg = run_cfg.sim_for(run_cfg.policy.name, 0)
@@ -108,7 +93,7 @@ def _pressure() -> GroundTruth:
     """Long replies into a 12-block pool: decodes run out of blocks and preempt."""
     prompts = [300 + 37 * (i % 7) for i in range(24)]
     outputs = [200 + 53 * (i % 5) for i in range(24)]
-    return _ground_truth(prompts, outputs, [i * 40_000 for i in range(24)])
+    return ground_truth(prompts, outputs, [i * 40_000 for i in range(24)])
 
 
 def test_after_a_starved_preemption_nothing_is_admitted_until_a_request_finishes(
@@ -146,7 +131,7 @@ def test_the_front_rule_readmits_a_victim_before_anything_finishes(tmp_path: Pat
 
 def test_a_request_that_fits_is_admitted_past_one_that_does_not(tmp_path: Path) -> None:
     # r000 holds 3 then 4 of 6 blocks for a while; r001 (3 blocks) cannot fit, r002 (1) can
-    gt = _ground_truth([700, 700, 100], [300, 10, 10], [0, 10_000, 20_000])
+    gt = ground_truth([700, 700, 100], [300, 10, 10], [0, 10_000, 20_000])
     reqs, _ = _run(gt, tmp_path, "engine.kv_pool_blocks=5")
     first = dict(zip(reqs["request"].to_list(), reqs["first_token_us"].to_list(), strict=True))
     assert first[2] < first[1]
@@ -158,7 +143,7 @@ def test_a_request_that_fits_is_admitted_past_one_that_does_not(tmp_path: Path) 
 
 
 def test_blocks_are_taken_at_the_step_that_crosses_into_them(tmp_path: Path) -> None:
-    gt = _ground_truth([100, 100], [600, 600], [0, 0])
+    gt = ground_truth([100, 100], [600, 600], [0, 0])
     for reserve, peak_max in (("false", 3), ("true", 4)):
         _, trace = _run(gt, tmp_path / reserve, f"batcher.reserve_run_blocks={reserve}")
         it = trace.filter(pl.col("kind") == "iteration")
@@ -185,7 +170,7 @@ def test_a_prompt_is_given_room_for_two_more_tokens(
     tmp_path: Path, prompt: int, room: int, blocks: int
 ) -> None:
     """transformers: (n + 1) // 256 + 1 blocks for n new tokens, i.e. room for n + 2."""
-    gt = _ground_truth([prompt], [1], [0])
+    gt = ground_truth([prompt], [1], [0])
     _, trace = _run(gt, tmp_path, f"engine.prompt_room_tokens={room}")
     admit = trace.filter(pl.col("kind") == "admit")
     assert admit["blocks"].to_list() == [blocks]
@@ -197,7 +182,7 @@ def test_async_batching_takes_a_block_one_step_ahead(
 ) -> None:
     # 253 + 2 fit one block; the third decode step (position 255) still fits, but under async
     # batching the step after it is composed (and its block taken) while it runs
-    gt = _ground_truth([253], [4], [0])
+    gt = ground_truth([253], [4], [0])
     assert _peak_blocks(tmp_path, gt, 8, f"engine.async_scheduling={async_}") == pytest.approx(peak)
 
 
@@ -207,7 +192,7 @@ def test_a_running_sequence_takes_its_block_before_a_queued_request(
 ) -> None:
     # r000 (254 + 2 in one block) needs its second block at the boundary where r001 (1000
     # tokens: 4 of the 5 blocks), sent during r000's first decode step, is first considered
-    gt = _ground_truth([254, 1000], [400, 10], [0, 18_000])
+    gt = ground_truth([254, 1000], [400, 10], [0, 18_000])
     reqs, _ = _run(gt, tmp_path, "engine.kv_pool_blocks=5", f"engine.grow_before_admit={first}")
     assert (reqs["outcome"] == "completed").all()
     assert reqs.sort("request")["preemptions"].to_list()[0] == preempted
