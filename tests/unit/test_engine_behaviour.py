@@ -27,7 +27,6 @@ def _engine(folder: Path) -> dict:
 def test_a_precaptured_async_capture_with_cpu_swap_space() -> None:
     assert graph_and_swap_overrides(_engine(CPU_SWAP), 256) == [
         "engine.graph_mode=PRECAPTURED",
-        "engine.kv_pad_tokens=16384",
         "engine.graph_captures_per_shape=2",
         "engine.cpu_swap_blocks=32",
     ]
