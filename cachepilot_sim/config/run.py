@@ -10,7 +10,7 @@ from cachepilot_sim.config import trust_registry
 from cachepilot_sim.config.admission import AdmissionConfig
 from cachepilot_sim.config.base import GB, Sealed, bounded, require
 from cachepilot_sim.config.cluster import ROUTERS, ClusterConfig, RouterConfig
-from cachepilot_sim.config.engine import BatcherConfig, KVConfig, SchedulerConfig
+from cachepilot_sim.config.engine import BatcherConfig, BatchMode, KVConfig, SchedulerConfig
 from cachepilot_sim.config.engine_profile import EngineConfig, StepCost
 from cachepilot_sim.config.hardware import GpuSpecConfig, HardwareConfig
 from cachepilot_sim.config.model import ModelConfig
@@ -165,8 +165,18 @@ class SimConfig(Sealed):
             f"more than gpu {self.gpu.name!r} has ({self.gpu.hbm_gb:g} GB, gpu.hbm_gb)",
         )
         measuring = self.replay.measuring  # validate: the replay is the measurement
-        if self.engine.step_cost != StepCost.ROOFLINE and not measuring:  # one GPU's times
-            self._check_fitted_gpu()
+        if self.engine.step_cost != StepCost.ROOFLINE:
+            # A captured engine batches by one token budget (docs/validation.md, "Engine
+            # rules"): another batching mode is a rule its step cost and errors never saw.
+            require(
+                self.batcher.mode == BatchMode.MAX_THROUGHPUT,
+                "batcher.mode",
+                str(self.batcher.mode),
+                f"engine {self.engine.name} schedules every step within one token budget "
+                "(batcher=max_throughput, as captured); another mode is engine=default's",
+            )
+            if not measuring:  # one GPU's times
+                self._check_fitted_gpu()
 
     def _check_fitted_gpu(self) -> None:
         """A fitted step cost has no hardware terms: it runs unchanged only on a GPU whose

@@ -19,6 +19,7 @@ from cachepilot_sim.config import (
     HardwareConfig,
     ModelConfig,
     SimConfig,
+    StepCost,
 )
 from cachepilot_sim.cost.model import ComputeFit, compute_fit
 
@@ -181,12 +182,30 @@ def hardware_note(cfg: SimConfig) -> dict[str, Any]:
     `derived, not measured` (empty for one H200, so such runs' metrics are unchanged)."""
     if is_measured(cfg.gpu) and cfg.tp == 1:
         return {}
-    what = "H200 calibration x datasheet ratios" if not is_measured(cfg.gpu) else "measured"
     comm = f"; tp={cfg.tp} ring all-reduce {DERIVED_NOTE}" if cfg.tp > 1 else ""
-    profile = f"{cfg.gpu.name}: {DERIVED_NOTE} ({what}){comm}"
+    return {
+        "gpu": cfg.gpu.name,
+        "tp": cfg.tp,
+        "hardware_profile": cfg.gpu.name + ": " + _basis(cfg) + comm,
+    }
+
+
+def _basis(cfg: SimConfig) -> str:
+    """Where the step time on `cfg.gpu` comes from, in words. Only the roofline engine scales
+    the H200 calibration by datasheet ratios; a fitted step cost runs unchanged on the GPUs its
+    errors were measured on (config/run.py refuses the others) and a physical one prices the
+    engine's kernels on the GPU profile it names; their host link is still the datasheet's."""
+    e = cfg.engine
+    if e.step_cost == StepCost.FITTED:
+        return (
+            f"step cost fitted on {e.fitted_on or 'an unnamed GPU'}, not rescaled; "
+            f"host link {DERIVED_NOTE} (datasheet)"
+        )
+    if e.step_cost == StepCost.PHYSICAL:
+        return f"step cost from GPU profile {e.gpu_profile}; host link {DERIVED_NOTE} (datasheet)"
     if is_measured(cfg.gpu):
-        profile = f"{cfg.gpu.name}: measured{comm}"
-    return {"gpu": cfg.gpu.name, "tp": cfg.tp, "hardware_profile": profile}
+        return "measured"
+    return f"{DERIVED_NOTE} (H200 calibration x datasheet ratios)"
 
 
 def hardware_derivation(cfg: SimConfig) -> dict[str, Any]:

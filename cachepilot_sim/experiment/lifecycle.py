@@ -106,6 +106,14 @@ def refuse_ignored_overrides(cfg: DictConfig, overrides: list[str]) -> None:
             f"compare_policies=[{chosen[0].split('=', 1)[1]}] (or compare_policies=[] to run "
             "that policy alone)"
         )
+    for o in overrides:  # an engine profile pins its batching rule over a later batcher choice
+        key, _, value = o.lstrip("+~").partition("=")
+        if key in ("batcher", "batcher.mode") and value.lower() != str(cfg.batcher.mode).lower():
+            raise ConfigError(
+                f"{o} is ignored: engine={cfg.engine.name} schedules with batcher "
+                f"{str(cfg.batcher.mode).lower()} (its captured rule); drop it, or use "
+                "engine=default to choose the batching mode"
+            )
 
 
 def check_inputs(cfg: RunConfig) -> None:

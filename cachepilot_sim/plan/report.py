@@ -14,8 +14,9 @@ from cachepilot_sim.plan.search import CellResult, Evaluation
 
 APPROXIMATION = (
     "Replicas are simulated together on one clock behind the router (cachepilot_sim/cluster); "
-    "GPUs other than the H200 and every TP all-reduce are derived from the H200 calibration "
-    "by datasheet ratios, not measured."
+    "each GPU's step-time basis is listed below (the default engine scales the H200 "
+    "calibration by datasheet ratios, a fitted or physical engine does not), and every TP "
+    "all-reduce is derived, not measured."
 )
 
 

@@ -168,9 +168,16 @@ def compose_run(plan: PlanConfig, cell: Cell, scale: int) -> Any:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             node = compose(config_name="config", overrides=overrides)
         node.vram_gb = node.gpu.hbm_gb  # each replica's GPU, all of it
-        return to_config(node)
+        run = to_config(node)
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(str(err).splitlines()[0]) from err
+    mode = str(run.batcher.mode)
+    if mode != cell.batcher:  # an engine profile pins its own batching rule over the cell's
+        raise ConfigError(
+            f"config key 'space.batchers' = {cell.batcher!r}: engine {run.engine.name} "
+            f"schedules with batcher {mode} (its captured rule); put {mode!r} in space.batchers"
+        )
+    return run
 
 
 def evaluate(plan: PlanConfig, cell: Cell, scale: int) -> Evaluation:

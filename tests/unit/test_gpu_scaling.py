@@ -13,7 +13,14 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from cachepilot_sim.conf import CONF_DIR
-from cachepilot_sim.config import ConfigError, GpuSpecConfig, HardwareConfig, ModelConfig
+from cachepilot_sim.config import (
+    BatcherConfig,
+    BatchMode,
+    ConfigError,
+    GpuSpecConfig,
+    HardwareConfig,
+    ModelConfig,
+)
 from cachepilot_sim.config.engine_profile import EngineConfig, StepCost
 from cachepilot_sim.cost import batch_iteration_us, compute_fit
 from cachepilot_sim.cost.gpu_scaling import (
@@ -154,10 +161,13 @@ def test_a_model_that_does_not_fit_the_gpu_is_refused_naming_the_key() -> None:
 
 def test_a_fitted_engine_step_is_refused_off_the_h200() -> None:
     engine = EngineConfig(step_cost=StepCost.FITTED)
+    one_budget = BatcherConfig(mode=BatchMode.MAX_THROUGHPUT)  # a captured engine's rule
     with pytest.raises(ConfigError, match=r"'gpu' = 'l40s': engine default's step cost was fitted"):
-        make_sim_config(engine=engine, gpu=GPUS["l40s"])
+        make_sim_config(engine=engine, gpu=GPUS["l40s"], batcher=one_budget)
     with pytest.raises(ConfigError, match=r"'tp' = 2"):
-        make_sim_config(engine=engine, tp=2)
+        make_sim_config(engine=engine, tp=2, batcher=one_budget)
+    with pytest.raises(ConfigError, match=r"'batcher.mode' = 'adaptive'"):
+        make_sim_config(engine=engine)
 
 
 def test_a_derived_gpu_run_says_derived_not_measured_in_its_metrics() -> None:
@@ -187,3 +197,15 @@ def test_the_gpu_group_composes_and_refuses_a_model_too_big_for_it() -> None:
     assert to_config(ok).gpu.name == "mi300x"
     with pytest.raises(ConfigError, match=r"^config key 'vram_gb' = 48.0: .*'l40s' over tp=2"):
         to_config(bad)
+
+
+def test_a_fitted_step_cost_is_not_called_datasheet_scaled() -> None:
+    """Only the roofline engine scales the H200 calibration: a fitted step cost runs unchanged
+    on another GPU (its transferred errors are in the trust label), and the note says so."""
+    engine = EngineConfig(name="hf_cb", step_cost=StepCost.FITTED, fitted_on="NVIDIA H200")
+    one_budget = BatcherConfig(mode=BatchMode.MAX_THROUGHPUT)
+    roofline = make_sim_config(gpu=GPUS["h100_sxm"], vram_gb=16.0, batcher=one_budget)
+    fitted = replace(roofline, engine=engine)
+    assert "datasheet ratios" in hardware_note(roofline)["hardware_profile"]
+    note = hardware_note(fitted)["hardware_profile"]
+    assert "fitted on NVIDIA H200, not rescaled" in note and "datasheet ratios" not in note
