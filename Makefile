@@ -2,7 +2,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXPERIMENT ?= mixed_spike
+# `make run`: the seed scenario on the validated engine model (EXPERIMENT=mixed_spike: the same
+# scenario on the idealised, unvalidated default engine)
+EXPERIMENT ?= mixed_spike_hf_cb
 
 .PHONY: run test test-fuzz install install-dev lint bench clean install-vllm-policy test-vllm \
 	bench-vllm-evictor

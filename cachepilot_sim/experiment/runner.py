@@ -309,6 +309,7 @@ def run_title(cfg: RunConfig, cells: Sequence[dict[str, Any]]) -> str:
         )
     gpu = hardware_note(cfg).get("hardware_profile")
     on = f" [{gpu}]" if gpu else ""
-    return (
-        f"{workload}, {cfg.vram_gb:g} GB VRAM{on}, {cfg.model.name}, {seeds}; mean ± σ [min, max]"
-    )
+    memory = f"{cfg.vram_gb:g} GB VRAM"
+    if blocks := cfg.engine.kv_pool_blocks:  # the engine's own pool: vram_gb does not size it
+        memory = f"the engine's KV pool of {blocks} x {cfg.kv.block_tokens}-token blocks"
+    return f"{workload}, {memory}{on}, {cfg.model.name}, {seeds}; mean ± σ [min, max]"
