@@ -23,12 +23,30 @@ from __future__ import annotations
 
 import collections
 import itertools
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 ENGINE_ORDER = "none"  # the engine's own reuse order (nothing rerouted)
 Group = Callable[[str], str]
+
+
+def _import_simulator() -> None:
+    """Make `cachepilot_sim` importable from this checkout (capture.py runs from its folder); a
+    missing dependency (simpy on the lent GPUs) is one line saying what to install."""
+    try:
+        import cachepilot_sim  # noqa: F401
+    except ModuleNotFoundError as err:
+        root = str(Path(__file__).resolve().parents[2])
+        if err.name != "cachepilot_sim" or root in sys.path:
+            raise ImportError(
+                f"the policy hook needs the simulator package and its dependency {err.name!r}, "
+                "not installed here (docs/validation.md, 'Policy hook': carry its wheel)"
+            ) from None
+        sys.path.insert(0, root)
+        _import_simulator()
 
 
 class HookError(RuntimeError):
@@ -106,6 +124,7 @@ class Mirror:
     does) and one per group for its gap EMA."""
 
     def __init__(self, policy_name: str, block_tokens: int, block_bytes: int) -> None:
+        _import_simulator()
         from cachepilot_sim.components.kv.cpu_store import CpuStore
         from cachepilot_sim.components.kv.forest import PrefixTree
         from cachepilot_sim.components.kv.protocol import KvStats
