@@ -17,6 +17,11 @@ methods (no engine code is changed). Output: one ground-truth folder per workloa
     python3 capture.py --out $OUT --phase fresh        # multiturn run 2, pressure_soft_reset run 3
     python3 capture.py --out $OUT --phase hashdiag     # multiturn + pressure_preempt, hashes logged
     python3 capture.py --out $OUT --phase preemptdiag  # pressure_preempt x2, allocations logged
+    python3 capture.py --out $OUT --phase policy_ab --policies mru,lru,lfu
+        # the policy A/B (policy_hook.py): multi-turn sessions behind a shared system prompt,
+        # in a pool where reuse competes with new prompts, without and with CPU swap; every
+        # policy on the same two engines, runs interleaved (run 1 of each, then run 2)
+    python3 capture.py --out $OUT --phase main --policy lru   # any phase, another reuse order
     python3 capture.py --out $OUT --phase portable --parts main,defaults,swap,micro8k
         # the fidelity issue's held-out set: GPU micro-profile, the engine's own defaults
         # (8192-token budget, 64-token query padding, lazy graphs, auto-sized pool), CPU swap
@@ -33,6 +38,7 @@ import argparse
 import dataclasses
 import json
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -55,6 +61,7 @@ from capture_workloads import (
     w_closed,
     w_multiturn,
     w_poisson,
+    w_sessions_shared,
     w_shared_prompt,
 )
 from hf_engine import EngineSpec, destroy_engine, engine_config, make_engine
@@ -572,7 +579,71 @@ def phase_portable(s: Session, args: argparse.Namespace) -> None:
         print(f"[portable] {part} done in {perf_counter() - t:.1f} s", flush=True)
 
 
+# --------------------------------------------------------------------------------------------- #
+# Policy A/B (issue 29)                                                                         #
+# --------------------------------------------------------------------------------------------- #
+AB_BLOCKS, AB_SWAP_BLOCKS = 64, 40
+AB_SESSIONS = dict(
+    num_sessions=20, turns=3, session_rate=1.25, think_mean_s=2.0, seed=81, system_tokens=512
+)
+AB_SPECS = {
+    # the engine's default safety margin: a pool too small for every session's blocks, requests
+    # queue instead of preempting
+    "ab_sessions": EngineSpec("ab_sessions", num_blocks=AB_BLOCKS),
+    # no margin and pinned CPU space: decodes that run out of blocks swap a request out
+    "ab_sessions_swap": EngineSpec(
+        "ab_sessions_swap", num_blocks=AB_SWAP_BLOCKS, safety_margin=0.0, cpu_offload_space_gib=1.0
+    ),
+}
+AB_SMOKE = dict(block_size=32, max_batch_tokens=256, use_cuda_graph=False, use_async_batching=False)
+
+
+def phase_policy_ab(s: Session, args: argparse.Namespace) -> None:
+    """Every policy of `--policies` on the same engines and request list, `--runs` runs each,
+    runs interleaved across policies (run 1 of every policy, then run 2): drift of the machine
+    falls on all policies alike. Folders `<policy>/<workload>/run<k>`, packed after every run.
+
+    Runtime (H100 or H200, estimated from the captures of hf_cb/2026-12-01: ~25 s of serving
+    per run, 20 sessions x 3 turns): model build ~20 s, two engines ~30 s with graph pre-capture,
+    the pinned CPU pool ~10 s, then ~25-30 s per policy, workload and run: 2 policies x 2
+    workloads x 2 runs ~= 3.5 min, 3 policies ~= 5 min. Keep a command at 3 policies or fewer
+    (10-minute limit); `none` (the engine's own order) counts as one."""
+    from policy_hook import PolicyHook
+
+    policies = [p for p in args.policies.split(",") if p]
+    for p in policies:
+        PolicyHook(p)  # an unknown name fails before any engine is built
+    scale = 8 if s.smoke else 1
+    meta = {"kind": "policy_ab", **AB_SESSIONS, "scale": scale}
+    for name in args.ab_workloads.split(","):
+        if name not in AB_SPECS:
+            raise SystemExit(f"--ab-workloads: no workload {name!r} (known: {', '.join(AB_SPECS)})")
+        spec = AB_SPECS[name]
+        if s.smoke:  # 32-token blocks and lengths / 8 on the CPU; no pinned memory there
+            spec = dataclasses.replace(spec, **AB_SMOKE, num_blocks=spec.num_blocks // 2)
+        rec = Recorder(use_cuda=not s.smoke)
+        mgr, info = make_engine(s.model, spec, rec, s.smoke)
+        for run in range(1, args.runs + 1):
+            for policy in policies:
+                s.policy = policy
+                s.capture(
+                    mgr,
+                    rec,
+                    spec,
+                    info,
+                    name,
+                    w_sessions_shared(name, **AB_SESSIONS, scale=scale),  # type: ignore[arg-type]
+                    limit_s=90,
+                    meta={**meta, "num_blocks": spec.num_blocks},
+                    run_ids=(run,),
+                    folder_name=f"{policy}/{name}",
+                )
+        destroy_engine(mgr)
+    s.policy = args.policy
+
+
 PHASES = {
+    "policy_ab": phase_policy_ab,
     "portable": phase_portable,
     "mixed": phase_mixed,
     "small": phase_small,
@@ -601,10 +672,21 @@ def main() -> None:
             "hashdiag",
             "preemptdiag",
             "portable",
+            "policy_ab",
         ],
     )
+    ap.add_argument(
+        "--policy",
+        default="none",
+        help="cached-block reuse order of every run (policy_hook.py): a simulator policy name "
+        "(mru, lru, lfu, perc, s3fifo, ...); none = the engine's own (dict popitem)",
+    )
+    ap.add_argument("--policies", default="mru,lru,lfu,perc,s3fifo", help="policy_ab: policies")
+    ap.add_argument(
+        "--ab-workloads", default="ab_sessions,ab_sessions_swap", help="policy_ab: workloads"
+    )
     ap.add_argument("--parts", default="main,defaults,shared,swap,micro8k")
-    ap.add_argument("--runs", type=int, default=2, help="portable: runs per held-out workload")
+    ap.add_argument("--runs", type=int, default=2, help="portable, policy_ab: runs per workload")
     ap.add_argument("--main-workloads", default="poisson_r6,multiturn,closed_b64,azure_conv_sample")
     ap.add_argument("--defaults-workloads", default="poisson_r6,multiturn,burst_4x")
     ap.add_argument("--micro-blocks", type=int, default=0, help="portable micro8k: KV blocks")
@@ -625,6 +707,14 @@ def main() -> None:
         "--rerun", default="", help="pressure phase: main workloads to capture again as run 2"
     )
     args = ap.parse_args()
+    from policy_hook import PolicyHook
+
+    try:
+        for p in [args.policy, *(args.policies.split(",") if args.phase == "policy_ab" else [])]:
+            PolicyHook(p)  # unknown names fail here, before the model is built
+    except (ValueError, ImportError) as err:
+        print(f"error: --policy/--policies: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
     args.out.mkdir(parents=True, exist_ok=True)
     stage = Path("/tmp/cp_capture") / "gt"
     shutil.rmtree(stage.parent, ignore_errors=True)
@@ -635,7 +725,7 @@ def main() -> None:
         f"[model] built in {perf_counter() - t:.1f} s; attn={model.config._attn_implementation}",
         flush=True,
     )
-    s = Session(out=args.out, stage=stage, model=model, smoke=args.cpu_smoke)
+    s = Session(out=args.out, stage=stage, model=model, smoke=args.cpu_smoke, policy=args.policy)
     if args.phase == "smoke":
         phase_smoke(s, args)
     elif args.phase == "explore":

@@ -136,6 +136,23 @@ def run_requests(
     return {"records": records, "wall_s": wall_s}
 
 
+def kv_traffic(records: list[dict], rec: Recorder, hook: dict, block_size: int) -> dict:
+    """Per run: tokens prefilled, hit, recomputed (prefix blocks computed earlier in the run,
+    looked up again at a request's first admission and missed), dropped by soft resets and
+    swapped to the CPU (preempted requests' blocks x block size)."""
+    by_kind: dict[str, int] = defaultdict(int)
+    for p in rec.preemptions:
+        by_kind[p["kind"]] += int(p["blocks"])
+    return dict(
+        prefill_tokens=int(sum(s["prefill_tokens"] for s in rec.steps)),
+        prefix_hit_tokens=int(sum(r["prefix_hit_tokens"] or 0 for r in records)),
+        recomputed_prefix_tokens=int(hook["recomputed_blocks"]) * block_size,
+        soft_reset_tokens=by_kind["soft_reset"] * block_size,
+        swapped_tokens=by_kind["cpu_swap"] * block_size,
+        num_restores=int(sum(r["num_restores"] for r in records)),
+    )
+
+
 @dataclass
 class Session:
     out: Path
@@ -144,6 +161,7 @@ class Session:
     smoke: bool
     seed: int = 1234
     summaries: dict = field(default_factory=dict)
+    policy: str = "none"  # cached-block reuse order (policy_hook.py); none: the engine's own
 
     def capture(
         self,
@@ -157,14 +175,24 @@ class Session:
         limit_s: float = 120.0,
         meta: dict | None = None,
         run_ids: tuple[int, ...] | None = None,
+        folder_name: str | None = None,
     ) -> list[dict]:
         """Run `reqs` once per run id on this engine (scheduler, cache, prefix cache and offload
-        state reset before each run; pre-captured graphs kept); one ground-truth folder per run."""
+        state reset before each run; pre-captured graphs kept); one ground-truth folder per run,
+        under `folder_name` (default: the workload's name). The cached-block reuse order is
+        `self.policy`'s (a fresh hook per run, as a fresh simulation has a fresh policy)."""
+        from policy_hook import PolicyHook
+
+        groups = {}
+        for r in reqs:  # a turn's group is its session, else the request's own
+            groups[r.request_id] = r.session_id or groups.get(r.parent_id or "", r.request_id)
         results = []
         for run in run_ids or tuple(range(1, runs + 1)):
             if mgr.is_running():
                 mgr.stop(block=True, timeout=60, keep_for_next_session=True)
             clear_prefix_cache(mgr)
+            hook = PolicyHook(self.policy, lambda rid: groups.get(rid, rid))
+            hook.attach(mgr)
             mgr.start()
             res = run_requests(mgr, rec, reqs, self.seed, self.smoke, limit_s, spec.block_size)
             mgr.stop(
@@ -174,7 +202,7 @@ class Session:
                 hard_stop=len([r for r in res["records"] if r["status"] == "missing"]) > 0,
             )
             resolve_gpu_times(rec)
-            folder = self.stage / name / f"run{run}"
+            folder = self.stage / (folder_name or name) / f"run{run}"
             folder.mkdir(parents=True, exist_ok=True)
             write_table(res["records"], REQUEST_TYPES, folder / "requests")
             write_table(rec.steps, STEP_TYPES, folder / "steps")
@@ -189,12 +217,15 @@ class Session:
                 preemption_events=rec.preemptions,
                 prefix_cache_cleared_before_run=True,
                 command=" ".join(sys.argv),
+                policy=self.policy,
+                policy_hook=hook.stats(),
+                kv_traffic=kv_traffic(res["records"], rec, hook.stats(), spec.block_size),
             )
             (folder / "engine.json").write_text(json.dumps(eng, indent=1, default=str))
             summ = summarize(res["records"], rec.steps, res["wall_s"])
-            self.summaries[f"{name}/run{run}"] = summ
+            self.summaries[f"{folder_name or name}/run{run}"] = summ
             print(
-                f"[{name} run{run}] "
+                f"[{folder_name or name} run{run}] "
                 + json.dumps(
                     {k: (round(v, 2) if isinstance(v, float) else v) for k, v in summ.items()}
                 ),

@@ -315,3 +315,28 @@ def w_shared_prompt(
         if r.request_id != first:
             r.prefix_of, r.prefix_tokens = first, system_tokens
     return reqs
+
+
+def w_sessions_shared(
+    name: str,
+    num_sessions: int,
+    turns: int,
+    session_rate: float,
+    think_mean_s: float,
+    seed: int,
+    system_tokens: int,
+    scale: int = 1,
+) -> list[Req]:
+    """`w_multiturn` sessions whose first turn starts with one system prompt of `system_tokens`
+    tokens (so every later turn does too): the policy A/B workload, where a cached block may be a
+    session's own or the shared prompt. `scale` divides every length (CPU smoke)."""
+    reqs = w_multiturn(name, num_sessions, turns, session_rate, think_mean_s, seed)
+    first = reqs[0].request_id
+    for r in reqs:
+        r.prompt_tokens = max(r.prompt_tokens // scale, 2)
+        r.max_new_tokens = max(r.max_new_tokens // scale, 2)
+        if r.turn == 0:
+            r.prompt_tokens += system_tokens // scale
+            if r.request_id != first:
+                r.prefix_of, r.prefix_tokens = first, system_tokens // scale
+    return reqs
