@@ -1,0 +1,412 @@
+#!/usr/bin/env python3
+"""Ground truth from vLLM 0.26 (issue 28): the transformers captures' request lists, open loop.
+
+One AsyncLLM engine (engine core in its own process, as `vllm serve` runs it) serves a
+dummy-weight Llama-3-8B in bf16, with every scheduler limit pinned (vllm_common.EngineSpec).
+Each request is one `generate()` at its arrival time, streamed with DELTA outputs, so every token
+has its client time; a stat logger keeps each step's SchedulerStats/IterationStats
+(engine_stats.parquet), and the engine core process logs each step's schedule and update times
+and token counts (vllm_steplog.py -> steps.parquet). Before every run the prefix cache is reset.
+Output: one ground-truth folder per workload and run (requests.parquet, steps.parquet,
+engine.json; docs/validation.md), packed into $OUT/gt.tar.gz after every run.
+
+    PYTHONPATH=/tmp/vllm_site python3 experiments/validation/vllm/capture_vllm.py --out $OUT
+    ... --workloads poisson_r6,multiturn,shared_prompt --runs 2        # the default
+    ... --micro                           # cost micro-runs (capture_workloads.microbench_plan)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import time
+import traceback
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # this folder, experiments/validation
+import vllm_steplog  # noqa: E402
+from capture_common import REQUEST_TYPES, STEP_TYPES, pack, summarize, write_table  # noqa: E402
+from capture_workloads import Req  # noqa: E402
+from vllm_common import LLAMA3_8B, EngineSpec, apply_env, write_model_dir  # noqa: E402
+from vllm_gt import (  # noqa: E402
+    CORE_STEP_TYPES,
+    ENGINE_REQUEST_TYPES,
+    MICRO_PLANS,
+    OpenLoop,
+    engine_json,
+    preemptions,
+    step_rows,
+    workload,
+)
+
+vllm_steplog.install()  # a spawned engine core process re-imports this module: wrap there too
+
+STAGE = Path("/tmp/cp_vllm_capture") / "gt"
+STEP_LOG = Path("/tmp/cp_vllm_capture") / "core_steps.jsonl"
+STAT_ROWS: list[dict] = []
+EXTRA_STEP_TYPES = {**CORE_STEP_TYPES, "update_end_us": "int64"}
+STAT_TYPES = {
+    "t_us": "int64",
+    "num_running": "int32",
+    "num_waiting": "int32",
+    "kv_cache_usage_pct": "int32",
+    "prefix_queries": "int64",
+    "prefix_hits": "int64",
+    "ctx_requests": "int32",
+    "ctx_tokens": "int32",
+    "gen_requests": "int32",
+    "gen_tokens": "int32",
+    "elapsed_us": "int64",
+    "num_generation_tokens": "int32",
+    "num_prompt_tokens": "int32",
+    "num_preempted_reqs": "int32",
+}
+
+
+def make_stat_logger() -> type:
+    """A StatLoggerBase that keeps every record() call (one per engine step's outputs)."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class StepStats(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            self.engine_index = engine_index
+
+        def record(
+            self,
+            scheduler_stats: Any,
+            iteration_stats: Any,
+            mm_cache_stats: Any = None,
+            engine_idx: int = 0,
+        ) -> None:
+            row: dict[str, Any] = {"t": time.monotonic()}
+            if scheduler_stats is not None:
+                pc = scheduler_stats.prefix_cache_stats
+                row.update(
+                    num_running=scheduler_stats.num_running_reqs,
+                    num_waiting=scheduler_stats.num_waiting_reqs,
+                    kv_cache_usage_pct=round(100 * scheduler_stats.kv_cache_usage),
+                    prefix_queries=pc.queries,
+                    prefix_hits=pc.hits,
+                )
+                d = scheduler_stats.iteration_details
+                if d is not None:
+                    row.update(
+                        ctx_requests=d.num_ctx_requests,
+                        ctx_tokens=d.num_ctx_tokens,
+                        gen_requests=d.num_generation_requests,
+                        gen_tokens=d.num_generation_tokens,
+                        elapsed_us=round(d.elapsed_ms * 1e3),
+                    )
+            if iteration_stats is not None:
+                row.update(
+                    num_generation_tokens=iteration_stats.num_generation_tokens,
+                    num_prompt_tokens=iteration_stats.num_prompt_tokens,
+                    num_preempted_reqs=iteration_stats.num_preempted_reqs,
+                )
+            STAT_ROWS.append(row)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return StepStats
+
+
+def resolve_config(cfg: Any) -> dict[str, Any]:
+    """The engine's resolved settings, read back from its VllmConfig (not the arguments)."""
+    sc, cc, comp, mc = (
+        cfg.scheduler_config,
+        cfg.cache_config,
+        cfg.compilation_config,
+        cfg.model_config,
+    )
+
+    def name(v: Any) -> Any:
+        return getattr(v, "name", None) or (None if v is None else str(v))
+
+    return {
+        "max_num_batched_tokens": sc.max_num_batched_tokens,
+        "max_num_seqs": sc.max_num_seqs,
+        "block_size": cc.block_size,
+        "num_gpu_blocks": cc.num_gpu_blocks,
+        "enable_prefix_caching": bool(cc.enable_prefix_caching),
+        "enable_chunked_prefill": bool(sc.enable_chunked_prefill),
+        "async_scheduling": bool(sc.async_scheduling),
+        "scheduling_policy": str(sc.policy),
+        "watermark": float(getattr(sc, "watermark", 0.0)),
+        "scheduler_reserve_full_isl": bool(getattr(sc, "scheduler_reserve_full_isl", False)),
+        "long_prefill_token_threshold": int(sc.long_prefill_token_threshold),
+        "max_model_len": mc.max_model_len,
+        "compilation_mode": int(comp.mode),
+        "cudagraph_mode": name(comp.cudagraph_mode),
+        "enforce_eager": bool(mc.enforce_eager),
+        "gpu_memory_utilization": cc.gpu_memory_utilization,
+        "kv_offloading_size": cc.kv_offloading_size,
+        "kv_offloading_backend": str(cc.kv_offloading_backend),
+        "prefix_caching_hash_algo": str(cc.prefix_caching_hash_algo),
+        "dtype": str(mc.dtype).removeprefix("torch."),
+        "model_runner": "v2" if cfg.use_v2_model_runner else "v1",
+        "cudagraph_capture_sizes": list(comp.cudagraph_capture_sizes or []),
+        "max_cudagraph_capture_size": comp.max_cudagraph_capture_size,
+        "attention_backend": name(getattr(cfg.attention_config, "backend", None)),
+    }
+
+
+def machine() -> dict[str, Any]:
+    import torch
+    import vllm
+
+    return {
+        "gpu": torch.cuda.get_device_name(0),
+        "sm": "{}{}".format(*torch.cuda.get_device_capability(0)),
+        "versions": {"vllm": vllm.__version__, "torch": torch.__version__},
+    }
+
+
+async def serve(llm: Any, reqs: list[Req], limit_s: float) -> tuple[OpenLoop, float, float]:
+    """Send `reqs` open loop on `llm`; returns the client state and the run's start and end."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    client = OpenLoop(reqs)
+    t0 = time.monotonic()
+    tasks: set[asyncio.Task] = set()
+
+    async def one(r: Req, ids: list[int]) -> None:
+        rid = r.request_id
+        params = SamplingParams(
+            max_tokens=r.max_new_tokens,
+            ignore_eos=True,
+            detokenize=False,
+            temperature=0.0,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        client.sent(rid, time.monotonic())
+        try:
+            async for out in llm.generate(TokensPrompt(prompt_token_ids=ids), params, rid):
+                client.tokens(rid, time.monotonic(), list(out.outputs[0].token_ids))
+                rec = client.records[rid]
+                if out.num_cached_tokens is not None:
+                    rec.num_cached_tokens = out.num_cached_tokens
+                if out.finished and out.metrics is not None:
+                    m = out.metrics
+                    rec.engine = {
+                        k: getattr(m, k) for k in ("queued_ts", "scheduled_ts", "first_token_ts")
+                    }
+            client.finish(rid, t0)
+        except Exception as e:  # a failed request is a row, not the end of the run
+            client.finish(rid, t0, error=f"{type(e).__name__}: {e}"[:500])
+
+    while not client.done():
+        now = time.monotonic() - t0
+        if now > limit_s:
+            left = [rid for rid, rec in client.records.items() if not rec.finished]
+            print(f"[client] limit {limit_s:.0f} s: {len(left)} unfinished, aborted", flush=True)
+            await llm.abort(left)
+            if tasks:
+                await asyncio.wait(tasks, timeout=10)
+            break
+        for r, ids in client.due(now):
+            task = asyncio.create_task(one(r, ids))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        nxt = client.next_due_s()
+        await asyncio.sleep(0.005 if nxt is None else min(0.005, max(0.0, nxt - now)))
+    return client, t0, time.monotonic()
+
+
+def write_run(
+    folder: Path,
+    client: OpenLoop,
+    t0: float,
+    t1: float,
+    engine: dict[str, Any],
+    tags: dict[str, Any] | None = None,
+) -> dict:
+    """requests.parquet, steps.parquet, engine_stats.parquet, engine.json of one run."""
+    core = vllm_steplog.read(STEP_LOG)
+    block_size = engine["block_size"]
+    rows = client.rows(t0, block_size, preemptions(core, t0, t1))
+    steps = step_rows(core, t0, t1)
+    stats = [
+        {**{k: v for k, v in s.items() if k != "t"}, "t_us": round((s["t"] - t0) * 1e6)}
+        for s in STAT_ROWS
+        if t0 <= s["t"] <= t1
+    ]
+    if tags:
+        rows = [{**r, **tags} for r in rows]
+        steps = [{**s, **tags} for s in steps]
+    folder.mkdir(parents=True, exist_ok=True)
+    tag_types = {k: "string" if isinstance(v, str) else "int32" for k, v in (tags or {}).items()}
+    write_table(rows, {**REQUEST_TYPES, **ENGINE_REQUEST_TYPES, **tag_types}, folder / "requests")
+    if steps:
+        write_table(steps, {**STEP_TYPES, **EXTRA_STEP_TYPES, **tag_types}, folder / "steps")
+    write_table(stats, STAT_TYPES, folder / "engine_stats")
+    eng = {**engine, "step_source": "engine_core_step_log" if steps else "none"}
+    eng["num_preemptions"] = sum(r["num_soft_resets"] for r in rows)
+    (folder / "engine.json").write_text(json.dumps(eng, indent=1, default=str))
+    return summarize(rows, steps, t1 - t0)
+
+
+async def session(args: argparse.Namespace, spec: EngineSpec, model_dir: Path) -> dict:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    t = time.perf_counter()
+    kw = spec.engine_kwargs(model_dir)
+    llm = AsyncLLM.from_engine_args(
+        AsyncEngineArgs(**kw, enable_logging_iteration_details=True),
+        stat_loggers=[make_stat_logger()],
+    )
+    init_s = time.perf_counter() - t
+    resolved = resolve_config(llm.vllm_config)
+    base = {
+        **machine(),
+        "engine_spec": spec.as_dict(),
+        "env": {k: os.environ[k] for k in sorted(os.environ) if k.startswith("VLLM_")},
+        "engine_init_s": round(init_s, 1),
+        "command": " ".join(sys.argv),
+        "prefix_cache_cleared_before_run": True,
+    }
+    print(f"[engine] up in {init_s:.0f} s: " + json.dumps(resolved), flush=True)
+    summaries: dict[str, Any] = {}
+    try:
+        if args.warmup:
+            warm, _ = workload("poisson_r6")
+            warm = [replace(r, request_id=f"warmup-{r.request_id}") for r in warm[: args.warmup]]
+            client, t0, t1 = await serve(llm, warm, 60)
+            print(f"[warmup] {len(warm)} requests in {t1 - t0:.1f} s", flush=True)
+        plan = micro_plan(args) if args.micro else runs_plan(args)
+        for name, run, reqs, meta, tags, limit_s in plan:
+            await llm.reset_prefix_cache()
+            client, t0, t1 = await serve(llm, reqs, limit_s)
+            folder = STAGE / name / (f"run{run}" if run else "")
+            extra = {
+                **base,
+                "workload": name,
+                "run": run,
+                "workload_meta": meta,
+                "captured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "wall_s": round(t1 - t0, 3),
+            }
+            eng = engine_json(resolved, LLAMA3_8B, extra)
+            summ = write_run(folder, client, t0, t1, eng, tags)
+            key = f"{name}/run{run}" if run else name
+            summaries[key] = summ
+            short = {k: round(v, 2) if isinstance(v, float) else v for k, v in summ.items()}
+            print(f"[{key}] " + json.dumps(short), flush=True)
+            pack(STAGE, args.out, "gt")
+            (args.out / "summary.json").write_text(json.dumps(summaries, indent=1))
+    finally:
+        llm.shutdown()
+    return summaries
+
+
+def runs_plan(args: argparse.Namespace) -> list[tuple[str, int, list[Req], dict, dict, float]]:
+    plan = []
+    for name in args.workloads.split(","):
+        reqs, meta = workload(name)
+        for run in range(1, args.runs + 1):
+            plan.append((name, run, reqs, meta, {}, args.limit_s))
+    return plan
+
+
+def micro_plan(args: argparse.Namespace) -> list[tuple[str, int, list[Req], dict, dict, float]]:
+    """Each micro-run configuration twice (rep 1 meets any lazy compilation, rep 2 replays), one
+    folder per configuration: micro/<plan>/<config_id>-rep<k>."""
+    plan = []
+    for pname in args.micro_plans.split(","):
+        if pname not in MICRO_PLANS:
+            raise SystemExit(f"--micro-plans: no plan {pname!r} (known: {', '.join(MICRO_PLANS)})")
+        configs = MICRO_PLANS[pname]()
+        for rep in (1, 2):
+            for cid, (cfg, reqs) in enumerate(configs):
+                reqs = [
+                    replace(
+                        r,
+                        request_id=f"{r.request_id}-r{rep}",
+                        parent_id=f"{r.parent_id}-r{rep}" if r.parent_id else None,
+                        prefix_of=f"{r.prefix_of}-r{rep}" if r.prefix_of else None,
+                    )
+                    for r in reqs
+                ]
+                tags = {**cfg, "rep": rep, "config_id": cid}
+                plan.append((f"micro/{pname}/{cid:02d}-rep{rep}", 0, reqs, cfg, tags, 30.0))
+    return plan
+
+
+def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, EngineSpec]:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--workloads", default="poisson_r6,multiturn,shared_prompt")
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--limit-s", type=float, default=120.0, help="per run")
+    ap.add_argument("--warmup", type=int, default=48, help="warm-up requests before the runs")
+    ap.add_argument("--micro", action="store_true", help="cost micro-runs instead of workloads")
+    ap.add_argument("--micro-plans", default="microbench,microbench_mixed")
+    d = EngineSpec()
+    ap.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+    ap.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    ap.add_argument("--block-size", type=int, default=d.block_size)
+    ap.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
+    ap.add_argument("--num-gpu-blocks", type=int, default=None, help="num_gpu_blocks_override")
+    ap.add_argument("--compilation-mode", type=int, default=d.compilation_mode)
+    ap.add_argument("--cudagraph-mode", default=d.cudagraph_mode)
+    ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--no-async-scheduling", action="store_true")
+    ap.add_argument("--kv-offloading-gib", type=float, default=None)
+    ap.add_argument("--v1-runner", action="store_true", help="VLLM_USE_V2_MODEL_RUNNER=0")
+    args = ap.parse_args(argv)
+    if args.runs < 1:
+        ap.error("--runs must be >= 1")
+    spec = EngineSpec(
+        name="vllm_micro" if args.micro else "vllm_main",
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        block_size=args.block_size,
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        num_gpu_blocks_override=args.num_gpu_blocks,
+        compilation_mode=args.compilation_mode,
+        cudagraph_mode=args.cudagraph_mode,
+        enforce_eager=args.enforce_eager,
+        async_scheduling=not args.no_async_scheduling,
+        kv_offloading_size_gib=args.kv_offloading_gib,
+        env={"VLLM_USE_V2_MODEL_RUNNER": "0"} if args.v1_runner else {},
+    )
+    return args, spec
+
+
+def main() -> int:
+    args, spec = parse()
+    args.out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(STAGE.parent, ignore_errors=True)
+    STAGE.mkdir(parents=True)
+    apply_env({**spec.env, vllm_steplog.ENV: str(STEP_LOG)})
+    vllm_steplog.install()  # before the engine core process forks
+    model_dir = write_model_dir(STAGE.parent / "llama3_8b_dummy")
+    try:
+        summaries = asyncio.run(session(args, spec, model_dir))
+    except Exception:
+        (args.out / "capture_error.txt").write_text(traceback.format_exc())
+        print("[capture] failed:\n" + traceback.format_exc()[-3000:], flush=True)
+        if STAGE.exists():
+            pack(STAGE, args.out, "gt")
+        return 1
+    print("[done] " + json.dumps(summaries, default=str)[:4000], flush=True)
+    print("spec: " + json.dumps(asdict(spec)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

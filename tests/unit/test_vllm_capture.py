@@ -1,0 +1,215 @@
+"""The vLLM capture's CPU-side logic (experiments/validation/vllm/vllm_gt.py, vllm_steplog.py)
+with fake engine outputs: the request lists are the transformers captures' own, the client
+replays them open loop, and what it writes loads as ground truth. No vllm needed."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import polars as pl
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "experiments/validation/vllm"), str(ROOT / "experiments/validation")]
+H100 = ROOT / "experiments/validation/hf_cb/2026-12-06-h100"
+
+import vllm_gt  # noqa: E402
+from capture_common import REQUEST_TYPES, STEP_TYPES, write_table  # noqa: E402
+from vllm_common import LLAMA3_8B  # noqa: E402
+
+from cachepilot_sim.validation.ground_truth import load_ground_truth, summarize  # noqa: E402
+
+RESOLVED = {k: 0 for k in vllm_gt.SETTING_KEYS} | {"block_size": 16, "num_gpu_blocks": 30000}
+
+
+@pytest.mark.parametrize("name", ["poisson_r6", "multiturn"])
+def test_request_lists_are_the_transformers_captures(name: str) -> None:
+    """Same ids, lengths, planned send times and (for requests without a parent) the same
+    prompt token ids as the committed H100 transformers capture (its 256-token block hashes)."""
+    hf = pl.read_parquet(H100 / name / "run1" / "requests.parquet")
+    reqs, _ = vllm_gt.workload(name)
+    assert [r.request_id for r in reqs] == hf["request_id"].to_list()
+    assert [r.max_new_tokens for r in reqs] == hf["max_new_tokens"].to_list()
+    client = vllm_gt.OpenLoop(reqs)
+    roots = client.due(1e9)
+    by_id = {r["request_id"]: r for r in hf.iter_rows(named=True)}
+    assert roots and all(r.parent_id is None for r, _ in roots)
+    for r, ids in roots:
+        row = by_id[r.request_id]
+        assert len(ids) == row["prompt_tokens"]
+        assert round(client.records[r.request_id].planned_s * 1e6) == row["planned_send_us"]
+        blocks = vllm_gt.block_hashes(ids, 256, r.request_id)
+        assert blocks == row["block_hash_ids"]
+
+
+def test_a_later_turn_is_sent_after_its_parent_with_its_prompt_and_reply() -> None:
+    reqs, _ = vllm_gt.workload("multiturn")
+    client = vllm_gt.OpenLoop(reqs[:2])  # one session's first two turns
+    first, child = reqs[0], reqs[1]
+    ((r, ids),) = client.due(0.0)
+    assert r.request_id == first.request_id and client.due(100.0) == []
+    client.sent(r.request_id, 10.0)
+    client.tokens(r.request_id, 10.2, [7, 8])
+    client.tokens(r.request_id, 10.3, [9])
+    client.finish(r.request_id, t0=10.0)
+    due = client.next_due_s()
+    assert due == pytest.approx(0.3 + child.think_s)
+    assert client.due(due - 1e-6) == []
+    ((c, cids),) = client.due(due)
+    assert c.request_id == child.request_id
+    assert (
+        cids[: len(ids) + 3] == ids + [7, 8, 9] and len(cids) == len(ids) + 3 + child.prompt_tokens
+    )
+
+
+def test_a_failed_turn_fails_the_later_turns_of_its_session() -> None:
+    reqs, _ = vllm_gt.workload("multiturn")
+    client = vllm_gt.OpenLoop(reqs[:4])
+    client.due(0.0)
+    client.finish(reqs[0].request_id, 0.0, error="RuntimeError: boom")
+    assert client.done()
+    rows = client.rows(0.0, 16, {})
+    assert [r["status"] for r in rows] == ["failed"] * 4
+    assert rows[3]["error"] == f"parent {reqs[2].request_id} failed"
+
+
+def fake_run(tmp: Path) -> tuple[Path, vllm_gt.OpenLoop]:
+    """Serve the first 6 poisson_r6 requests with made-up token times (10 ms per token, the
+    first 50 ms after the send) and a made-up core step log; write the run's folder."""
+    reqs, meta = vllm_gt.workload("poisson_r6")
+    reqs = [vllm_gt.Req(**{**r.__dict__, "max_new_tokens": 4}) for r in reqs[:6]]
+    t0 = 1000.0
+    client = vllm_gt.OpenLoop(reqs)
+    core = []
+    for r, _ids in client.due(1e9):
+        sent = t0 + (client.records[r.request_id].planned_s or 0.0)
+        client.sent(r.request_id, sent)
+        for k in range(4):
+            client.tokens(r.request_id, sent + 0.05 + 0.01 * k, [100 + k])
+        client.records[r.request_id].num_cached_tokens = 0
+        client.finish(r.request_id, t0)
+        core.append(
+            {"kind": "step", "schedule_start": sent, "schedule_end": sent + 0.001}
+            | {"update_start": sent + 0.04, "update_end": sent + 0.041}
+            | dict.fromkeys(vllm_gt.STEP_COUNTS, 1)
+        )
+    core.append({"kind": "preempt", "t": t0 + 0.5, "request_id": f"{reqs[1].request_id}-abcd1234"})
+    folder = tmp / "poisson_r6" / "run1"
+    folder.mkdir(parents=True)
+    t1 = t0 + 100
+    rows = client.rows(t0, 16, vllm_gt.preemptions(core, t0, t1))
+    write_table(rows, {**REQUEST_TYPES, **vllm_gt.ENGINE_REQUEST_TYPES}, folder / "requests")
+    write_table(vllm_gt.step_rows(core, t0, t1), STEP_TYPES, folder / "steps")
+    eng = vllm_gt.engine_json(RESOLVED, LLAMA3_8B, {"workload": "poisson_r6", "run": 1})
+    (folder / "engine.json").write_text(json.dumps(eng))
+    return folder, client
+
+
+def test_a_run_written_by_the_capture_loads_as_ground_truth(tmp_path: Path) -> None:
+    folder, client = fake_run(tmp_path)
+    gt = load_ground_truth(folder)
+    assert gt.engine["engine"] == "vllm_v1" and gt.engine["kv_bytes_per_token"] == 131072
+    summ = summarize(gt)
+    assert summ["finished"] == 6 and summ["ttft_ms_mean"] == pytest.approx(50.0, abs=0.01)
+    assert summ["tpot_ms_mean"] == pytest.approx(10.0, abs=0.01)
+    assert summ["num_soft_resets"] == 1  # the core log's preemption, mapped to the external id
+    first = gt.requests.row(0, named=True)
+    assert len(first["block_hash_ids"]) == -(-first["prompt_tokens"] // 16)
+    assert gt.steps is not None and gt.steps.height == 6
+
+
+def test_step_summary_tells_decodes_from_prompt_chunks_and_recompute() -> None:
+    prompts = {"new": 100, "chunk": 3000, "dec": 50, "last": 40, "res": 60}
+    out = SimpleNamespace(
+        num_scheduled_tokens={"new": 64, "chunk": 512, "dec": 1, "last": 1, "res": 70},
+        total_num_scheduled_tokens=648,
+        scheduled_new_reqs=[SimpleNamespace(req_id="new", num_computed_tokens=32)],
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=["chunk", "dec", "last", "res"],
+            num_computed_tokens=[1024, 57, 39, 0],
+            resumed_req_ids={"res"},
+        ),
+        preempted_req_ids={"x"},
+    )
+    s = vllm_gt.step_summary(out, prompts.__getitem__)
+    # "last" has one prompt token left (39 of 40 computed): a prefill token, not a decode
+    assert (s["decode_tokens"], s["num_decode_requests"]) == (1, 1)
+    assert s["prefill_tokens"] == 64 + 512 + 1 + 70
+    assert (s["num_new_requests"], s["prefix_hit_tokens"], s["num_preempted"]) == (2, 32, 1)
+
+
+def test_step_rows_start_when_the_previous_step_output_is_ready() -> None:
+    """Async scheduling: step 2 is scheduled while step 1 runs; its GPU work starts when step
+    1's output is ready, and a step after an idle gap starts when it is scheduled."""
+    counts = dict.fromkeys(vllm_gt.STEP_COUNTS, 1)
+    core = [
+        {"kind": "step", "schedule_start": 10.0, "schedule_end": 10.001}
+        | {"update_start": 10.030, "update_end": 10.031}
+        | counts,
+        {"kind": "step", "schedule_start": 10.002, "schedule_end": 10.003}
+        | {"update_start": 10.060, "update_end": 10.061}
+        | counts,
+        {"kind": "step", "schedule_start": 11.0, "schedule_end": 11.002}
+        | {"update_start": 11.020, "update_end": 11.021}
+        | counts,
+    ]
+    rows = vllm_gt.step_rows(core, 10.0, 12.0)
+    assert [(r["start_us"], r["end_us"]) for r in rows] == [
+        (1000, 30000),
+        (30000, 60000),
+        (1002000, 1020000),
+    ]
+    assert vllm_gt.step_rows(core, 10.5, 12.0)[0]["step"] == 0  # only steps scheduled in the run
+
+
+def test_engine_json_refuses_an_unresolved_setting() -> None:
+    resolved = dict(RESOLVED)
+    del resolved["async_scheduling"]
+    with pytest.raises(ValueError, match="async_scheduling"):
+        vllm_gt.engine_json(resolved, LLAMA3_8B, {})
+
+
+def test_steplog_wraps_the_scheduler_and_logs_each_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "core.jsonl"
+    monkeypatch.setenv("CP_VLLM_STEP_LOG", str(log))
+    steplog = importlib.reload(importlib.import_module("vllm_steplog"))
+
+    class FakeScheduler:
+        def __init__(self) -> None:
+            self.requests = {"a-12345678": SimpleNamespace(num_prompt_tokens=10)}
+            self.waiting, self.running, self.skipped_waiting = [1, 2], [3], []
+            pool = SimpleNamespace(num_gpu_blocks=100, get_num_free_blocks=lambda: 60)
+            self.kv_cache_manager = SimpleNamespace(block_pool=pool)
+
+        def schedule(self) -> SimpleNamespace:
+            return SimpleNamespace(
+                num_scheduled_tokens={"a-12345678": 1},
+                total_num_scheduled_tokens=1,
+                scheduled_new_reqs=[],
+                scheduled_cached_reqs=SimpleNamespace(
+                    req_ids=["a-12345678"], num_computed_tokens=[12], resumed_req_ids=set()
+                ),
+            )
+
+        def update_from_output(self, scheduler_output: object, model_output: object) -> str:
+            return "outputs"
+
+        def _preempt_request(self, request: object, timestamp: float) -> None:
+            return None
+
+    assert steplog.install(FakeScheduler)
+    sched = FakeScheduler()
+    out = sched.schedule()
+    assert sched.update_from_output(out, None) == "outputs"
+    sched._preempt_request(SimpleNamespace(request_id="a-12345678"), 0.0)
+    step, pre = steplog.read(log)
+    assert step["kind"] == "step" and step["decode_tokens"] == 1 and step["kv_blocks_in_use"] == 40
+    assert step["schedule_start"] <= step["update_start"] <= step["update_end"]
+    assert (step["num_waiting"], step["num_running"]) == (2, 1)
+    assert vllm_gt.external_id(pre["request_id"]) == "a"
