@@ -184,6 +184,12 @@ def _spread(xs: list[float | None]) -> float | None:
     return None if d is None else abs(d)
 
 
+def _traffic(gt: GroundTruth, key: str) -> float | None:
+    traffic = gt.engine.get("kv_traffic")
+    value = traffic.get(key) if isinstance(traffic, dict) else None
+    return float(value) if isinstance(value, int | float) else None
+
+
 def _sign(x: float) -> int:
     return (x > 0) - (x < 0)
 
@@ -246,6 +252,8 @@ def rankings(
             continue
         by_meas = sorted(meas, key=lambda p: (meas[p], p))
         by_pred = sorted(pred, key=lambda p: (pred[p], p))
+        pairs = [(x, y) for i, x in enumerate(by_meas) for y in by_meas[i + 1 :]]
+        same = sum(by_pred.index(x) < by_pred.index(y) for x, y in pairs)
         out.append(
             {
                 "workload": workload,
@@ -253,6 +261,7 @@ def rankings(
                 "measured": by_meas,
                 "predicted": by_pred,
                 "agrees": by_meas == by_pred,
+                "concordant_pairs": f"{same}/{len(pairs)}",
             }
         )
     return out
@@ -309,6 +318,10 @@ def compare_policies(
                         m: rel(predicted[policy][m], measured[policy][0][m]) for m in METRICS
                     },
                     "notes": settings.notes,
+                    # the engine's own count (capture.py kv_traffic), beside the offline rule's
+                    "engine_recompute_tokens": _mean(
+                        [_traffic(gt, "recomputed_prefix_tokens") for gt in cap.runs]
+                    ),
                     "predicted_by": labels[policy],
                 }
             )
@@ -340,6 +353,7 @@ def markdown(result: dict[str, Any]) -> str:
         verdict = "agrees" if r["agrees"] else "differs"
         lines.append(
             f"ranking `{r['workload']}` {r['metric']}: measured {' < '.join(r['measured'])}; "
-            f"predicted {' < '.join(r['predicted'])} ({verdict})"
+            f"predicted {' < '.join(r['predicted'])} ({verdict}, {r['concordant_pairs']} pairs "
+            "in the same order)"
         )
     return "\n".join(lines)

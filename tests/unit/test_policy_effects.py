@@ -213,3 +213,16 @@ def test_engine_json_policy_is_replayed_as_that_policy() -> None:
         resolve(MULTITURN / "run1", {**engine, "policy": 7}, cfg)
     with pytest.raises(EngineSettingsError, match="not a policy the simulator knows"):
         resolve(MULTITURN / "run1", {**engine, "policy": "nope"}, cfg)
+
+
+SMOKE = Path(__file__).resolve().parents[1] / "data/hf_cb_policy_smoke"
+
+
+@pytest.mark.parametrize("policy", ["mru", "lru"])
+def test_recompute_rule_matches_the_engines_own_count_on_a_real_capture(policy: str) -> None:
+    gt = load_ground_truth(SMOKE / policy / "ab_sessions/run1")
+    traffic = gt.engine["kv_traffic"]
+    assert traffic["recomputed_prefix_tokens"] > 0  # blocks were lost and computed again
+    block = gt.engine["block_size"]
+    assert recompute_tokens(gt, gt.requests, block) == traffic["recomputed_prefix_tokens"]
+    assert int(gt.requests["prefix_hit_tokens"].sum()) == traffic["prefix_hit_tokens"]
