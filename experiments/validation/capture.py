@@ -603,11 +603,13 @@ def phase_policy_ab(s: Session, args: argparse.Namespace) -> None:
     runs interleaved across policies (run 1 of every policy, then run 2): drift of the machine
     falls on all policies alike. Folders `<policy>/<workload>/run<k>`, packed after every run.
 
-    Runtime (H100 or H200, estimated from the captures of hf_cb/2026-12-01: ~25 s of serving
-    per run, 20 sessions x 3 turns): model build ~20 s, two engines ~30 s with graph pre-capture,
-    the pinned CPU pool ~10 s, then ~25-30 s per policy, workload and run: 2 policies x 2
-    workloads x 2 runs ~= 3.5 min, 3 policies ~= 5 min. Keep a command at 3 policies or fewer
-    (10-minute limit); `none` (the engine's own order) counts as one."""
+    Runtime estimate (not measured: from hf_cb/2026-12-01 on the H200, where the model built in
+    11.6 s, 24 padded shapes x 2 pre-captured in 5.4 s, and `multiturn`, 96 requests of 24 sessions
+    at 1.5/s, served in 31 s; these 60 requests of 20 sessions at 1.25/s should take 25-30 s a
+    run, `ab_sessions_swap` longer when it swaps): ~30 s of model, engines and pinned pool, then
+    ~60 s per policy and run over both workloads. `--policies A,B` x 2 runs ~= 4.5 min,
+    `--policies A,B,C` ~= 6.5-7 min: at most 3 policies per 10-minute command (`none`, the
+    engine's own order, counts as one); a timeout still returns every packed run."""
     from policy_hook import PolicyHook
 
     policies = [p for p in args.policies.split(",") if p]
