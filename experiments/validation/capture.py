@@ -610,17 +610,11 @@ def phase_policy_ab(s: Session, args: argparse.Namespace) -> None:
     ~60 s per policy and run over both workloads. `--policies A,B` x 2 runs ~= 4.5 min,
     `--policies A,B,C` ~= 6.5-7 min: at most 3 policies per 10-minute command (`none`, the
     engine's own order, counts as one); a timeout still returns every packed run."""
-    from policy_hook import PolicyHook
-
-    policies = [p for p in args.policies.split(",") if p]
-    for p in policies:
-        PolicyHook(p)  # an unknown name fails before any engine is built
+    policies = [p for p in args.policies.split(",") if p]  # names checked in main()
     scale = 8 if s.smoke else 1
     meta = {"kind": "policy_ab", **AB_SESSIONS, "scale": scale}
     for name in args.ab_workloads.split(","):
-        if name not in AB_SPECS:
-            raise SystemExit(f"--ab-workloads: no workload {name!r} (known: {', '.join(AB_SPECS)})")
-        spec = AB_SPECS[name]
+        spec = AB_SPECS[name]  # names checked in main()
         if s.smoke:  # 32-token blocks and lengths / 8 on the CPU; no pinned memory there
             spec = dataclasses.replace(spec, **AB_SMOKE, num_blocks=spec.num_blocks // 2)
         rec = Recorder(use_cuda=not s.smoke)
@@ -717,6 +711,11 @@ def main() -> None:
     except (ValueError, ImportError) as err:
         print(f"error: --policy/--policies: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    bad = [w for w in args.ab_workloads.split(",") if w not in AB_SPECS]
+    if args.phase == "policy_ab" and bad:
+        print(f"error: --ab-workloads: no workload {bad[0]!r} (known: {', '.join(AB_SPECS)})",
+              file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
     args.out.mkdir(parents=True, exist_ok=True)
     stage = Path("/tmp/cp_capture") / "gt"
     shutil.rmtree(stage.parent, ignore_errors=True)
