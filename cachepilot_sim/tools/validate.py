@@ -2,11 +2,14 @@
 
     python -m cachepilot_sim.validate GROUND_TRUTH_DIR [--engine hf_cb] [--json OUT.json]
                                       [--plot DIR] [--workloads a,b]
+    python -m cachepilot_sim.validate --compare-policies GROUND_TRUTH_DIR [--json OUT.json]
 
 GROUND_TRUTH_DIR is one run folder, a workload folder (run1 is validated, run2 is the engine's own
 spread) or a dated folder of workloads. Per workload: the signed relative error (sim - real) / real
 of mean, p50, p90, p99 TTFT, TPOT, ITL and E2E, of throughput and preemptions, and the per-request
-MAPE. Bad ground truth: one line naming the file and the column, exit status 2.
+MAPE. Bad ground truth: one line naming the file and the column, exit status 2. With
+`--compare-policies`: predicted vs measured differences between cached-block reuse policies
+(validation/policy_effects.py).
 """
 
 from __future__ import annotations
@@ -250,6 +253,31 @@ def _repo_relative(path: Path) -> str:
         return str(path)
 
 
+def _compare_policies(args: argparse.Namespace, only: list[str] | None) -> None:
+    """`--compare-policies`: validation/policy_effects.py; its table, and `--json` as given."""
+    from cachepilot_sim.validation.policy_effects import (
+        PolicyEffectsError,
+        compare_policies,
+        markdown,
+    )
+
+    if args.plot:
+        print("error: --plot: not available with --compare-policies", file=sys.stderr)
+        raise SystemExit(2)
+    try:
+        result = compare_policies(args.ground_truth, args.engine, sim_config, only)
+    except (GroundTruthError, EngineSettingsError, PolicyEffectsError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    labels = sorted({p["predicted_by"] for p in result["policies"]})
+    print("\n".join(f"profile: {label}" for label in labels))
+    print(f"engine profile: {args.engine}; cells: (b - a) / a, measured = mean of the runs")
+    print(markdown(result))
+    if args.json:
+        result["ground_truth"] = _repo_relative(args.ground_truth)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         prog="python -m cachepilot_sim.validate", description=__doc__.splitlines()[0]
@@ -259,8 +287,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", type=Path, help="write the errors as JSON")
     ap.add_argument("--plot", type=Path, help="write sim-vs-real figures to this folder")
     ap.add_argument("--workloads", default="", help="comma-separated subset of workloads")
+    ap.add_argument(
+        "--compare-policies",
+        action="store_true",
+        help="GROUND_TRUTH_DIR holds one workload under several policies (capture.py --phase "
+        "policy_ab): report predicted vs measured differences between policies",
+    )
     args = ap.parse_args(argv)
     only = [w for w in args.workloads.split(",") if w] or None
+    if args.compare_policies:
+        _compare_policies(args, only)
+        return
     try:
         workloads, pairs = validate_runs(args.ground_truth, args.engine, only)
     except (GroundTruthError, EngineSettingsError) as err:

@@ -59,8 +59,11 @@ HF_RECORDS = frozenset(
         "scheduler",  # the class name of scheduler_type, which is read
         "cpu_offload_space_gib",  # num_cpu_blocks, which is read, in GiB
         "gpu",  # compared with engine.fitted_on: a transfer is reported, not refused
+        "policy_hook",  # the policy hook's counters (experiments/validation/policy_hook.py)
+        "kv_traffic",  # tokens prefilled, hit, recomputed, swapped per run
     }
 )
+ENGINE_ORDER = "none"  # engine.json `policy`: the engine's own reuse order, no hook
 
 
 # A step-cost setting next to a profile whose cost is the idealised roofline (no padding, no
@@ -223,6 +226,7 @@ def _hf(r: _Reader) -> None:
             raise r.fail(key, "unpadded queries (graphs off) are not modelled")
         r.honour(key, v, f"engine.{field_name}={v}")
     _swap(r)
+    _policy(r)
     _graphs(r, fitted)
     for key, want, why in (
         ("scheduler_type", "fifo", "only the FIFO scheduler's rules are modelled"),
@@ -308,6 +312,30 @@ def _swap(r: _Reader) -> None:
         r.out.settings.append(Setting("num_cpu_blocks", 0, "no swap (recompute)"))
     elif swap:
         r.honour("num_cpu_blocks", r.engine.get("num_cpu_blocks"), *swap)
+
+
+def _policy(r: _Reader) -> None:
+    """The cached-block reuse order the capture ran (`capture.py --policy`): a simulator policy
+    is replayed as that policy; the engine's own order as the profile's (mru, which cuts chain
+    tails only: an inner block the engine evicted is noted)."""
+    name = r.get("policy", str)
+    if name is None:
+        return
+    if name == ENGINE_ORDER:
+        r.out.settings.append(Setting("policy", name, f"the profile's {r.cfg.policy.name}"))
+        hook = r.engine.get("policy_hook")
+        inner = hook.get("inner_evictions") if isinstance(hook, dict) else None
+        if inner:
+            r.out.notes.append(
+                f"the engine's own order evicted {inner} inner blocks (blocks a cached block "
+                "extends); the replay cuts chain tails only"
+            )
+        return
+    from cachepilot_sim.config.policy import known_policies
+
+    if name not in known_policies():
+        raise r.fail("policy", f"not a policy the simulator knows ({', '.join(known_policies())})")
+    r.honour("policy", name, f"policy={name}")
 
 
 def _model(r: _Reader) -> None:

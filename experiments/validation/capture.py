@@ -603,22 +603,18 @@ def phase_policy_ab(s: Session, args: argparse.Namespace) -> None:
     runs interleaved across policies (run 1 of every policy, then run 2): drift of the machine
     falls on all policies alike. Folders `<policy>/<workload>/run<k>`, packed after every run.
 
-    Runtime (H100 or H200, estimated from the captures of hf_cb/2026-12-01: ~25 s of serving
-    per run, 20 sessions x 3 turns): model build ~20 s, two engines ~30 s with graph pre-capture,
-    the pinned CPU pool ~10 s, then ~25-30 s per policy, workload and run: 2 policies x 2
-    workloads x 2 runs ~= 3.5 min, 3 policies ~= 5 min. Keep a command at 3 policies or fewer
-    (10-minute limit); `none` (the engine's own order) counts as one."""
-    from policy_hook import PolicyHook
-
-    policies = [p for p in args.policies.split(",") if p]
-    for p in policies:
-        PolicyHook(p)  # an unknown name fails before any engine is built
+    Runtime estimate (not measured: from hf_cb/2026-12-01 on the H200, where the model built in
+    11.6 s, 24 padded shapes x 2 pre-captured in 5.4 s, and `multiturn`, 96 requests of 24 sessions
+    at 1.5/s, served in 31 s; these 60 requests of 20 sessions at 1.25/s should take 25-30 s a
+    run, `ab_sessions_swap` longer when it swaps): ~30 s of model, engines and pinned pool, then
+    ~60 s per policy and run over both workloads. `--policies A,B` x 2 runs ~= 4.5 min,
+    `--policies A,B,C` ~= 6.5-7 min: at most 3 policies per 10-minute command (`none`, the
+    engine's own order, counts as one); a timeout still returns every packed run."""
+    policies = [p for p in args.policies.split(",") if p]  # names checked in main()
     scale = 8 if s.smoke else 1
     meta = {"kind": "policy_ab", **AB_SESSIONS, "scale": scale}
     for name in args.ab_workloads.split(","):
-        if name not in AB_SPECS:
-            raise SystemExit(f"--ab-workloads: no workload {name!r} (known: {', '.join(AB_SPECS)})")
-        spec = AB_SPECS[name]
+        spec = AB_SPECS[name]  # names checked in main()
         if s.smoke:  # 32-token blocks and lengths / 8 on the CPU; no pinned memory there
             spec = dataclasses.replace(spec, **AB_SMOKE, num_blocks=spec.num_blocks // 2)
         rec = Recorder(use_cuda=not s.smoke)
@@ -715,6 +711,11 @@ def main() -> None:
     except (ValueError, ImportError) as err:
         print(f"error: --policy/--policies: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    bad = [w for w in args.ab_workloads.split(",") if w not in AB_SPECS]
+    if args.phase == "policy_ab" and bad:
+        print(f"error: --ab-workloads: no workload {bad[0]!r} (known: {', '.join(AB_SPECS)})",
+              file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
     args.out.mkdir(parents=True, exist_ok=True)
     stage = Path("/tmp/cp_capture") / "gt"
     shutil.rmtree(stage.parent, ignore_errors=True)

@@ -4,8 +4,8 @@ The engine's `BlockManager` keeps freed, complete (hashed) blocks in an insertio
 when fresh blocks run out, reuses them with `dict.popitem()`: the block freed last goes first (our
 `mru`). `PolicyHook.attach` wraps that manager's methods on the live object (nothing in
 transformers is edited) so that the blocks to reuse are picked by a simulator `EvictionPolicy`,
-through the simulator's own prefix bookkeeping (`PrefixTree` + `TailIndex`, as
-`components/kv/prefix.py` drives them): one cached block is one `CacheEntry` named by its hash,
+with the simulator's own prefix-cache rules (`components/kv/prefix.py`, its candidate forest
+and hooks): one cached block is one `CacheEntry` named by its hash,
 its last use is when a request released it, its restore cost the recompute of its 256 tokens at
 its depth, its group the request's session, and only a chain's tail may go (evicting an inner
 block would leave the blocks after it cached but unreachable). The engine's own order is
@@ -118,17 +118,30 @@ class Counters:
         v["recomputed_blocks"] += sum(1 for h in hashes[num_hits:] if h in self.ever)
 
 
+class Block:
+    """One cached block as the mirror sees it: a node of the engine's prefix tree."""
+
+    __slots__ = ("hash_id", "parent", "entry", "refcount", "children")
+
+    def __init__(self, hash_id: int, parent: Block | None, entry: Any) -> None:
+        self.hash_id = hash_id
+        self.parent = parent
+        self.entry = entry
+        self.refcount = 1  # the request that computed it
+        self.children: dict[int, Block] = {}  # cached blocks that extend this one
+
+
 class Mirror:
-    """The simulator's view of the engine's cached blocks: a `PrefixTree` of hash blocks, the
-    policy's `TailIndex`, one `CacheEntry` per hash (kept after eviction, as the prefix manager
-    does) and one per group for its gap EMA."""
+    """The simulator's view of the engine's cached blocks, kept as the prefix manager keeps its own
+    (`components/kv/prefix.py`): one `CacheEntry` per hash (kept after eviction), one per group
+    for its gap EMA, and a decision on the candidate forest (`PrefixTree.forest`'s rule: every
+    idle block whose cached subtree is idle, chains cut at branch points) through the policy's
+    own `select_victims` (the forest path the prefix manager's tail indexes reproduce). Only
+    `cachepilot_sim.policies`, `config` and `cost` are imported: the KV managers' package pulls
+    in the trace writer (polars), which the lent GPUs lack."""
 
     def __init__(self, policy_name: str, block_tokens: int, block_bytes: int) -> None:
         _import_simulator()
-        from cachepilot_sim.components.kv.cpu_store import CpuStore
-        from cachepilot_sim.components.kv.forest import PrefixTree
-        from cachepilot_sim.components.kv.protocol import KvStats
-        from cachepilot_sim.components.kv.tails import TailIndex
         from cachepilot_sim.config.hardware import HardwareConfig
         from cachepilot_sim.config.policy import policy_config
         from cachepilot_sim.cost import compute_fit
@@ -139,12 +152,9 @@ class Mirror:
         self.policy = make_policy(cfg, self.estimator)
         self.fit = compute_fit(HardwareConfig())  # the package's H200 default, as the replay's
         self.block_tokens, self.block_bytes = block_tokens, block_bytes
-        # Pricing for TailIndex: no CPU tier for cached blocks in this engine.
-        self.offload_enabled, self.reload_block_us, self.cpu_hash_bytes = False, 0.0, block_bytes
-        self.cpu = CpuStore(0, False, KvStats())
-        self.tree = PrefixTree()
-        self.tails = TailIndex(self.tree, self.policy, self)
-        self.entries: dict[int, Any] = {}  # hash -> CacheEntry
+        self.blocks: dict[int, Block] = {}  # hash -> cached block
+        self.idle: dict[int, Block] = {}  # hash -> cached block nobody references
+        self.entries: dict[int, Any] = {}  # hash -> CacheEntry, kept after eviction
         self.group_entries: dict[int, Any] = {}
         self.group_ids: dict[str, int] = {}
         self.group_finish_us: dict[int, int] = {}
@@ -186,71 +196,102 @@ class Mirror:
         last = self.group_finish_us.get(group)
         if last is not None:
             self.estimator.observe(self._group_entry(group, now), now - last)
-            self.tails.regroup(group)
         for h in hashes:
             entry = self.entries.get(h)
             if entry is not None:
                 self.policy.on_access(entry, now)
-                b = self.tree.blocks.get(h)
-                if b is not None:
-                    self.tree.touch(b)
 
     def registered(self, h: int, parent: int | None, depth: int, group: int, now: int) -> None:
         """A block was computed and hashed: cached, referenced once by its request."""
-        from cachepilot_sim.components.kv.forest import HashBlock
-
         entry = self.entries.get(h)
         if entry is None:
             entry = self.entries[h] = self._entry(group, now, self.recompute_us(depth))
         else:  # cached again after eviction: the same entry, used now
             entry.session_id, entry.last_used_us = group, now
-        p = None if parent is None else self.tree.blocks.get(parent)
+        p = None if parent is None else self.blocks.get(parent)
         if parent is not None and p is None:
             raise HookError(f"block {h}: its parent {parent} is not cached")
-        self.tree.add(HashBlock(h, p, entry))
+        b = self.blocks[h] = Block(h, p, entry)
+        if p is not None:
+            p.children[h] = b
 
     def pinned(self, h: int) -> None:
-        b = self.tree.blocks.get(h)
+        b = self.blocks.get(h)
         if b is None:
             raise HookError(f"block {h} referenced but not in the mirror")
-        self.tree.pin(b)
+        b.refcount += 1
+        self.idle.pop(h, None)
 
     def released(self, h: int, group: int, now: int) -> None:
         """`PrefixKvManager.finish` for one block: used until now, idle when nobody holds it."""
-        b = self.tree.blocks.get(h)
+        b = self.blocks.get(h)
         if b is None:
             raise HookError(f"block {h} released but not in the mirror")
         e = b.entry
-        b.computed = True
         e.last_used_us, e.session_id = now, group
         e.num_uses += 1
-        self.tree.unpin(b)
+        b.refcount -= 1
         if b.refcount == 0:
+            self.idle[h] = b
             self.policy.on_release(e, now)
 
-    def _prepare(self, b: Any, now: int) -> Any:
+    def _prepare(self, b: Block) -> Any:
         e = b.entry
         s = self.group_entries.get(e.session_id)
         e.gap_ema_us = s.gap_ema_us if s is not None else -1.0
-        e.restore_us = e.recompute_us
+        e.restore_us = e.recompute_us  # no CPU tier for cached blocks in this engine
         return e
 
+    def forest(self) -> tuple[list[Block], list[list[int]], list[int]]:
+        """Candidates (every idle block whose cached subtree is idle), chains of their positions
+        root first, each chain's parent chain (-1: none): `PrefixTree.forest`'s construction."""
+        blocks: list[Block] = []
+        chains: list[list[int]] = []
+        parents: list[int] = []
+        done_children: dict[int, list[int]] = {}
+        work = [b for b in self.idle.values() if not b.children]
+        for tail in work:  # grows while branch blocks complete
+            run = [tail]
+            p = tail.parent
+            while p is not None and p.refcount == 0 and len(p.children) == 1:
+                run.append(p)
+                p = p.parent
+            g = len(chains)
+            chains.append(list(range(len(blocks), len(blocks) + len(run))))
+            blocks.extend(reversed(run))
+            parents.append(-1)
+            for kid in done_children.pop(tail.hash_id, []):
+                parents[kid] = g
+            if p is not None and p.refcount == 0:
+                kids = done_children.setdefault(p.hash_id, [])
+                kids.append(g)
+                if len(kids) == len(p.children):
+                    work.append(p)
+        return blocks, chains, parents
+
     def choose(self, num_blocks: int, now: int) -> list[int]:
-        """One decision (`PrefixKvManager._choose`): hashes of the tails to cut, in order."""
-        if self.tails.enabled:
-            cut = self.tails.select(num_blocks, now, lambda b: self._prepare(b, now), False)
-        else:  # a policy that needs the whole forest (the oracle)
-            forest = self.tree.forest()
-            entries = [self._prepare(b, now) for b in forest.blocks]
-            victims = self.policy.select_victims(
-                entries, num_blocks * self.block_bytes, now, forest.chains, forest.parents
-            )
-            cut = forest.cut_order(victims, self.policy.name)
-        for b in cut:
-            self.policy.on_evict(b.entry, now)
-            self.tree.remove_gpu(b)
-            self.tree.expose_parent(b)
-        return [b.hash_id for b in cut]
+        """One decision (`PrefixKvManager._choose`'s forest path): the hashes of the blocks to
+        reuse, each a chain tail when it goes, removed from the mirror."""
+        blocks, chains, parents = self.forest()
+        entries = [self._prepare(b) for b in blocks]
+        victims = self.policy.select_victims(
+            entries, num_blocks * self.block_bytes, now, chains, parents
+        )
+        by_id = {b.entry.entry_id: b for b in blocks}
+        cut: list[int] = []
+        pending = [by_id[v.entry_id] for v in victims]
+        while pending:  # the policy's order, each block once the blocks extending it are cut
+            ready = next((b for b in pending if not b.children), None)
+            if ready is None:
+                raise HookError(f"policy {self.policy.name!r} cut blocks that are not tails")
+            pending.remove(ready)
+            self.policy.on_evict(ready.entry, now)
+            del self.blocks[ready.hash_id]
+            del self.idle[ready.hash_id]
+            if ready.parent is not None:
+                del ready.parent.children[ready.hash_id]
+            cut.append(ready.hash_id)
+        return cut
 
 
 class PolicyHook:
@@ -423,13 +464,13 @@ def _wrap_block_manager(bm: Any, hook: PolicyHook) -> None:
             victims = [blocks[b].hash for b in order]
             ok = orig_enough(n_blocks)
         else:
-            if hook.mirror.tree.num_idle_gpu_blocks != len(bm._init_block_ids):
+            if len(hook.mirror.idle) != len(bm._init_block_ids):
                 raise HookError(
-                    f"{hook.mirror.tree.num_idle_gpu_blocks} idle blocks in the mirror, "
+                    f"{len(hook.mirror.idle)} idle blocks in the mirror, "
                     f"{len(bm._init_block_ids)} in the engine"
                 )
             victims = hook.mirror.choose(k, hook.clock.tick())
-            if len(victims) != k:
+            if len(victims) < k:
                 raise HookError(f"policy {hook.policy!r} freed {len(victims)} of {k} blocks")
             for h in victims:
                 block_id = bm._hash_to_id.pop(h)
