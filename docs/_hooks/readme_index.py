@@ -21,7 +21,5 @@ def home_page_markdown(readme: str) -> str:
 
 
 def on_files(files: Files, config: Any) -> Files:
-    files.append(
-        File.generated(config, "index.md", content=home_page_markdown(README.read_text()))
-    )
+    files.append(File.generated(config, "index.md", content=home_page_markdown(README.read_text())))
     return files
