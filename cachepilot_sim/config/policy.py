@@ -40,7 +40,9 @@ class PolicyConfig(Sealed):
 
 # Filled by policies/ (each module registers its policies when imported); the factory's type,
 # (PolicyConfig, GapEstimator) -> EvictionPolicy, is policies.base.PolicyFactory.
-POLICIES: Registry[PolicyConfig, Any] = Registry("eviction policy", "policy", PolicyConfig)
+POLICIES: Registry[PolicyConfig, Any] = Registry(
+    "eviction policy", "policy", PolicyConfig, provider="cachepilot_sim.policies"
+)
 
 
 def known_policies() -> list[str]:
