@@ -17,6 +17,7 @@ from hydra import compose, initialize_config_dir
 
 from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config import register_configs, to_config
+from cachepilot_sim.experiment.lifecycle import refuse_ignored_overrides
 from cachepilot_sim.tools.cli import TOOLS
 from tests.docs.pages import ROOT, Command, commands, pages
 
@@ -67,8 +68,11 @@ def overrides(c: Command) -> list[list[str]]:
 
 
 def compose_run(ovr: list[str]) -> None:
+    """What a run checks before it starts: composition, ignored choices, the typed config."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        to_config(compose(config_name="config", overrides=ovr))
+        cfg = compose(config_name="config", overrides=ovr)
+    refuse_ignored_overrides(cfg, ovr)
+    to_config(cfg)
 
 
 def test_the_pages_show_commands_of_every_kind() -> None:
