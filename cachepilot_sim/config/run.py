@@ -101,6 +101,12 @@ class SimConfig(Sealed):
         heads = self.model.num_kv_heads
         return per_gpu * heads // -(-heads // self.tp)
 
+    def __post_init__(self) -> None:
+        # The policy's workload-dependent settings resolved for this run's workload, before the
+        # config is validated and sealed (PolicyConfig.for_workload).
+        object.__setattr__(self, "policy", self.policy.for_workload(self.replay))
+        super().__post_init__()
+
     def validate(self, prefix: str) -> None:
         super().validate(prefix)
         names = [m.name for m in self.models]
@@ -278,7 +284,8 @@ class RunConfig(SimConfig):
                 + (" (shared ones are set once, as policy.<key>)" if field_name in SHARED else ""),
             )
             if name == self.policy.name:  # the same field set two ways: neither may be lost
-                default = getattr(POLICIES.entry(name).config(name=name), field_name)
+                fresh = POLICIES.entry(name).config(name=name).for_workload(self.replay)
+                default = getattr(fresh, field_name)
                 mine = getattr(self.policy, field_name)
                 require(
                     mine == default or mine == self.policies[name][field_name],

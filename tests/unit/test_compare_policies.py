@@ -105,3 +105,32 @@ def test_run_ids_change_with_a_setting_and_not_without_one() -> None:
     tuned = run_config("policies.marconi.flop_weight=2", "compare_policies=[marconi,lru]")
     retuned = run_config("policies.marconi.flop_weight=3", "compare_policies=[marconi,lru]")
     assert len({run_id(plain), run_id(tuned), run_id(retuned)}) == 3
+
+
+@pytest.mark.parametrize(
+    ("experiment", "table"),
+    [("mooncake_synthetic", "mooncake_synthetic"), ("mixed_spike", "mixed_spike"),
+     ("azure_conv", "mixed_spike")],
+)  # fmt: skip
+def test_each_compared_policy_gets_the_table_trained_on_the_experiments_workload(
+    experiment: str, table: str
+) -> None:
+    # compare_policies=[all] on a Mooncake replay ran reuse_forecast with mixed_spike's table.
+    cfg = run_config(f"+experiment={experiment}", "compare_policies=[all]")
+    assert getattr(cfg.sim_for("reuse_forecast", 0).policy, "forecast_model") == table  # noqa: B009
+
+
+def test_a_table_named_in_the_comparison_is_the_one_used() -> None:
+    cfg = run_config(
+        "+experiment=mooncake_synthetic", "policies.reuse_forecast.forecast_model=mixed_spike"
+    )
+    assert getattr(cfg.policy_for("reuse_forecast"), "forecast_model") == "mixed_spike"  # noqa: B009
+    chosen = run_config(
+        "policy=reuse_forecast", "policies.reuse_forecast.forecast_model=mooncake_synthetic"
+    )  # the resolved default of policy= is not a second setting of the same field
+    assert getattr(chosen.policy_for("reuse_forecast"), "forecast_model") == "mooncake_synthetic"  # noqa: B009
+
+
+def test_a_synthetic_run_of_reuse_forecast_keeps_its_config_and_run_id() -> None:
+    cfg = run_config("policy=reuse_forecast")
+    assert "forecast_model='mixed_spike'" in repr(cfg)  # as before `auto`: the same run id
