@@ -51,6 +51,18 @@ def test_every_result_is_one_line_with_a_link_to_a_docs_page() -> None:
     assert {p.name for p in DOCS.glob("*.md")} <= linked  # "where to go" reaches every page
 
 
+def test_every_number_of_a_result_line_is_stated_on_the_page_it_links() -> None:
+    """The front door states no figure of its own: each is copied from the page holding the
+    command that produced it."""
+    for item in re.split(r"\n- ", section("Results, one line each"))[1:]:
+        pages = re.findall(r"\]\(docs/([\w.]+\.md)", item)
+        text = "".join((DOCS / page).read_text() for page in pages)
+        body = re.sub(r"\]\([^)]*\)", "]", item)  # the link targets are not figures
+        numbers = re.findall(r"\d[\d,.]*\d|\d", body)
+        assert numbers, item
+        assert [n for n in numbers if n not in text] == [], item
+
+
 def _percent(fraction: float) -> str:
     return f"{100 * fraction:+.1f}%"
 
