@@ -1,9 +1,6 @@
 """CachePilot-Sim: a discrete-event simulator of KV-cache management in LLM serving.
 
-Importing the package registers every eviction policy, admission controller and router, with its
-config class, in config's registries: a config can then be validated (and Hydra's schema stored)
-before anything else is imported. None of them imports the others' consumers, so this is no
-cycle.
+Importing the package imports nothing else: the GPU kernels (`cachepilot_sim.kernels`) run on a
+host with only NumPy, CuPy, Triton and torch. The named choices (eviction policies, admission
+controllers, routers) register when their registry is first read (config/registry.py).
 """
-
-from cachepilot_sim import admission, cluster, policies  # noqa: F401  (registers the named choices)

@@ -36,7 +36,7 @@ class AdmissionConfig(Sealed):
 # Filled by admission/controllers.py; the factory is (AdmissionConfig, feature names) ->
 # AdmissionController.
 ADMISSION: Registry[AdmissionConfig, Any] = Registry(
-    "admission controller", "admission", AdmissionConfig
+    "admission controller", "admission", AdmissionConfig, provider="cachepilot_sim.admission"
 )
 
 

@@ -178,7 +178,9 @@ class RouterConfig(Sealed):
 
 # Filled by cluster/routers.py; the factory is (RouterConfig, num_replicas) -> Router, and carries
 # `keeps_sessions` (True: every turn of a session goes to one replica).
-ROUTERS: Registry[RouterConfig, Any] = Registry("router", "router", RouterConfig)
+ROUTERS: Registry[RouterConfig, Any] = Registry(
+    "router", "router", RouterConfig, provider="cachepilot_sim.cluster"
+)
 
 
 def known_routers() -> list[str]:

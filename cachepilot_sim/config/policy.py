@@ -10,10 +10,13 @@ to its code and registers it (`@register("slru", config=SlruConfig)` in policies
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from cachepilot_sim.config.base import Sealed, bounded
 from cachepilot_sim.config.registry import Registry
+
+if TYPE_CHECKING:
+    from cachepilot_sim.config.workload import ReplayConfig
 
 ALL_POLICIES = "all"  # compare_policies: [all] runs every registered policy
 
@@ -37,10 +40,18 @@ class PolicyConfig(Sealed):
         super().validate(prefix)
         POLICIES.check(f"{prefix}.name", self)
 
+    def for_workload(self, replay: ReplayConfig) -> PolicyConfig:
+        """This config for a run whose requests come from `replay` (SimConfig calls it as it
+        is built): a policy with a setting that depends on the workload (a table trained on
+        it) resolves it here; the others are as they are."""
+        return self
+
 
 # Filled by policies/ (each module registers its policies when imported); the factory's type,
 # (PolicyConfig, GapEstimator) -> EvictionPolicy, is policies.base.PolicyFactory.
-POLICIES: Registry[PolicyConfig, Any] = Registry("eviction policy", "policy", PolicyConfig)
+POLICIES: Registry[PolicyConfig, Any] = Registry(
+    "eviction policy", "policy", PolicyConfig, provider="cachepilot_sim.policies"
+)
 
 
 def known_policies() -> list[str]:

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from cachepilot_sim.config import trust_registry
 from cachepilot_sim.config.admission import AdmissionConfig
-from cachepilot_sim.config.base import GB, Sealed, bounded, require
+from cachepilot_sim.config.base import GB, ConfigError, Sealed, bounded, require
 from cachepilot_sim.config.cluster import ROUTERS, ClusterConfig, RouterConfig
 from cachepilot_sim.config.engine import BatcherConfig, BatchMode, KVConfig, SchedulerConfig
 from cachepilot_sim.config.engine_profile import EngineConfig, StepCost
@@ -100,6 +100,12 @@ class SimConfig(Sealed):
         per_gpu = self.vram_bytes - weights // self.tp - self.kv.activation_reserve_bytes
         heads = self.model.num_kv_heads
         return per_gpu * heads // -(-heads // self.tp)
+
+    def __post_init__(self) -> None:
+        # The policy's workload-dependent settings resolved for this run's workload, before the
+        # config is validated and sealed (PolicyConfig.for_workload).
+        object.__setattr__(self, "policy", self.policy.for_workload(self.replay))
+        super().__post_init__()
 
     def validate(self, prefix: str) -> None:
         super().validate(prefix)
@@ -236,6 +242,10 @@ class RunConfig(SimConfig):
     # Policies run side by side, each with its registered config: `policy`'s own fields apply to
     # the policy it names, the others get their defaults; the shared fields apply to all.
     compare_policies: list[str] = field(default_factory=list)
+    # Per-policy settings inside a comparison: `policies.marconi.flop_weight=2` next to
+    # `compare_policies=[marconi,lru]` (a compared policy's own fields; see policy_for). Out of
+    # repr while empty, so that every run id from before it existed stays as it was.
+    policies: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     write_requests: bool = True
     # report.md, report.html (headline figure embedded), results.csv and run_meta.json in the run
     # folder (cachepilot_sim/experiment/report.py); about a second of matplotlib per run.
@@ -258,6 +268,43 @@ class RunConfig(SimConfig):
                 f"unknown policy; known: {POLICIES.names()} (or [{ALL_POLICIES}] alone)",
             )
 
+        for name in self.policies:
+            self._check_policy_settings(name)
+
+    def _check_policy_settings(self, name: str) -> None:
+        """`policies.<name>` names a compared policy and only its own fields; its values are
+        checked by building that policy's config."""
+        key = f"policies.{name}"
+        require(name in POLICIES, key, name, f"unknown policy; known: {POLICIES.names()}")
+        compared = self.policy_names()
+        require(
+            name in compared,
+            key,
+            dict(self.policies[name]),
+            f"policy {name!r} is not compared (compare_policies={compared}): add it there or "
+            "drop the setting",
+        )
+        own = own_policy_fields(name)
+        for field_name in self.policies[name]:
+            require(
+                field_name in own,
+                f"{key}.{field_name}",
+                self.policies[name][field_name],
+                f"not a setting of policy {name!r}; its own: {sorted(own)}"
+                + (" (shared ones are set once, as policy.<key>)" if field_name in SHARED else ""),
+            )
+            if name == self.policy.name:  # the same field set two ways: neither may be lost
+                fresh = POLICIES.entry(name).config(name=name).for_workload(self.replay)
+                default = getattr(fresh, field_name)
+                mine = getattr(self.policy, field_name)
+                require(
+                    mine == default or mine == self.policies[name][field_name],
+                    f"{key}.{field_name}",
+                    self.policies[name][field_name],
+                    f"policy.{field_name} = {mine!r} sets it too: set it once",
+                )
+        self.policy_for(name)
+
     def policy_names(self) -> list[str]:
         """The policies this run compares: `[all]` means every registered policy."""
         if list(self.compare_policies) == [ALL_POLICIES]:
@@ -267,17 +314,53 @@ class RunConfig(SimConfig):
     def policy_for(self, name: str) -> PolicyConfig:
         """Policy `name`'s config in this run: `policy` itself when it names `name`; otherwise
         the registered class with its defaults and the shared fields (PolicyConfig's) of
-        `policy`."""
+        `policy`; then `policies.<name>`'s settings over either."""
         if name == self.policy.name:
-            return self.policy
-        shared = {f.name: getattr(self.policy, f.name) for f in fields(PolicyConfig)}
-        return POLICIES.entry(name).config(**(shared | {"name": name}))
+            base = self.policy
+        else:
+            shared = {f: getattr(self.policy, f) for f in SHARED}
+            base = POLICIES.entry(name).config(**(shared | {"name": name}))
+        settings = self.policies.get(name)
+        if not settings:
+            return base
+        values = {f.name: getattr(base, f.name) for f in fields(base)} | dict(settings)
+        return typed_policy_config(name, values)
 
     def sim_for(self, policy_name: str, seed: int) -> SimConfig:
         """The SimConfig of one (policy, seed) cell of this run."""
         values = {f.name: getattr(self, f.name) for f in fields(SimConfig)}
         values.update(seed=seed, policy=self.policy_for(policy_name))
         return SimConfig(**values)
+
+
+SHARED = frozenset(f.name for f in fields(PolicyConfig))  # every policy's fields, set as policy.*
+
+
+def own_policy_fields(name: str) -> set[str]:
+    """The fields policy `name`'s registered config adds to PolicyConfig's shared ones."""
+    return {f.name for f in fields(POLICIES.entry(name).config)} - SHARED
+
+
+def typed_policy_config(name: str, values: dict[str, Any]) -> PolicyConfig:
+    """Policy `name`'s config from `values` (the command line's strings and numbers), typed by
+    OmegaConf as a `policy.` override is; an error names the key as `policies.<name>.<field>`."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ValidationError
+
+    cls = POLICIES.entry(name).config
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(cls), values)
+        obj = OmegaConf.to_object(node)
+    except ValidationError as err:
+        field_name = str(err.full_key).split(".")[-1]
+        reason = str(err.msg).splitlines()[0]
+        raise ConfigError(
+            f"config key 'policies.{name}.{field_name}' = {values.get(field_name)!r}: {reason}"
+        ) from None
+    except ConfigError as err:  # the class's own validation names its keys `policy.<field>`
+        raise ConfigError(str(err).replace("'policy.", f"'policies.{name}.", 1)) from None
+    assert isinstance(obj, PolicyConfig)
+    return obj
 
 
 def _with_topology(cls: Any) -> None:
@@ -296,3 +379,17 @@ def _with_topology(cls: Any) -> None:
 
 _with_topology(SimConfig)
 _with_topology(RunConfig)
+
+
+def _with_policy_settings(cls: Any) -> None:
+    """Append `policies` to RunConfig's repr (so to its run id) when it holds a setting."""
+    before: Callable[[RunConfig], str] = cls.__repr__
+
+    def __repr__(self: RunConfig) -> str:
+        text = before(self)
+        return f"{text[:-1]}, policies={self.policies!r})" if self.policies else text
+
+    cls.__repr__ = __repr__
+
+
+_with_policy_settings(RunConfig)

@@ -66,6 +66,8 @@ def register_configs() -> None:
     # dataclass default (Llama-3-8B's), which tests and factories still use from Python.
     for key in REQUIRED_MODEL_KEYS:
         node.model[key] = "???"  # OmegaConf MISSING
+    # `policies.<name>.<field>=v` needs no `+`: RunConfig.validate checks names and fields.
+    OmegaConf.set_struct(node.policies, False)
     cs.store(name="run_schema", node=node)
     for group, schema in (
         ("hardware", HardwareConfig),

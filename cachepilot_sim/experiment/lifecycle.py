@@ -97,15 +97,11 @@ def stop_workers(pool: ProcessPoolExecutor) -> None:
 
 
 def refuse_ignored_overrides(cfg: DictConfig, overrides: list[str]) -> None:
-    """`policy=X` does nothing when the experiment compares policies: refuse, naming both keys."""
+    """`policy=X` next to an experiment's own `compare_policies` would not run X alone: refuse,
+    naming both keys and the way to say what was meant. Passed together with `compare_policies`
+    that names X, it is a comparison with X configured as `policy.*` says, and runs. A batcher
+    choice that the engine profile overrides (engine=hf_cb pins its own) is refused too."""
     chosen = [o for o in overrides if o.split("=", 1)[0].lstrip("+") == "policy"]
-    if chosen and cfg.get("compare_policies"):
-        names = list(cfg.compare_policies)
-        raise ConfigError(
-            f"{chosen[0]} is ignored because compare_policies={names} is set; use "
-            f"compare_policies=[{chosen[0].split('=', 1)[1]}] (or compare_policies=[] to run "
-            "that policy alone)"
-        )
     for o in overrides:  # an engine profile pins its batching rule over a later batcher choice
         key, _, value = o.lstrip("+~").partition("=")
         if key in ("batcher", "batcher.mode") and value.lower() != str(cfg.batcher.mode).lower():
@@ -114,6 +110,18 @@ def refuse_ignored_overrides(cfg: DictConfig, overrides: list[str]) -> None:
                 f"{str(cfg.batcher.mode).lower()} (its captured rule); drop it, or use "
                 "engine=default to choose the batching mode"
             )
+    if not chosen or not cfg.get("compare_policies"):
+        return
+    names = [str(n) for n in cfg.compare_policies]
+    name = chosen[0].split("=", 1)[1]
+    given = any(o.split("=", 1)[0].lstrip("+") == "compare_policies" for o in overrides)
+    if given and name in names:
+        return
+    tune = f"policies.{name}.<key>=... to set it inside the comparison, " if name in names else ""
+    raise ConfigError(
+        f"{chosen[0]} does not run {name} alone: compare_policies={names} is set; use "
+        f"{tune}compare_policies=[{name}] to run it alone, or pass compare_policies with it"
+    )
 
 
 def check_inputs(cfg: RunConfig) -> None:

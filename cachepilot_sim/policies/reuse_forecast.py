@@ -24,11 +24,12 @@ with idle time (`policies/candidates.py`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from cachepilot_sim.config import PolicyConfig, bounded
 from cachepilot_sim.config.base import require
+from cachepilot_sim.config.workload import ReplayConfig, TraceFormat
 from cachepilot_sim.policies.base import CacheEntry, KeyScope, RankingPolicy, register
 from cachepilot_sim.policies.forecast_features import (
     ReleaseState,
@@ -43,6 +44,10 @@ from cachepilot_sim.policies.forecast_model import (
     shipped_tables,
 )
 from cachepilot_sim.policies.reuse import GapEstimator
+
+AUTO_TABLE = "auto"  # forecast_model: the table trained on the run's workload
+DEFAULT_TABLE = "mixed_spike"  # the table of a workload no table was trained on
+TABLE_FOR_REPLAY = {TraceFormat.MOONCAKE: "mooncake_synthetic"}  # shipped tables, by trace
 
 
 class ForecastDelta(StrEnum):
@@ -65,7 +70,9 @@ class ReuseForecastConfig(PolicyConfig):
     how delta is chosen and whether restore cost prices the forecast."""
 
     name: str = "reuse_forecast"
-    forecast_model: str = field(default="mixed_spike", metadata={"nonempty": True})
+    # `auto`: the shipped table trained on the run's workload (for_workload), mixed_spike's for
+    # a workload no table was trained on; a name picks a shipped table, a path any table.
+    forecast_model: str = field(default=AUTO_TABLE, metadata={"nonempty": True})
     forecast_delta: ForecastDelta = ForecastDelta.EVICTION_AGE
     # EMA weight of one eviction's idle age, for forecast_delta=eviction_age (delta_s seeds it).
     forecast_age_weight: float = bounded(0.05, gt=0, le=1)
@@ -84,6 +91,8 @@ class ReuseForecastConfig(PolicyConfig):
 
     def validate(self, prefix: str) -> None:
         super().validate(prefix)
+        if self.forecast_model == AUTO_TABLE:
+            return
         path = model_path(self.forecast_model)
         require(
             path.is_file(),
@@ -91,6 +100,14 @@ class ReuseForecastConfig(PolicyConfig):
             self.forecast_model,
             f"no such table ({path}); shipped: " + ", ".join(p.stem for p in shipped_tables()),
         )
+
+    def for_workload(self, replay: ReplayConfig) -> PolicyConfig:
+        """`auto` becomes the table trained on this workload: the Mooncake trace's for a Mooncake
+        replay, mixed_spike's otherwise (the synthetic sessions it was trained on, and the
+        fallback for the Azure and ShareGPT traces, which no table was trained on)."""
+        if self.forecast_model != AUTO_TABLE:
+            return self
+        return replace(self, forecast_model=TABLE_FOR_REPLAY.get(replay.format, DEFAULT_TABLE))
 
 
 @register("reuse_forecast", config=ReuseForecastConfig)
@@ -103,7 +120,8 @@ class ReuseForecastPolicy(RankingPolicy):
     def __init__(self, cfg: PolicyConfig, estimator: GapEstimator) -> None:
         super().__init__(cfg, estimator)
         assert isinstance(cfg, ReuseForecastConfig), type(cfg)  # the registry pairs them
-        self.table = SurvivalTable.load(model_path(cfg.forecast_model))
+        table = DEFAULT_TABLE if cfg.forecast_model == AUTO_TABLE else cfg.forecast_model
+        self.table = SurvivalTable.load(model_path(table))
         self.delta_mode = cfg.forecast_delta
         self.age_weight = cfg.forecast_age_weight
         self.priced = cfg.forecast_pricing == ForecastPricing.RESTORE

@@ -1,13 +1,11 @@
 """The README's quick commands work as written (issue 16): every command in a fenced block whose
 info string is `bash quick` runs, in README order, in an empty folder, through the
 `cachepilot-sim` console script of a fresh install of the wheel (the `tour` fixture), and exits
-0; every `outputs/tour/...` file that the 5-minute tour names then exists. The README also keeps
-its runs out of the committed folders: no command writes into `experiments/` or `docs/` unless
-marked as a maintainer command."""
+0; every `outputs/tour/...` file that the 5-minute tour names then exists. The commands of every
+other page (and that none writes into the committed folders) are checked in
+tests/docs/test_doc_commands.py."""
 
 from __future__ import annotations
-
-import re
 
 import pytest
 
@@ -21,27 +19,6 @@ def test_the_tour_has_quick_commands_and_names_its_files() -> None:
     assert any("samples:" in c for c in commands)  # a shipped trace sample is replayed
     files = tour_files(README)
     assert any(f.endswith("report.html") for f in files) and any("plots/" in f for f in files)
-
-
-# A command that writes into the committed folders: an output option or a run folder there.
-WRITES_COMMITTED = re.compile(
-    r"(--out|--json|--plot|hydra\.(run|sweep)\.dir=)[= ]*(experiments|docs)/"
-)
-
-
-def test_no_readme_command_writes_into_committed_folders() -> None:
-    """A command that regenerates committed files is written in a block or line that says
-    `maintainer` (so a reader does not overwrite them by following the README)."""
-    offending = []
-    for block in re.findall(r"^```[^\n]*\n(.*?)^```", README, re.S | re.M):
-        if "maintainer" not in block and WRITES_COMMITTED.search(block):
-            offending.append(block.strip().splitlines()[0])
-    for line in README.splitlines():
-        if line.startswith("`") or "`" in line:
-            for code in re.findall(r"`([^`]+)`", line):
-                if WRITES_COMMITTED.search(code) and "maintainer" not in line:
-                    offending.append(code)
-    assert offending == []
 
 
 @pytest.mark.slow

@@ -3,8 +3,8 @@ holds at its end, by type (count and shallow size of every GC-tracked object), t
 and clients' large containers, and the size of the per-request metric frame; with the process's
 peak RSS. Run it at two N and compare.
 
-    PYTHONPATH=. python experiments/diag_mem_growth.py 25000
-    PYTHONPATH=. python experiments/diag_mem_growth.py 100000
+    PYTHONPATH=. python experiments/diagnostics/diag_mem_growth.py 25000
+    PYTHONPATH=. python experiments/diagnostics/diag_mem_growth.py 100000
 """
 
 import collections

@@ -3,7 +3,7 @@ still holds, by allocation site (tracemalloc, two frames), without the event tra
 without a trace folder would keep the trace in memory). GC-untracked objects (tuples of ints,
 ints) count too, which `diag_mem_growth.py`'s object census misses.
 
-    PYTHONPATH=. python experiments/diag_mem_diff.py 30000 90000
+    PYTHONPATH=. python experiments/diagnostics/diag_mem_diff.py 30000 90000
 
 prints RSS and the session manager's record count at both points, then the 25 sites whose live
 bytes grew most between them.

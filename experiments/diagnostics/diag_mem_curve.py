@@ -2,7 +2,7 @@
 the requests ended and the session manager's record count, after `malloc_trim(0)` (so that
 memory glibc could give back does not count), without the event trace.
 
-    PYTHONPATH=. python experiments/diag_mem_curve.py 300000
+    PYTHONPATH=. python experiments/diagnostics/diag_mem_curve.py 300000
 """
 
 import ctypes

@@ -5,8 +5,8 @@ cost per call, measured here with a timer around each call, shows how much of th
 decision from 10^3 to 10^6 entries is cold memory rather than work. Medians, since a mean on a
 shared machine is dominated by the process being descheduled.
 
-    PYTHONPATH=. python experiments/diag_index_memory.py 1000
-    PYTHONPATH=. python experiments/diag_index_memory.py 1000000
+    PYTHONPATH=.:experiments python experiments/diagnostics/diag_index_memory.py 1000
+    PYTHONPATH=.:experiments python experiments/diagnostics/diag_index_memory.py 1000000
 """
 
 from __future__ import annotations
