@@ -45,6 +45,7 @@ class DecodeGrowth:
     block_new: bool
     reserve_run_blocks: bool
     grow_ahead: int  # 1: a step's block is taken when the step before it starts (async)
+    num_preempted: int  # preemptions so far (the batcher skips admission after one, vLLM)
 
     def _remove(self, i: int) -> Request:  # provided by the batcher
         raise NotImplementedError
@@ -158,6 +159,7 @@ class DecodeGrowth:
         victim first, which differs only when one round has several), else it is dropped and
         recomputed on resume (soft reset)."""
         tokens = int(self.ctx[victim])
+        self.num_preempted += 1
         swapped = self._swap_out(victim)
         self.stats.preempted(self.slot_req[victim], self.env.now, self.prefill_left[victim] == 0)
         req = self._remove(victim)
