@@ -4,11 +4,13 @@ replays them open loop, and what it writes loads as ground truth. No vllm needed
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import polars as pl
 import pytest
@@ -140,6 +142,8 @@ def test_step_summary_tells_decodes_from_prompt_chunks_and_recompute() -> None:
     assert (s["decode_tokens"], s["num_decode_requests"]) == (1, 1)
     assert s["prefill_tokens"] == 64 + 512 + 1 + 70
     assert (s["num_new_requests"], s["prefix_hit_tokens"], s["num_preempted"]) == (2, 32, 1)
+    assert s["kv_read_tokens"] == (32 + 64) + (1024 + 512) + 58 + 40 + 70
+    assert s["max_seqlen_k"] == 1536
 
 
 def test_step_rows_start_when_the_previous_step_output_is_ready() -> None:
@@ -158,6 +162,7 @@ def test_step_rows_start_when_the_previous_step_output_is_ready() -> None:
         | counts,
     ]
     rows = vllm_gt.step_rows(core, 10.0, 12.0)
+    assert [r["gpu_us"] for r in rows] == [29000, 30000, 18000]
     assert [(r["start_us"], r["end_us"]) for r in rows] == [
         (1000, 30000),
         (30000, 60000),
@@ -213,3 +218,62 @@ def test_steplog_wraps_the_scheduler_and_logs_each_step(
     assert step["schedule_start"] <= step["update_start"] <= step["update_end"]
     assert (step["num_waiting"], step["num_running"]) == (2, 1)
     assert vllm_gt.external_id(pre["request_id"]) == "a"
+
+
+class FakeEngine:
+    """An engine with AsyncLLM's `generate`/`abort` shape: the first token 20 ms after the
+    request, then one every 5 ms; a request named `*-hang` never produces one."""
+
+    def __init__(self) -> None:
+        self.aborted: list[str] = []
+
+    async def generate(self, prompt: Any, params: Any, rid: str) -> Any:
+        if rid.endswith("-hang"):
+            await asyncio.sleep(3600)
+        await asyncio.sleep(0.02)
+        for k in range(params):
+            if k:
+                await asyncio.sleep(0.005)
+            yield SimpleNamespace(
+                outputs=[SimpleNamespace(token_ids=[k])],
+                num_cached_tokens=len(prompt) // 2,
+                finished=k == params - 1,
+                metrics=SimpleNamespace(queued_ts=1.0, scheduled_ts=2.0, first_token_ts=3.0),
+            )
+
+    async def abort(self, ids: list[str]) -> None:
+        self.aborted += ids
+
+
+def _fake_request(r: vllm_gt.Req, ids: list[int]) -> tuple[list[int], int]:
+    return ids, r.max_new_tokens
+
+
+def test_serve_sends_open_loop_and_a_later_turn_after_its_parent() -> None:
+    import capture_vllm
+
+    reqs = [
+        vllm_gt.Req("a-0000", 40, 3, send_s=0.0, session_id="a"),
+        vllm_gt.Req("a-0001", 8, 2, session_id="a", parent_id="a-0000", turn=1, think_s=0.03),
+        vllm_gt.Req("b-0000", 20, 2, send_s=0.05),
+    ]
+    client, t0, t1 = asyncio.run(capture_vllm.serve(FakeEngine(), reqs, 10.0, _fake_request))
+    rec = client.records
+    assert all(r.finished for r in rec.values())
+    assert rec["b-0000"].sent_s - t0 >= 0.05  # never before its planned time
+    assert rec["a-0001"].sent_s >= rec["a-0000"].token_s[-1] + 0.03  # think time after the reply
+    assert rec["a-0001"].prompt[:43] == rec["a-0000"].prompt + [0, 1, 2]
+    assert rec["a-0000"].num_cached_tokens == 20 and rec["a-0000"].engine["scheduled_ts"] == 2.0
+    rows = client.rows(t0, 16, {})
+    assert [r["output_tokens"] for r in rows] == [3, 2, 2] and t1 >= rec["b-0000"].token_s[-1]
+
+
+def test_serve_aborts_what_is_left_at_the_time_limit() -> None:
+    import capture_vllm
+
+    engine = FakeEngine()
+    reqs = [vllm_gt.Req("x-0000", 10, 2, send_s=0.0), vllm_gt.Req("x-hang", 10, 2, send_s=0.0)]
+    client, t0, _ = asyncio.run(capture_vllm.serve(engine, reqs, 0.3, _fake_request))
+    assert engine.aborted == ["x-hang"]
+    status = {r["request_id"]: r["status"] for r in client.rows(t0, 16, {})}
+    assert status == {"x-0000": "finished", "x-hang": "missing"}

@@ -25,6 +25,7 @@ import shutil
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -169,28 +170,41 @@ def machine() -> dict[str, Any]:
     }
 
 
-async def serve(llm: Any, reqs: list[Req], limit_s: float) -> tuple[OpenLoop, float, float]:
-    """Send `reqs` open loop on `llm`; returns the client state and the run's start and end."""
+def vllm_request(r: Req, ids: list[int]) -> tuple[Any, Any]:
+    """The prompt and sampling parameters of one request: its token ids, exactly max_new_tokens
+    greedy tokens (EOS ignored), streamed as deltas, not detokenized."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
+    params = SamplingParams(
+        max_tokens=r.max_new_tokens,
+        ignore_eos=True,
+        detokenize=False,
+        temperature=0.0,
+        output_kind=RequestOutputKind.DELTA,
+    )
+    return TokensPrompt(prompt_token_ids=ids), params
+
+
+async def serve(
+    llm: Any,
+    reqs: list[Req],
+    limit_s: float,
+    make_request: Callable[[Req, list[int]], tuple[Any, Any]] = vllm_request,
+) -> tuple[OpenLoop, float, float]:
+    """Send `reqs` open loop on `llm` (AsyncLLM: `generate`, `abort`), each request a task at its
+    planned time; returns the client state and the run's start and end (time.monotonic)."""
     client = OpenLoop(reqs)
     t0 = time.monotonic()
     tasks: set[asyncio.Task] = set()
 
     async def one(r: Req, ids: list[int]) -> None:
         rid = r.request_id
-        params = SamplingParams(
-            max_tokens=r.max_new_tokens,
-            ignore_eos=True,
-            detokenize=False,
-            temperature=0.0,
-            output_kind=RequestOutputKind.DELTA,
-        )
+        prompt, params = make_request(r, ids)
         client.sent(rid, time.monotonic())
         try:
-            async for out in llm.generate(TokensPrompt(prompt_token_ids=ids), params, rid):
+            async for out in llm.generate(prompt, params, rid):
                 client.tokens(rid, time.monotonic(), list(out.outputs[0].token_ids))
                 rec = client.records[rid]
                 if out.num_cached_tokens is not None:
@@ -210,8 +224,10 @@ async def serve(llm: Any, reqs: list[Req], limit_s: float) -> tuple[OpenLoop, fl
             left = [rid for rid, rec in client.records.items() if not rec.finished]
             print(f"[client] limit {limit_s:.0f} s: {len(left)} unfinished, aborted", flush=True)
             await llm.abort(left)
-            if tasks:
-                await asyncio.wait(tasks, timeout=10)
+            if tasks:  # an aborted stream ends; one that does not is cancelled
+                _, stuck = await asyncio.wait(tasks, timeout=2)
+                for task in stuck:
+                    task.cancel()
             break
         for r, ids in client.due(now):
             task = asyncio.create_task(one(r, ids))
@@ -228,7 +244,6 @@ def write_run(
     t0: float,
     t1: float,
     engine: dict[str, Any],
-    tags: dict[str, Any] | None = None,
 ) -> dict:
     """requests.parquet, steps.parquet, engine_stats.parquet, engine.json of one run."""
     core = vllm_steplog.read(STEP_LOG)
@@ -240,14 +255,10 @@ def write_run(
         for s in STAT_ROWS
         if t0 <= s["t"] <= t1
     ]
-    if tags:
-        rows = [{**r, **tags} for r in rows]
-        steps = [{**s, **tags} for s in steps]
     folder.mkdir(parents=True, exist_ok=True)
-    tag_types = {k: "string" if isinstance(v, str) else "int32" for k, v in (tags or {}).items()}
-    write_table(rows, {**REQUEST_TYPES, **ENGINE_REQUEST_TYPES, **tag_types}, folder / "requests")
+    write_table(rows, {**REQUEST_TYPES, **ENGINE_REQUEST_TYPES}, folder / "requests")
     if steps:
-        write_table(steps, {**STEP_TYPES, **EXTRA_STEP_TYPES, **tag_types}, folder / "steps")
+        write_table(steps, {**STEP_TYPES, **EXTRA_STEP_TYPES}, folder / "steps")
     write_table(stats, STAT_TYPES, folder / "engine_stats")
     eng = {**engine, "step_source": "engine_core_step_log" if steps else "none"}
     eng["num_preemptions"] = sum(r["num_soft_resets"] for r in rows)
@@ -283,11 +294,11 @@ async def session(args: argparse.Namespace, spec: EngineSpec, model_dir: Path) -
             warm = [replace(r, request_id=f"warmup-{r.request_id}") for r in warm[: args.warmup]]
             client, t0, t1 = await serve(llm, warm, 60)
             print(f"[warmup] {len(warm)} requests in {t1 - t0:.1f} s", flush=True)
-        plan = micro_plan(args) if args.micro else runs_plan(args)
-        for name, run, reqs, meta, tags, limit_s in plan:
+        if args.micro:
+            await micro_runs(llm, args, resolved, base, summaries)
+        for name, run, reqs, meta in [] if args.micro else runs_plan(args):
             await llm.reset_prefix_cache()
-            client, t0, t1 = await serve(llm, reqs, limit_s)
-            folder = STAGE / name / (f"run{run}" if run else "")
+            client, t0, t1 = await serve(llm, reqs, args.limit_s)
             extra = {
                 **base,
                 "workload": name,
@@ -297,11 +308,10 @@ async def session(args: argparse.Namespace, spec: EngineSpec, model_dir: Path) -
                 "wall_s": round(t1 - t0, 3),
             }
             eng = engine_json(resolved, LLAMA3_8B, extra)
-            summ = write_run(folder, client, t0, t1, eng, tags)
-            key = f"{name}/run{run}" if run else name
-            summaries[key] = summ
+            summ = write_run(STAGE / name / f"run{run}", client, t0, t1, eng)
+            summaries[f"{name}/run{run}"] = summ
             short = {k: round(v, 2) if isinstance(v, float) else v for k, v in summ.items()}
-            print(f"[{key}] " + json.dumps(short), flush=True)
+            print(f"[{name}/run{run}] " + json.dumps(short), flush=True)
             pack(STAGE, args.out, "gt")
             (args.out / "summary.json").write_text(json.dumps(summaries, indent=1))
     finally:
@@ -309,37 +319,85 @@ async def session(args: argparse.Namespace, spec: EngineSpec, model_dir: Path) -
     return summaries
 
 
-def runs_plan(args: argparse.Namespace) -> list[tuple[str, int, list[Req], dict, dict, float]]:
+def runs_plan(args: argparse.Namespace) -> list[tuple[str, int, list[Req], dict]]:
     plan = []
     for name in args.workloads.split(","):
         reqs, meta = workload(name)
         for run in range(1, args.runs + 1):
-            plan.append((name, run, reqs, meta, {}, args.limit_s))
+            plan.append((name, run, reqs, meta))
     return plan
 
 
-def micro_plan(args: argparse.Namespace) -> list[tuple[str, int, list[Req], dict, dict, float]]:
-    """Each micro-run configuration twice (rep 1 meets any lazy compilation, rep 2 replays), one
-    folder per configuration: micro/<plan>/<config_id>-rep<k>."""
+def micro_plan(name: str) -> list[tuple[dict, list[Req]]]:
+    """A micro-run plan's configurations, each twice (rep 1 meets any lazy compilation, rep 2
+    replays), request ids suffixed with the rep."""
+    if name not in MICRO_PLANS:
+        raise SystemExit(f"--micro-plans: no plan {name!r} (known: {', '.join(MICRO_PLANS)})")
+    configs = MICRO_PLANS[name]()
     plan = []
-    for pname in args.micro_plans.split(","):
-        if pname not in MICRO_PLANS:
-            raise SystemExit(f"--micro-plans: no plan {pname!r} (known: {', '.join(MICRO_PLANS)})")
-        configs = MICRO_PLANS[pname]()
-        for rep in (1, 2):
-            for cid, (cfg, reqs) in enumerate(configs):
-                reqs = [
-                    replace(
-                        r,
-                        request_id=f"{r.request_id}-r{rep}",
-                        parent_id=f"{r.parent_id}-r{rep}" if r.parent_id else None,
-                        prefix_of=f"{r.prefix_of}-r{rep}" if r.prefix_of else None,
-                    )
-                    for r in reqs
-                ]
-                tags = {**cfg, "rep": rep, "config_id": cid}
-                plan.append((f"micro/{pname}/{cid:02d}-rep{rep}", 0, reqs, cfg, tags, 30.0))
+    for rep in (1, 2):
+        for cid, (cfg, reqs) in enumerate(configs):
+            reqs = [
+                replace(
+                    r,
+                    request_id=f"{r.request_id}-r{rep}",
+                    parent_id=f"{r.parent_id}-r{rep}" if r.parent_id else None,
+                    prefix_of=f"{r.prefix_of}-r{rep}" if r.prefix_of else None,
+                )
+                for r in reqs
+            ]
+            plan.append(({**cfg, "rep": rep, "config_id": cid}, reqs))
     return plan
+
+
+MICRO_TAG_TYPES = {
+    "bench": "string",
+    "batch_size": "int32",
+    "cfg_prompt_tokens": "int32",
+    "context_tokens": "int32",
+    "rep": "int32",
+    "config_id": "int32",
+}
+
+
+async def micro_runs(
+    llm: Any, args: argparse.Namespace, resolved: dict, base: dict, summaries: dict
+) -> None:
+    """Cost micro-runs in the transformers captures' format (one folder per plan: steps.parquet
+    and micro_requests.parquet tagged with the configuration, microbench.json), the prefix cache
+    reset before each configuration; rewritten and packed after each one."""
+    for name in args.micro_plans.split(","):
+        folder = STAGE / name
+        folder.mkdir(parents=True, exist_ok=True)
+        all_steps: list[dict] = []
+        all_reqs: list[dict] = []
+        configs: list[dict] = []
+        for tag, reqs in micro_plan(name):
+            await llm.reset_prefix_cache()
+            client, t0, t1 = await serve(llm, reqs, 30.0)
+            core = vllm_steplog.read(STEP_LOG)
+            steps = [{**st, **tag} for st in step_rows(core, t0, t1)]
+            rows = client.rows(t0, resolved["block_size"], preemptions(core, t0, t1))
+            all_steps += steps
+            all_reqs += [{**r, **tag} for r in rows]
+            configs.append({**tag, "wall_s": round(t1 - t0, 3), "steps": len(steps)})
+            write_table(
+                all_steps, {**STEP_TYPES, **EXTRA_STEP_TYPES, **MICRO_TAG_TYPES}, folder / "steps"
+            )
+            write_table(
+                all_reqs,
+                {**REQUEST_TYPES, **ENGINE_REQUEST_TYPES, **MICRO_TAG_TYPES},
+                folder / "micro_requests",
+            )
+            eng = engine_json(resolved, LLAMA3_8B, {**base, "configs": configs})
+            eng["note"] = (
+                "cost micro-runs; gpu_us is the step's interval on the engine core's clock "
+                "(steps.parquet start_us..end_us), not CUDA events"
+            )
+            (folder / "microbench.json").write_text(json.dumps(eng, indent=1, default=str))
+            pack(STAGE, args.out, "gt")
+        summaries[name] = {"configs": len(configs), "steps": len(all_steps)}
+        print(f"[{name}] {len(configs)} configurations, {len(all_steps)} steps", flush=True)
 
 
 def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, EngineSpec]:
