@@ -272,10 +272,9 @@ async def session(args: argparse.Namespace, spec: EngineSpec, model_dir: Path) -
 
     t = time.perf_counter()
     kw = spec.engine_kwargs(model_dir)
-    llm = AsyncLLM.from_engine_args(
-        AsyncEngineArgs(**kw, enable_logging_iteration_details=True),
-        stat_loggers=[make_stat_logger()],
-    )
+    # (enable_logging_iteration_details would add per-step token counts to the stats, but also
+    # one INFO line per step from the default logger: the engine core's step log has them.)
+    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw), stat_loggers=[make_stat_logger()])
     init_s = time.perf_counter() - t
     resolved = resolve_config(llm.vllm_config)
     base = {
