@@ -369,6 +369,7 @@ VLLM_RECORDS = frozenset(
         "versions",
         "sm",
         "engine_init_s",
+        "frontend",  # AsyncLLM or the in-process LLMEngine: client overhead, not modelled
         "command",
         "prefix_cache_cleared_before_run",
         "workload",

@@ -56,6 +56,7 @@ RECORDS = {
     "engine_spec": {"name": "vllm_main"},
     "env": {"VLLM_NO_USAGE_STATS": "1"},
     "engine_init_s": 61.0,
+    "frontend": "AsyncLLM, engine core process",
     "command": "capture_vllm.py --out /out",
     "prefix_cache_cleared_before_run": True,
     "workload": "poisson_r6",

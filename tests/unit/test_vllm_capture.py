@@ -277,3 +277,67 @@ def test_serve_aborts_what_is_left_at_the_time_limit() -> None:
     assert engine.aborted == ["x-hang"]
     status = {r["request_id"]: r["status"] for r in client.rows(t0, 16, {})}
     assert status == {"x-0000": "finished", "x-hang": "missing"}
+
+
+class FakeStepEngine:
+    """LLMEngine's stepping shape: each step gives every active request one token."""
+
+    def __init__(self) -> None:
+        self.vllm_config = None
+        self.active: dict[str, int] = {}
+        self.steps = 0
+
+    def add_request(self, rid: str, prompt: Any, params: int) -> None:
+        self.active[rid] = params
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.active)
+
+    def step(self) -> list[SimpleNamespace]:
+        self.steps += 1
+        outs = []
+        for rid in list(self.active):
+            self.active[rid] -= 1
+            done = self.active[rid] == 0
+            if done:
+                del self.active[rid]
+            outs.append(
+                SimpleNamespace(
+                    request_id=rid,
+                    outputs=[SimpleNamespace(token_ids=[self.steps])],
+                    num_cached_tokens=0,
+                    finished=done,
+                    metrics=None,
+                )
+            )
+        return outs
+
+    def abort_request(self, ids: list[str]) -> None:
+        for rid in ids:
+            self.active.pop(rid, None)
+
+    def reset_prefix_cache(self) -> bool:
+        return True
+
+
+def test_the_in_process_engine_streams_each_steps_tokens_to_its_request() -> None:
+    import capture_vllm
+
+    async def run() -> tuple[vllm_gt.OpenLoop, float, float]:
+        engine = capture_vllm.InprocEngine(FakeStepEngine())
+        try:
+            assert await engine.reset_prefix_cache()
+            return await capture_vllm.serve(engine, reqs, 10.0, _fake_request)
+        finally:
+            engine.shutdown()
+
+    reqs = [
+        vllm_gt.Req("p-0000", 10, 3, send_s=0.0, session_id="p"),
+        vllm_gt.Req("p-0001", 5, 2, session_id="p", parent_id="p-0000", turn=1, think_s=0.01),
+    ]
+    client, t0, _ = asyncio.run(run())
+    rows = {r["request_id"]: r for r in client.rows(t0, 16, {})}
+    assert [rows[k]["output_tokens"] for k in ("p-0000", "p-0001")] == [3, 2]
+    assert all(r["status"] == "finished" for r in rows.values())
+    first, second = client.records["p-0000"], client.records["p-0001"]
+    assert second.prompt[10:13] == first.output_ids and second.sent_s >= first.token_s[-1] + 0.01

@@ -119,6 +119,56 @@ def make_stat_logger() -> type:
     return StepStats
 
 
+class InprocEngine:
+    """LLMEngine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), the smoke run's last
+    fallback, behind AsyncLLM's `generate`/`abort`/`reset_prefix_cache`/`shutdown`: a task steps
+    the engine whenever it has work, and each step's outputs go to their requests' streams."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.vllm_config = engine.vllm_config
+        self.streams: dict[str, asyncio.Queue] = {}
+        self.task: asyncio.Task | None = None
+
+    async def _loop(self) -> None:
+        while True:
+            if not self.engine.has_unfinished_requests():
+                await asyncio.sleep(0.001)
+                continue
+            for out in self.engine.step():  # blocks the loop for one step, as the core does
+                stream = self.streams.get(out.request_id)
+                if stream is not None:
+                    stream.put_nowait(out)
+            await asyncio.sleep(0)  # let due requests be added between steps
+
+    async def generate(self, prompt: Any, params: Any, rid: str) -> Any:
+        if self.task is None:
+            self.task = asyncio.create_task(self._loop())
+        stream: asyncio.Queue = asyncio.Queue()
+        self.streams[rid] = stream
+        self.engine.add_request(rid, prompt, params)
+        try:
+            while (out := await stream.get()) is not None:
+                yield out
+                if out.finished:
+                    return
+        finally:
+            self.streams.pop(rid, None)
+
+    async def abort(self, ids: list[str]) -> None:
+        self.engine.abort_request(list(ids))
+        for rid in ids:
+            if rid in self.streams:
+                self.streams[rid].put_nowait(None)
+
+    async def reset_prefix_cache(self) -> bool:
+        return bool(self.engine.reset_prefix_cache())
+
+    def shutdown(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+
 def resolve_config(cfg: Any) -> dict[str, Any]:
     """The engine's resolved settings, read back from its VllmConfig (not the arguments)."""
     sc, cc, comp, mc = (
@@ -274,7 +324,15 @@ async def session(args: argparse.Namespace, spec: EngineSpec, model_dir: Path) -
     kw = spec.engine_kwargs(model_dir)
     # (enable_logging_iteration_details would add per-step token counts to the stats, but also
     # one INFO line per step from the default logger: the engine core's step log has them.)
-    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw), stat_loggers=[make_stat_logger()])
+    if args.inproc:
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        llm: Any = InprocEngine(
+            LLMEngine.from_engine_args(EngineArgs(**kw), stat_loggers=[make_stat_logger()])
+        )
+    else:
+        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw), stat_loggers=[make_stat_logger()])
     init_s = time.perf_counter() - t
     resolved = resolve_config(llm.vllm_config)
     base = {
@@ -282,6 +340,7 @@ async def session(args: argparse.Namespace, spec: EngineSpec, model_dir: Path) -
         "engine_spec": spec.as_dict(),
         "env": {k: os.environ[k] for k in sorted(os.environ) if k.startswith("VLLM_")},
         "engine_init_s": round(init_s, 1),
+        "frontend": "LLMEngine in-process" if args.inproc else "AsyncLLM, engine core process",
         "command": " ".join(sys.argv),
         "prefix_cache_cleared_before_run": True,
     }
@@ -423,6 +482,9 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, EngineSpec
     ap.add_argument("--no-async-scheduling", action="store_true")
     ap.add_argument("--kv-offloading-gib", type=float, default=None)
     ap.add_argument("--v1-runner", action="store_true", help="VLLM_USE_V2_MODEL_RUNNER=0")
+    ap.add_argument(
+        "--inproc", action="store_true", help="LLMEngine in this process (smoke's last fallback)"
+    )
     args = ap.parse_args(argv)
     if args.runs < 1:
         ap.error("--runs must be >= 1")
@@ -439,7 +501,10 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, EngineSpec
         enforce_eager=args.enforce_eager,
         async_scheduling=not args.no_async_scheduling,
         kv_offloading_size_gib=args.kv_offloading_gib,
-        env={"VLLM_USE_V2_MODEL_RUNNER": "0"} if args.v1_runner else {},
+        env={
+            **({"VLLM_USE_V2_MODEL_RUNNER": "0"} if args.v1_runner else {}),
+            **({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if args.inproc else {}),
+        },
     )
     return args, spec
 
