@@ -115,7 +115,7 @@ def _vllm_026() -> Any:
         import vllm
     except ImportError:
         return None
-    return vllm if vllm.__version__.startswith("0.26.") else None
+    return vllm if str(getattr(vllm, "__version__", "")).startswith("0.26.") else None
 
 
 @pytest.mark.skipif(
