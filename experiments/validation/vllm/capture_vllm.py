@@ -170,43 +170,50 @@ class InprocEngine:
 
 
 def resolve_config(cfg: Any) -> dict[str, Any]:
-    """The engine's resolved settings, read back from its VllmConfig (not the arguments)."""
-    sc, cc, comp, mc = (
-        cfg.scheduler_config,
-        cfg.cache_config,
-        cfg.compilation_config,
-        cfg.model_config,
-    )
+    """The engine's resolved settings, read back from its VllmConfig (not the arguments). A value
+    that cannot be read is None (engine.json then says so, and validate refuses it) rather than
+    the end of a capture whose engine is already up."""
 
     def name(v: Any) -> Any:
         return getattr(v, "name", None) or (None if v is None else str(v))
 
-    return {
-        "max_num_batched_tokens": sc.max_num_batched_tokens,
-        "max_num_seqs": sc.max_num_seqs,
-        "block_size": cc.block_size,
-        "num_gpu_blocks": cc.num_gpu_blocks,
-        "enable_prefix_caching": bool(cc.enable_prefix_caching),
-        "enable_chunked_prefill": bool(sc.enable_chunked_prefill),
-        "async_scheduling": bool(sc.async_scheduling),
-        "scheduling_policy": str(sc.policy),
-        "watermark": float(getattr(sc, "watermark", 0.0)),
-        "scheduler_reserve_full_isl": bool(getattr(sc, "scheduler_reserve_full_isl", False)),
-        "long_prefill_token_threshold": int(sc.long_prefill_token_threshold),
-        "max_model_len": mc.max_model_len,
-        "compilation_mode": int(comp.mode),
-        "cudagraph_mode": name(comp.cudagraph_mode),
-        "enforce_eager": bool(mc.enforce_eager),
-        "gpu_memory_utilization": cc.gpu_memory_utilization,
-        "kv_offloading_size": cc.kv_offloading_size,
-        "kv_offloading_backend": str(cc.kv_offloading_backend),
-        "prefix_caching_hash_algo": str(cc.prefix_caching_hash_algo),
-        "dtype": str(mc.dtype).removeprefix("torch."),
-        "model_runner": "v2" if cfg.use_v2_model_runner else "v1",
-        "cudagraph_capture_sizes": list(comp.cudagraph_capture_sizes or []),
-        "max_cudagraph_capture_size": comp.max_cudagraph_capture_size,
-        "attention_backend": name(getattr(cfg.attention_config, "backend", None)),
+    fields: dict[str, tuple[str, Callable[[Any], Any]]] = {
+        "max_num_batched_tokens": ("scheduler_config.max_num_batched_tokens", int),
+        "max_num_seqs": ("scheduler_config.max_num_seqs", int),
+        "block_size": ("cache_config.block_size", int),
+        "num_gpu_blocks": ("cache_config.num_gpu_blocks", int),
+        "enable_prefix_caching": ("cache_config.enable_prefix_caching", bool),
+        "enable_chunked_prefill": ("scheduler_config.enable_chunked_prefill", bool),
+        "async_scheduling": ("scheduler_config.async_scheduling", bool),
+        "scheduling_policy": ("scheduler_config.policy", str),
+        "watermark": ("scheduler_config.watermark", float),
+        "scheduler_reserve_full_isl": ("scheduler_config.scheduler_reserve_full_isl", bool),
+        "long_prefill_token_threshold": ("scheduler_config.long_prefill_token_threshold", int),
+        "max_model_len": ("model_config.max_model_len", int),
+        "compilation_mode": ("compilation_config.mode", int),
+        "cudagraph_mode": ("compilation_config.cudagraph_mode", name),
+        "enforce_eager": ("model_config.enforce_eager", bool),
+        "gpu_memory_utilization": ("cache_config.gpu_memory_utilization", float),
+        "kv_offloading_size": ("cache_config.kv_offloading_size", lambda v: v),
+        "kv_offloading_backend": ("cache_config.kv_offloading_backend", str),
+        "prefix_caching_hash_algo": ("cache_config.prefix_caching_hash_algo", str),
+        "dtype": ("model_config.dtype", lambda v: str(v).removeprefix("torch.")),
+        "model_runner": ("use_v2_model_runner", lambda v: "v2" if v else "v1"),
+        "cudagraph_capture_sizes": ("compilation_config.cudagraph_capture_sizes", list),
+        "max_cudagraph_capture_size": ("compilation_config.max_cudagraph_capture_size", int),
+        "attention_backend": ("attention_config.backend", name),
     }
+    out: dict[str, Any] = {}
+    for key, (path, conv) in fields.items():
+        try:
+            value = cfg
+            for part in path.split("."):
+                value = getattr(value, part)
+            out[key] = None if value is None else conv(value)
+        except Exception as e:  # recorded; validate refuses what it needs and lacks
+            out[key] = None
+            print(f"[engine] cannot read {path}: {type(e).__name__}: {e}", flush=True)
+    return out
 
 
 def machine() -> dict[str, Any]:
