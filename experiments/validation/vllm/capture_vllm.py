@@ -269,7 +269,8 @@ async def serve(
                 if out.finished and out.metrics is not None:
                     m = out.metrics
                     rec.engine = {
-                        k: getattr(m, k) for k in ("queued_ts", "scheduled_ts", "first_token_ts")
+                        k: getattr(m, k, None)
+                        for k in ("queued_ts", "scheduled_ts", "first_token_ts")
                     }
             client.finish(rid, t0)
         except Exception as e:  # a failed request is a row, not the end of the run

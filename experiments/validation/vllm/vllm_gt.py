@@ -229,9 +229,10 @@ class OpenLoop:
                     token_us=[us(t) for t in toks],
                     status=status,
                     error=rec.error,
-                    engine_created_us=us(rec.engine.get("queued_ts")),
-                    engine_scheduled_us=us(rec.engine.get("scheduled_ts")),
-                    engine_first_token_us=us(rec.engine.get("first_token_ts")),
+                    # RequestStateStats leaves a timestamp it never set at 0.0
+                    engine_created_us=us(rec.engine.get("queued_ts") or None),
+                    engine_scheduled_us=us(rec.engine.get("scheduled_ts") or None),
+                    engine_first_token_us=us(rec.engine.get("first_token_ts") or None),
                     num_soft_resets=preemptions.get(rid, 0),
                     num_cpu_swaps=0,  # vLLM v1 preempts by recompute only
                     num_restores=0,
