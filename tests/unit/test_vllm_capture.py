@@ -341,3 +341,24 @@ def test_the_in_process_engine_streams_each_steps_tokens_to_its_request() -> Non
     assert all(r["status"] == "finished" for r in rows.values())
     first, second = client.records["p-0000"], client.records["p-0001"]
     assert second.prompt[10:13] == first.output_ids and second.sent_s >= first.token_s[-1] + 0.01
+
+
+def test_micro_steps_in_the_capture_format_feed_the_step_cost_fit(tmp_path: Path) -> None:
+    import capture_vllm
+
+    from cachepilot_sim.tools.micro_steps import load_micro_steps
+
+    counts = dict.fromkeys(vllm_gt.STEP_COUNTS, 4) | {"q_tokens": 4, "kv_read_tokens": 4096}
+    core = [
+        {"kind": "step", "schedule_start": 1.0 + 0.02 * i, "schedule_end": 1.001 + 0.02 * i}
+        | {"update_start": 1.015 + 0.02 * i, "update_end": 1.016 + 0.02 * i}
+        | counts
+        for i in range(5)
+    ]
+    tag = {"bench": "decode", "batch_size": 4, "cfg_prompt_tokens": 16, "context_tokens": 1024}
+    steps = [{**s, **tag, "rep": 1, "config_id": 0} for s in vllm_gt.step_rows(core, 1.0, 2.0)]
+    types = {**STEP_TYPES, **capture_vllm.EXTRA_STEP_TYPES, **capture_vllm.MICRO_TAG_TYPES}
+    write_table(steps, types, tmp_path / "steps")
+    loaded = load_micro_steps(tmp_path / "steps.parquet")
+    assert loaded.height == 5 and (loaded["gpu_us"] > 0).all()
+    assert loaded["bench"].to_list() == ["decode"] * 5
