@@ -13,6 +13,7 @@ engine.json; docs/validation.md), packed into $OUT/gt.tar.gz after every run.
     PYTHONPATH=/tmp/vllm_site python3 experiments/validation/vllm/capture_vllm.py --out $OUT
     ... --workloads poisson_r6,multiturn,shared_prompt --runs 2        # the default
     ... --micro                           # cost micro-runs (capture_workloads.microbench_plan)
+    ... --and-micro                       # the workloads, then the micro-runs on the same engine
 """
 
 from __future__ import annotations
@@ -380,6 +381,9 @@ async def session(args: argparse.Namespace, spec: EngineSpec, model_dir: Path) -
             print(f"[{name}/run{run}] " + json.dumps(short), flush=True)
             pack(STAGE, args.out, "gt")
             (args.out / "summary.json").write_text(json.dumps(summaries, indent=1))
+        if args.and_micro:  # the micro-runs on the same engine: one start-up fewer
+            await micro_runs(llm, args, resolved, base, summaries)
+            (args.out / "summary.json").write_text(json.dumps(summaries, indent=1))
     finally:
         llm.shutdown()
     return summaries
@@ -476,6 +480,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, EngineSpec
     ap.add_argument("--limit-s", type=float, default=120.0, help="per run")
     ap.add_argument("--warmup", type=int, default=48, help="warm-up requests before the runs")
     ap.add_argument("--micro", action="store_true", help="cost micro-runs instead of workloads")
+    ap.add_argument("--and-micro", action="store_true", help="the workloads, then the micro-runs")
     ap.add_argument("--micro-plans", default="microbench,microbench_mixed")
     d = EngineSpec()
     ap.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
@@ -496,6 +501,8 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, EngineSpec
     args = ap.parse_args(argv)
     if args.runs < 1:
         ap.error("--runs must be >= 1")
+    if args.micro and args.and_micro:
+        ap.error("--micro runs the micro-runs alone; --and-micro runs them after the workloads")
     spec = EngineSpec(
         name="vllm_micro" if args.micro else "vllm_main",
         max_num_batched_tokens=args.max_num_batched_tokens,
