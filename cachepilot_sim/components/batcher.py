@@ -48,9 +48,10 @@ class Batcher(DecodeRuns, DecodeGrowth, EngineStalls):
         self.env, self.cfg, self.queue, self.kv = ports.env, cfg.batcher, ports.queue, ports.kv
         self.pool, self.fit, self.step_cost = ports.pool, ports.fit, ports.step_cost
         self.events, self.wake = ports.events, ports.wake
-        # Async scheduling (engine profile): see _hold_new; requests that finished in the last
-        # step still take a slot in the next one (`ghost` until it is costed).
+        # Async scheduling (engine profile): see _hold_new, and `ghost` for async_finish_slot.
         self.async_scheduling = cfg.engine.async_scheduling
+        self.ghost_finished = self.async_scheduling and cfg.engine.async_finish_slot
+        self.admit_after_preemption, self.num_preempted = cfg.engine.admit_after_preemption, 0
         self.prefill_margin = cfg.engine.prefill_margin_fraction
         self.preemption = cfg.engine.preemption
         self.block_new = False  # STARVED_BACK: no admission until a running request finishes
@@ -236,9 +237,8 @@ class Batcher(DecodeRuns, DecodeGrowth, EngineStalls):
         while True:
             budget, max_seqs = limits()
             first_new = self._admit_seq
-            if self.grow_before_admit and self.n and self._at_block_boundary():
-                self._grow_decode()  # the engine serves running sequences' blocks first
-            admit(budget, max_seqs)
+            if self._grow_before_admit():
+                admit(budget, max_seqs)
             if self.n == 0:
                 yield self.wake.wait()
                 continue
@@ -387,7 +387,7 @@ class Batcher(DecodeRuns, DecodeGrowth, EngineStalls):
         if not self.async_scheduling and min(left.tolist(), default=1) > 0:
             return
         done = ((self.prefill_left[:n] == 0) & (left <= 0)).nonzero()[0]
-        if self.async_scheduling:  # they were scheduled into the next step before finishing
+        if self.ghost_finished:  # they were scheduled into the next step before finishing
             self.ghost = self.state[[CTX, TOKEN_BYTES, MODEL]][:, done]
         if done.size:
             self.block_new = False

@@ -45,6 +45,9 @@ class DecodeGrowth:
     block_new: bool
     reserve_run_blocks: bool
     grow_ahead: int  # 1: a step's block is taken when the step before it starts (async)
+    num_preempted: int  # preemptions so far (the batcher skips admission after one, vLLM)
+    grow_before_admit: bool
+    admit_after_preemption: bool
 
     def _remove(self, i: int) -> Request:  # provided by the batcher
         raise NotImplementedError
@@ -76,6 +79,16 @@ class DecodeGrowth:
         if room >= 1:
             return min(k, room)
         return 1 if self._grow_decode() else 0
+
+    def _grow_before_admit(self) -> bool:
+        """At a step boundary, running sequences needing a block take it before queued requests
+        are considered (engine.grow_before_admit). False: that preempted one, and the engine
+        then admits nothing this step (engine.admit_after_preemption=false: vLLM v1 schedules
+        its waiting queue only `if not preempted_reqs`)."""
+        preempted = self.num_preempted
+        if self.grow_before_admit and self.n and self._at_block_boundary():
+            self._grow_decode()
+        return self.admit_after_preemption or self.num_preempted == preempted
 
     def _at_block_boundary(self) -> bool:
         """Some decoding sequence needs a block before its next token (`_needing` is not empty)."""
@@ -158,6 +171,7 @@ class DecodeGrowth:
         victim first, which differs only when one round has several), else it is dropped and
         recomputed on resume (soft reset)."""
         tokens = int(self.ctx[victim])
+        self.num_preempted += 1
         swapped = self._swap_out(victim)
         self.stats.preempted(self.slot_req[victim], self.env.now, self.prefill_left[victim] == 0)
         req = self._remove(victim)

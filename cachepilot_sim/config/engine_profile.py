@@ -104,6 +104,15 @@ class EngineConfig(Sealed):
     # step sits out the next one, and a finished request still takes a decode slot (and its KV
     # read) in the step after its last token.
     async_scheduling: bool = False
+    # Async scheduling: a request that produced its last token still takes a decode slot in the
+    # next step, which was composed before it finished (transformers CB). False: the engine knew
+    # the request would end (its length cap) and left it out (vLLM 0.26 Scheduler.schedule skips
+    # a running request once `num_computed_tokens + 2 - num_output_placeholders` reaches
+    # prompt + max_tokens); the replays end every request at its length cap.
+    async_finish_slot: bool = True
+    # A step whose running sequences' growth preempted one still admits queued requests; False:
+    # it admits none (vLLM v1 schedules the waiting queue only `if not preempted_reqs`).
+    admit_after_preemption: bool = True
     # While free KV (idle cached blocks included) is under this fraction of the pool, no new
     # request is admitted next to running ones (transformers' safety_margin; the engine also holds
     # back split prefills then, which with whole-prompt allocation here starved admission); 0: off.

@@ -25,6 +25,7 @@ import polars as pl
 
 from cachepilot_sim.config import RunConfig, register_configs, to_config
 from cachepilot_sim.tools import CONF_DIR
+from cachepilot_sim.validation.block_hashes import shared_blocks_rule
 from cachepilot_sim.validation.engine_settings import EngineSettingsError, resolve
 from cachepilot_sim.validation.ground_truth import (
     GroundTruth,
@@ -140,7 +141,7 @@ def validate_runs(
         settings = resolve(paths[0], real.engine, sim_config(engine, []))
         run_cfg = sim_config(engine, settings.overrides)
         cfg = run_cfg.sim_for(run_cfg.policy.name, 0)
-        sim, metrics = simulate(cfg, real)
+        sim, metrics = simulate(cfg, real, shared_blocks_rule(real.engine.get("engine")))
         row = compare(sim, real)
         # lazy CUDA-graph captures while serving: the engine's (steps.parquet) and the replay's
         steps = real.steps

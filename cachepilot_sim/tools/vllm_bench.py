@@ -24,10 +24,21 @@ from typing import Any
 
 from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.integrations.vllm.engine_run import BenchSession, run_one
-from cachepilot_sim.integrations.vllm.params import ENV_VAR, POLICY_MODULE, POLICY_NAME, PercParams
+from cachepilot_sim.integrations.vllm.params import (
+    ENV_VAR,
+    EXTRA_CONFIG_KEY,
+    POLICY_MODULE,
+    POLICY_NAME,
+    PercParams,
+)
 
 GIB = 1024**3
 POLICIES = ("lru", "arc", "perc")
+# vLLM 0.26 (integrations/vllm/spec026.py; the spec sets tokens_per_chunk itself)
+SPEC026_NAME = "PercCPUOffloadingSpec026"
+SPEC026_MODULE = "cachepilot_sim.integrations.vllm.spec026"
+POLICY_KEY_026 = "cachepilot_policy"
+PERC_026_KEYS = ("delta_s", "ema_weight", "prior_gap_s", "hardware_file")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -61,6 +72,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--perc-prior-gap-s", type=float, default=20.0)
     p.add_argument(
         "--hardware-file", default="", help="a hardware YAML (cachepilot_sim/conf/hardware/)"
+    )
+    p.add_argument(
+        "--vllm-api",
+        choices=("0.33", "0.26"),
+        default="0.33",
+        help="0.26: our policy through integrations/vllm/spec026.py (the lent GPU's vLLM), "
+        "replies offloaded too (offload_prompt_only=false) for every policy",
+    )
+    p.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="compilation_config mode 0 with decode-only CUDA graphs (no torch.compile wait)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="vllm_bench_out", help="folder for per-policy JSON + summary")
@@ -100,7 +123,18 @@ def engine_kwargs(args: argparse.Namespace, policy: str) -> dict[str, Any]:
         "blocks_per_chunk": args.blocks_per_chunk,
         "eviction_policy": policy,
     }
-    if policy == "perc":
+    if args.vllm_api == "0.26":  # a spec of ours; lru/arc are vLLM 0.26's own policies
+        extra["offload_prompt_only"] = False  # 0.26's default offloads prompt blocks only
+        if policy == "perc":
+            params = perc_params(args)
+            del extra["eviction_policy"]
+            extra |= {
+                "spec_name": SPEC026_NAME,
+                "spec_module_path": SPEC026_MODULE,
+                POLICY_KEY_026: "perc",
+                EXTRA_CONFIG_KEY: {f: getattr(params, f) for f in PERC_026_KEYS},
+            }
+    elif policy == "perc":
         extra["eviction_policy"] = POLICY_NAME
         extra["cache_policy_module_path"] = POLICY_MODULE
     kwargs: dict[str, Any] = {
@@ -117,6 +151,8 @@ def engine_kwargs(args: argparse.Namespace, policy: str) -> dict[str, Any]:
             "kv_connector_extra_config": extra,
         },
     }
+    if args.no_compile:
+        kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
     if args.dummy_weights:
         kwargs["load_format"] = "dummy"
     if args.prompts is None and args.dataset is None:

@@ -26,6 +26,25 @@ def num_shared_blocks(prompt_tokens: int, output_tokens: int, block_tokens: int)
     return max(prompt_tokens // block_tokens, (prompt_tokens + output_tokens - 2) // block_tokens)
 
 
+def num_shared_blocks_vllm(prompt_tokens: int, output_tokens: int, block_tokens: int) -> int:
+    """vLLM v1 (0.26 `KVCacheManager.cache_blocks`, called for every scheduled step) hashes a
+    block as soon as its KV is computed, prompt and reply alike; the last sampled token's KV is
+    never computed, so a request of P prompt and O output tokens leaves the full blocks of its
+    first P + O - 1 tokens shareable."""
+    return max(prompt_tokens // block_tokens, (prompt_tokens + output_tokens - 1) // block_tokens)
+
+
+# engine.json `engine` -> its rule; any other engine: transformers' (num_shared_blocks)
+SHARED_BLOCKS_RULES: dict[str, SharedBlocksRule] = {"vllm_v1": num_shared_blocks_vllm}
+
+
+def shared_blocks_rule(engine: object) -> SharedBlocksRule:
+    """The shared-blocks rule of the engine a ground truth names (engine.json `engine`)."""
+    if not isinstance(engine, str):
+        return num_shared_blocks
+    return SHARED_BLOCKS_RULES.get(engine, num_shared_blocks)
+
+
 def num_prompt_blocks_only(prompt_tokens: int, output_tokens: int, block_tokens: int) -> int:
     """The opposite rule, for tests: blocks completed while decoding are never shared."""
     return prompt_tokens // block_tokens

@@ -12,6 +12,9 @@ Every key a capture of transformers continuous batching writes is one of three k
 
 A key the reader does not know is refused: it may be a setting, and a setting the model cannot
 represent is never silently ignored. Every refusal is one line naming the file and the key.
+A vLLM v1 capture (`engine: vllm_v1`, experiments/validation/vllm/capture_vllm.py) is read the
+same way with vLLM's keys (validation/vllm_settings.py): its limits and pool honoured, the rules
+the replay models one way only required, its step-cost settings checked, its records listed.
 Captures of other engines (converted vLLM or SGLang benchmark files, hand-made folders) carry
 the benchmark's own keys: their block size and pool are honoured and the rest is listed as not
 read, so `validate` prints what it replayed and what it did not.
@@ -19,20 +22,29 @@ read, so `validate` prints what it replayed and what it did not.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cachepilot_sim.config import RunConfig, StepCost
 from cachepilot_sim.validation.engine_behaviour import graph_and_swap_overrides
+from cachepilot_sim.validation.settings_reader import (  # noqa: F401 (re-exported)
+    DEVICE_PRESETS,
+    ENGINE_FILE,
+    PRESET_VRAM_GB,
+    ROOFLINE_NOTE,
+    EngineSettingsError,
+    Reader,
+    ResolvedSettings,
+    Setting,
+    check_fitted,
+    normalised,
+    read_gpu,
+    read_model,
+    read_pool,
+)
+from cachepilot_sim.validation.vllm_settings import VLLM_ENGINE, read_vllm
 
 HF_ENGINE = "transformers-continuous-batching"
-# The conf/gpu preset of each GPU a capture names (engine.json `gpu`), and its memory in GB: the
-# replay runs on the capture's GPU (a fitted step cost is checked against it, config/run.py).
-DEVICE_PRESETS = {"NVIDIA H200": "h200", "NVIDIA H100 80GB HBM3": "h100_sxm"}
-PRESET_VRAM_GB = {"h200": 141, "h100_sxm": 80}
-ENGINE_FILE = "engine.json"
-
 # Records of the run, not settings: read by nothing (transformers captures).
 HF_RECORDS = frozenset(
     {
@@ -66,137 +78,11 @@ HF_RECORDS = frozenset(
 ENGINE_ORDER = "none"  # engine.json `policy`: the engine's own reuse order, no hook
 
 
-# A step-cost setting next to a profile whose cost is the idealised roofline (no padding, no
-# graphs): listed, and the answer is labelled unvalidated.
-ROOFLINE_NOTE = "not modelled (roofline step cost: idealised, unvalidated)"
-
-
-class EngineSettingsError(ValueError):
-    """A setting of `engine.json` the engine profile cannot replay (one line: file and key)."""
-
-
-@dataclass
-class Setting:
-    """One key of engine.json and what the replay did with it."""
-
-    key: str
-    value: Any
-    use: str  # the override applied, "requires ..." for a checked setting, or "not read"
-
-
-@dataclass
-class ResolvedSettings:
-    """The overrides a replay applies and the account of every key."""
-
-    overrides: list[str] = field(default_factory=list)
-    settings: list[Setting] = field(default_factory=list)
-    gpu: str | None = None  # the capture's GPU
-    fitted_on: str = ""  # the GPU the profile's step cost was measured on
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def transfer(self) -> bool:
-        """The capture's GPU is not the one the step cost was measured on."""
-        return bool(self.fitted_on and self.gpu and self.gpu != self.fitted_on)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "overrides": self.overrides,
-            "gpu": self.gpu,
-            "fitted_on": self.fitted_on or None,
-            "transfer": self.transfer,
-            "notes": self.notes,
-            "settings": {s.key: {"value": s.value, "use": s.use} for s in self.settings},
-        }
-
-
-def normalised(value: Any) -> str:
-    """A setting's value as `fitted_settings` spells it: true/false, numbers, lists joined."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list | tuple):
-        return ",".join(normalised(v) for v in value)
-    return str(value)
-
-
-class _Reader:
-    def __init__(self, path: Path, engine: dict[str, Any], cfg: RunConfig) -> None:
-        self.file = path / ENGINE_FILE
-        self.engine = engine
-        self.cfg = cfg
-        self.out = ResolvedSettings(fitted_on=cfg.engine.fitted_on)
-
-    def fail(self, key: str, why: str) -> EngineSettingsError:
-        value = self.engine.get(key)
-        return EngineSettingsError(
-            f"{self.file}: key {key!r} = {normalised(value)}: {why} (engine={self.cfg.engine.name})"
-        )
-
-    def get(self, key: str, kind: type | tuple[type, ...]) -> Any:
-        value = self.engine.get(key)
-        if value is None:
-            return None
-        if isinstance(value, bool) and kind is not bool:
-            raise self.fail(key, f"expected {_name(kind)}")
-        if not isinstance(value, kind):
-            raise self.fail(key, f"expected {_name(kind)}")
-        return value
-
-    def honour(self, key: str, value: Any, *overrides: str) -> None:
-        self.out.overrides += overrides
-        self.out.settings.append(Setting(key, value, " ".join(overrides)))
-
-    def positive(self, key: str) -> int | None:
-        value = self.get(key, int)
-        if value is not None and value <= 0:
-            raise self.fail(key, "must be a positive integer")
-        return value
-
-
-def _name(kind: type | tuple[type, ...]) -> str:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join({"int": "an integer", "float": "a number", "bool": "true or false"}.get(
-        k.__name__, k.__name__) for k in kinds)  # fmt: skip
-
-
-def _pool(r: _Reader) -> int | None:
-    """Block size and pool: the profile's blocks become the engine's."""
-    size = r.positive("block_size")
-    blocks = r.get("num_blocks", int)
-    if blocks is not None and blocks <= 0:
-        raise r.fail("num_blocks", "must be a positive integer")
-    if size is not None:
-        r.honour("block_size", size, f"kv.block_tokens={size}", f"replay.hash_block_tokens={size}")
-    if blocks is not None:
-        if size is None:
-            raise r.fail("num_blocks", "needs block_size beside it")
-        r.honour("num_blocks", blocks, f"engine.kv_pool_blocks={blocks}")
-    return size
-
-
-def _fitted(r: _Reader, key: str, value: Any, representable: bool) -> bool:
-    """A setting the step cost was measured at: equal, representable, or refused. True when the
-    profile pins this key."""
-    want = r.cfg.engine.fitted_settings.get(key)
-    if want is None:
-        return False
-    if normalised(value) == want:
-        r.out.settings.append(Setting(key, value, f"equals the step cost's {want}"))
-        return True
-    if representable:
-        return False
-    raise r.fail(
-        key,
-        f"the step cost of this profile was measured at {want} and cannot represent another "
-        "value (a profile with step_cost physical can, or capture micro-runs at this setting)",
-    )
-
-
-def _hf(r: _Reader) -> None:
+def _hf(r: Reader) -> None:
     e, cfg = r.engine, r.cfg
     physical = str(cfg.engine.step_cost) == "physical"  # takes any padding
     fitted = cfg.engine.step_cost != StepCost.ROOFLINE
-    _pool(r)
+    read_pool(r)
     if (v := r.positive("max_batch_tokens")) is not None:
         r.honour("max_batch_tokens", v, f"batcher.throughput_token_budget={v}")
     if (v := r.positive("max_requests_per_batch")) is not None:
@@ -220,7 +106,7 @@ def _hf(r: _Reader) -> None:
         if not fitted:
             r.out.settings.append(Setting(key, v, ROOFLINE_NOTE))
             continue
-        if _fitted(r, key, v, representable=physical):
+        if check_fitted(r, key, v, representable=physical):
             continue
         if key.startswith("q_") and v == 0:
             raise r.fail(key, "unpadded queries (graphs off) are not modelled")
@@ -241,21 +127,11 @@ def _hf(r: _Reader) -> None:
                 raise r.fail(key, why)
             r.out.settings.append(Setting(key, e[key], f"requires {want}"))
     attn = e.get("attn_implementation")
-    if attn is not None and not _fitted(r, "attn_implementation", attn, representable=False):
+    if attn is not None and not check_fitted(r, "attn_implementation", attn, representable=False):
         use = ROOFLINE_NOTE if not fitted else "not pinned by this profile"
         r.out.settings.append(Setting("attn_implementation", attn, use))
-    _model(r)
-    r.out.gpu = e.get("gpu") if isinstance(e.get("gpu"), str) else None
-    preset = DEVICE_PRESETS.get(r.out.gpu or "")
-    if preset is not None:
-        r.honour("gpu", r.out.gpu, f"gpu={preset}", f"vram_gb={PRESET_VRAM_GB[preset]}")
-    elif r.out.gpu:
-        r.out.notes.append(f"gpu {r.out.gpu!r} has no conf/gpu preset: replayed on the H200's")
-    if r.out.transfer:
-        r.out.notes.append(
-            f"transfer: the step cost was measured on {r.out.fitted_on}, this capture ran on "
-            f"{r.out.gpu}"
-        )
+    read_model(r)
+    read_gpu(r)
     known = HF_RECORDS | {s.key for s in r.out.settings} | {"model", "kv_bytes_per_token"}
     known |= {"use_cuda_graph", "num_cpu_blocks"}
     for key in e:
@@ -263,7 +139,7 @@ def _hf(r: _Reader) -> None:
             raise r.fail(key, "not a setting this reader knows; it cannot be replayed or ignored")
 
 
-def _graphs(r: _Reader, fitted: bool) -> None:
+def _graphs(r: Reader, fitted: bool) -> None:
     """use_cuda_graph (one flag per path, or one) and whether the graphs were captured before
     serving (precaptured_graphs) or lazily during it."""
     e = r.engine
@@ -293,7 +169,7 @@ def _graphs(r: _Reader, fitted: bool) -> None:
     r.honour("use_cuda_graph", e["use_cuda_graph"], *graph)
 
 
-def _behaviour(r: _Reader) -> list[str]:
+def _behaviour(r: Reader) -> list[str]:
     """validation/engine_behaviour.py's overrides, its errors as this file's one line."""
     try:
         return graph_and_swap_overrides(r.engine, r.cfg.kv.block_tokens)
@@ -301,7 +177,7 @@ def _behaviour(r: _Reader) -> list[str]:
         raise EngineSettingsError(f"{r.file}: {err}") from None
 
 
-def _swap(r: _Reader) -> None:
+def _swap(r: Reader) -> None:
     """CPU swap of preempted requests (num_cpu_blocks, or cpu_offload_space_gib): swapped out
     and back over the link, not recomputed (components/cpu_swap.py)."""
     blocks = r.get("num_cpu_blocks", int)
@@ -314,7 +190,7 @@ def _swap(r: _Reader) -> None:
         r.honour("num_cpu_blocks", r.engine.get("num_cpu_blocks"), *swap)
 
 
-def _policy(r: _Reader) -> None:
+def _policy(r: Reader) -> None:
     """The cached-block reuse order the capture ran (`capture.py --policy`): a simulator policy
     is replayed as that policy; the engine's own order as the profile's (mru, which cuts chain
     tails only: an inner block the engine evicted is noted)."""
@@ -338,53 +214,17 @@ def _policy(r: _Reader) -> None:
     r.honour("policy", name, f"policy={name}")
 
 
-def _model(r: _Reader) -> None:
-    """The served model's geometry must be the profile's model."""
-    e = r.engine
-    m = r.cfg.models[0] if r.cfg.models else None
-    if m is None:
-        return
-    geom = e.get("model")
-    if geom is not None:
-        if not isinstance(geom, dict):
-            raise r.fail("model", "expected an object")
-        for key, want in (
-            ("num_hidden_layers", m.num_layers),
-            ("num_key_value_heads", m.num_kv_heads),
-            ("num_attention_heads", m.num_attention_heads),
-        ):
-            got = geom.get(key)
-            if got is not None and got != want:
-                raise EngineSettingsError(
-                    f"{r.file}: key 'model.{key}' = {got}: the replayed model ({m.name}) has {want}"
-                )
-        pinned = r.cfg.engine.fitted_settings
-        for key, got in geom.items():  # the shape the step cost was measured on
-            want_s = pinned.get(f"model.{key}")
-            if want_s is not None and normalised(got) != want_s:
-                raise EngineSettingsError(
-                    f"{r.file}: key 'model.{key}' = {normalised(got)}: the step cost of "
-                    f"engine={r.cfg.engine.name} was measured with {want_s}"
-                )
-        r.out.settings.append(Setting("model", "...", f"matches model={m.name}"))
-    per_token = r.get("kv_bytes_per_token", int)
-    if per_token is not None:
-        if per_token != m.kv_bytes_per_token:
-            raise r.fail(
-                "kv_bytes_per_token", f"the replayed model ({m.name}) holds "
-                f"{m.kv_bytes_per_token} bytes per token"
-            )  # fmt: skip
-        r.out.settings.append(Setting("kv_bytes_per_token", per_token, "matches the model"))
-
-
 def resolve(path: Path, engine: dict[str, Any], cfg: RunConfig) -> ResolvedSettings:
     """The overrides and the account of `engine` (the engine.json of the ground truth at `path`)
     for a replay on the profile `cfg`; EngineSettingsError for a setting it cannot replay."""
-    r = _Reader(path, engine, cfg)
+    r = Reader(path, engine, cfg)
     if engine.get("engine") == HF_ENGINE:
         _hf(r)
         return r.out
-    _pool(r)
+    if engine.get("engine") == VLLM_ENGINE:
+        read_vllm(r)
+        return r.out
+    read_pool(r)
     margin = r.get("safety_margin", (int, float))
     if margin is not None:
         if not 0 <= margin < 1:

@@ -13,7 +13,7 @@ import pytest
 
 from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.integrations.vllm.engine_run import summarize
-from cachepilot_sim.integrations.vllm.params import ENV_VAR, params_from_env
+from cachepilot_sim.integrations.vllm.params import ENV_VAR, params_from_env, params_from_mapping
 from cachepilot_sim.tools import vllm_bench
 
 
@@ -34,6 +34,30 @@ def test_engines_differ_only_in_the_cache_policy() -> None:
     }
     assert lru["load_format"] == "dummy" and lru["skip_tokenizer_init"] is True
     assert lru["kv_transfer_config"]["kv_connector"] == "OffloadingConnector"
+
+
+def test_on_vllm_026_perc_comes_through_our_spec_and_every_policy_offloads_replies() -> None:
+    args = vllm_bench.parse_args(
+        ["--model", "/m", "--vllm-api", "0.26", "--perc-delta-s", "12", "--no-compile"]
+    )
+    lru, perc = vllm_bench.engine_kwargs(args, "lru"), vllm_bench.engine_kwargs(args, "perc")
+    extra_lru = lru["kv_transfer_config"]["kv_connector_extra_config"]
+    extra_perc = perc["kv_transfer_config"]["kv_connector_extra_config"]
+    assert extra_lru["eviction_policy"] == "lru" and extra_lru["offload_prompt_only"] is False
+    assert "eviction_policy" not in extra_perc and extra_perc["offload_prompt_only"] is False
+    assert extra_perc["spec_name"] == "PercCPUOffloadingSpec026"
+    assert extra_perc["spec_module_path"] == "cachepilot_sim.integrations.vllm.spec026"
+    assert extra_perc["cachepilot_policy"] == "perc"
+    assert extra_perc["cachepilot_perc"]["delta_s"] == 12.0
+    params_from_mapping(extra_perc["cachepilot_perc"], tokens_per_chunk=256)  # the spec's call
+    assert (
+        lru["compilation_config"]
+        == perc["compilation_config"]
+        == {
+            "mode": 0,
+            "cudagraph_mode": "FULL_DECODE_ONLY",
+        }
+    )
 
 
 def test_perc_parameters_reach_the_engine_through_the_environment() -> None:

@@ -4,11 +4,13 @@ replays them open loop, and what it writes loads as ground truth. No vllm needed
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import polars as pl
 import pytest
@@ -140,6 +142,8 @@ def test_step_summary_tells_decodes_from_prompt_chunks_and_recompute() -> None:
     assert (s["decode_tokens"], s["num_decode_requests"]) == (1, 1)
     assert s["prefill_tokens"] == 64 + 512 + 1 + 70
     assert (s["num_new_requests"], s["prefix_hit_tokens"], s["num_preempted"]) == (2, 32, 1)
+    assert s["kv_read_tokens"] == (32 + 64) + (1024 + 512) + 58 + 40 + 70
+    assert s["max_seqlen_k"] == 1536
 
 
 def test_step_rows_start_when_the_previous_step_output_is_ready() -> None:
@@ -158,6 +162,7 @@ def test_step_rows_start_when_the_previous_step_output_is_ready() -> None:
         | counts,
     ]
     rows = vllm_gt.step_rows(core, 10.0, 12.0)
+    assert [r["gpu_us"] for r in rows] == [29000, 30000, 18000]
     assert [(r["start_us"], r["end_us"]) for r in rows] == [
         (1000, 30000),
         (30000, 60000),
@@ -213,3 +218,147 @@ def test_steplog_wraps_the_scheduler_and_logs_each_step(
     assert step["schedule_start"] <= step["update_start"] <= step["update_end"]
     assert (step["num_waiting"], step["num_running"]) == (2, 1)
     assert vllm_gt.external_id(pre["request_id"]) == "a"
+
+
+class FakeEngine:
+    """An engine with AsyncLLM's `generate`/`abort` shape: the first token 20 ms after the
+    request, then one every 5 ms; a request named `*-hang` never produces one."""
+
+    def __init__(self) -> None:
+        self.aborted: list[str] = []
+
+    async def generate(self, prompt: Any, params: Any, rid: str) -> Any:
+        if rid.endswith("-hang"):
+            await asyncio.sleep(3600)
+        await asyncio.sleep(0.02)
+        for k in range(params):
+            if k:
+                await asyncio.sleep(0.005)
+            yield SimpleNamespace(
+                outputs=[SimpleNamespace(token_ids=[k])],
+                num_cached_tokens=len(prompt) // 2,
+                finished=k == params - 1,
+                metrics=SimpleNamespace(queued_ts=1.0, scheduled_ts=2.0, first_token_ts=3.0),
+            )
+
+    async def abort(self, ids: list[str]) -> None:
+        self.aborted += ids
+
+
+def _fake_request(r: vllm_gt.Req, ids: list[int]) -> tuple[list[int], int]:
+    return ids, r.max_new_tokens
+
+
+def test_serve_sends_open_loop_and_a_later_turn_after_its_parent() -> None:
+    import capture_vllm
+
+    reqs = [
+        vllm_gt.Req("a-0000", 40, 3, send_s=0.0, session_id="a"),
+        vllm_gt.Req("a-0001", 8, 2, session_id="a", parent_id="a-0000", turn=1, think_s=0.03),
+        vllm_gt.Req("b-0000", 20, 2, send_s=0.05),
+    ]
+    client, t0, t1 = asyncio.run(capture_vllm.serve(FakeEngine(), reqs, 10.0, _fake_request))
+    rec = client.records
+    assert all(r.finished for r in rec.values())
+    assert rec["b-0000"].sent_s - t0 >= 0.05  # never before its planned time
+    assert rec["a-0001"].sent_s >= rec["a-0000"].token_s[-1] + 0.03  # think time after the reply
+    assert rec["a-0001"].prompt[:43] == rec["a-0000"].prompt + [0, 1, 2]
+    assert rec["a-0000"].num_cached_tokens == 20 and rec["a-0000"].engine["scheduled_ts"] == 2.0
+    rows = client.rows(t0, 16, {})
+    assert [r["output_tokens"] for r in rows] == [3, 2, 2] and t1 >= rec["b-0000"].token_s[-1]
+
+
+def test_serve_aborts_what_is_left_at_the_time_limit() -> None:
+    import capture_vllm
+
+    engine = FakeEngine()
+    reqs = [vllm_gt.Req("x-0000", 10, 2, send_s=0.0), vllm_gt.Req("x-hang", 10, 2, send_s=0.0)]
+    client, t0, _ = asyncio.run(capture_vllm.serve(engine, reqs, 0.3, _fake_request))
+    assert engine.aborted == ["x-hang"]
+    status = {r["request_id"]: r["status"] for r in client.rows(t0, 16, {})}
+    assert status == {"x-0000": "finished", "x-hang": "missing"}
+
+
+class FakeStepEngine:
+    """LLMEngine's stepping shape: each step gives every active request one token."""
+
+    def __init__(self) -> None:
+        self.vllm_config = None
+        self.active: dict[str, int] = {}
+        self.steps = 0
+
+    def add_request(self, rid: str, prompt: Any, params: int) -> None:
+        self.active[rid] = params
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.active)
+
+    def step(self) -> list[SimpleNamespace]:
+        self.steps += 1
+        outs = []
+        for rid in list(self.active):
+            self.active[rid] -= 1
+            done = self.active[rid] == 0
+            if done:
+                del self.active[rid]
+            outs.append(
+                SimpleNamespace(
+                    request_id=rid,
+                    outputs=[SimpleNamespace(token_ids=[self.steps])],
+                    num_cached_tokens=0,
+                    finished=done,
+                    metrics=None,
+                )
+            )
+        return outs
+
+    def abort_request(self, ids: list[str]) -> None:
+        for rid in ids:
+            self.active.pop(rid, None)
+
+    def reset_prefix_cache(self) -> bool:
+        return True
+
+
+def test_the_in_process_engine_streams_each_steps_tokens_to_its_request() -> None:
+    import capture_vllm
+
+    async def run() -> tuple[vllm_gt.OpenLoop, float, float]:
+        engine = capture_vllm.InprocEngine(FakeStepEngine())
+        try:
+            assert await engine.reset_prefix_cache()
+            return await capture_vllm.serve(engine, reqs, 10.0, _fake_request)
+        finally:
+            engine.shutdown()
+
+    reqs = [
+        vllm_gt.Req("p-0000", 10, 3, send_s=0.0, session_id="p"),
+        vllm_gt.Req("p-0001", 5, 2, session_id="p", parent_id="p-0000", turn=1, think_s=0.01),
+    ]
+    client, t0, _ = asyncio.run(run())
+    rows = {r["request_id"]: r for r in client.rows(t0, 16, {})}
+    assert [rows[k]["output_tokens"] for k in ("p-0000", "p-0001")] == [3, 2]
+    assert all(r["status"] == "finished" for r in rows.values())
+    first, second = client.records["p-0000"], client.records["p-0001"]
+    assert second.prompt[10:13] == first.output_ids and second.sent_s >= first.token_s[-1] + 0.01
+
+
+def test_micro_steps_in_the_capture_format_feed_the_step_cost_fit(tmp_path: Path) -> None:
+    import capture_vllm
+
+    from cachepilot_sim.tools.micro_steps import load_micro_steps
+
+    counts = dict.fromkeys(vllm_gt.STEP_COUNTS, 4) | {"q_tokens": 4, "kv_read_tokens": 4096}
+    core = [
+        {"kind": "step", "schedule_start": 1.0 + 0.02 * i, "schedule_end": 1.001 + 0.02 * i}
+        | {"update_start": 1.015 + 0.02 * i, "update_end": 1.016 + 0.02 * i}
+        | counts
+        for i in range(5)
+    ]
+    tag = {"bench": "decode", "batch_size": 4, "cfg_prompt_tokens": 16, "context_tokens": 1024}
+    steps = [{**s, **tag, "rep": 1, "config_id": 0} for s in vllm_gt.step_rows(core, 1.0, 2.0)]
+    types = {**STEP_TYPES, **capture_vllm.EXTRA_STEP_TYPES, **capture_vllm.MICRO_TAG_TYPES}
+    write_table(steps, types, tmp_path / "steps")
+    loaded = load_micro_steps(tmp_path / "steps.parquet")
+    assert loaded.height == 5 and (loaded["gpu_us"] > 0).all()
+    assert loaded["bench"].to_list() == ["decode"] * 5

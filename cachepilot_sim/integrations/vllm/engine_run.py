@@ -1,9 +1,9 @@
 """One vLLM engine, one cache policy: sessions in rounds, per-request TTFT and TPOT (CUDA host).
 
 `run_one` runs inside `python -m cachepilot_sim.tools.vllm_bench`'s per-policy process and needs
-vLLM 0.33 with its CUDA dependencies (imported there, not at module level), so it is not exercised
-by the test suite (the sessions, the summary, the argument handling and the engine configuration
-are: tests/unit/test_vllm_bench.py).
+vLLM 0.33 (or 0.26 with `--vllm-api 0.26`) with its CUDA dependencies (imported there, not at
+module level), so it is not exercised by the test suite (the sessions, the summary, the argument
+handling and the engine configuration are: tests/unit/test_vllm_bench.py).
 """
 
 from __future__ import annotations
@@ -91,8 +91,9 @@ def run_one(
             )
             records.append({**_record(out), "session": s.session_id, "turn": k})
     wall_s = time.perf_counter() - start
+    extra = kwargs["kv_transfer_config"]["kv_connector_extra_config"]
     return {
-        "policy": kwargs["kv_transfer_config"]["kv_connector_extra_config"]["eviction_policy"],
+        "policy": extra.get("eviction_policy") or extra.get("cachepilot_policy"),
         "engine_kwargs": kwargs,
         "records": records,
         "summary": summarize(records, wall_s),

@@ -13,6 +13,7 @@ engine.json; docs/validation.md), packed into $OUT/gt.tar.gz after every run.
     PYTHONPATH=/tmp/vllm_site python3 experiments/validation/vllm/capture_vllm.py --out $OUT
     ... --workloads poisson_r6,multiturn,shared_prompt --runs 2        # the default
     ... --micro                           # cost micro-runs (capture_workloads.microbench_plan)
+    ... --and-micro                       # the workloads, then the micro-runs on the same engine
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import shutil
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -118,44 +120,101 @@ def make_stat_logger() -> type:
     return StepStats
 
 
+class InprocEngine:
+    """LLMEngine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), the smoke run's last
+    fallback, behind AsyncLLM's `generate`/`abort`/`reset_prefix_cache`/`shutdown`: a task steps
+    the engine whenever it has work, and each step's outputs go to their requests' streams."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.vllm_config = engine.vllm_config
+        self.streams: dict[str, asyncio.Queue] = {}
+        self.task: asyncio.Task | None = None
+
+    async def _loop(self) -> None:
+        while True:
+            if not self.engine.has_unfinished_requests():
+                await asyncio.sleep(0.001)
+                continue
+            for out in self.engine.step():  # blocks the loop for one step, as the core does
+                stream = self.streams.get(out.request_id)
+                if stream is not None:
+                    stream.put_nowait(out)
+            await asyncio.sleep(0)  # let due requests be added between steps
+
+    async def generate(self, prompt: Any, params: Any, rid: str) -> Any:
+        if self.task is None:
+            self.task = asyncio.create_task(self._loop())
+        stream: asyncio.Queue = asyncio.Queue()
+        self.streams[rid] = stream
+        self.engine.add_request(rid, prompt, params)
+        try:
+            while (out := await stream.get()) is not None:
+                yield out
+                if out.finished:
+                    return
+        finally:
+            self.streams.pop(rid, None)
+
+    async def abort(self, ids: list[str]) -> None:
+        self.engine.abort_request(list(ids))
+        for rid in ids:
+            if rid in self.streams:
+                self.streams[rid].put_nowait(None)
+
+    async def reset_prefix_cache(self) -> bool:
+        return bool(self.engine.reset_prefix_cache())
+
+    def shutdown(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+
 def resolve_config(cfg: Any) -> dict[str, Any]:
-    """The engine's resolved settings, read back from its VllmConfig (not the arguments)."""
-    sc, cc, comp, mc = (
-        cfg.scheduler_config,
-        cfg.cache_config,
-        cfg.compilation_config,
-        cfg.model_config,
-    )
+    """The engine's resolved settings, read back from its VllmConfig (not the arguments). A value
+    that cannot be read is None (engine.json then says so, and validate refuses it) rather than
+    the end of a capture whose engine is already up."""
 
     def name(v: Any) -> Any:
         return getattr(v, "name", None) or (None if v is None else str(v))
 
-    return {
-        "max_num_batched_tokens": sc.max_num_batched_tokens,
-        "max_num_seqs": sc.max_num_seqs,
-        "block_size": cc.block_size,
-        "num_gpu_blocks": cc.num_gpu_blocks,
-        "enable_prefix_caching": bool(cc.enable_prefix_caching),
-        "enable_chunked_prefill": bool(sc.enable_chunked_prefill),
-        "async_scheduling": bool(sc.async_scheduling),
-        "scheduling_policy": str(sc.policy),
-        "watermark": float(getattr(sc, "watermark", 0.0)),
-        "scheduler_reserve_full_isl": bool(getattr(sc, "scheduler_reserve_full_isl", False)),
-        "long_prefill_token_threshold": int(sc.long_prefill_token_threshold),
-        "max_model_len": mc.max_model_len,
-        "compilation_mode": int(comp.mode),
-        "cudagraph_mode": name(comp.cudagraph_mode),
-        "enforce_eager": bool(mc.enforce_eager),
-        "gpu_memory_utilization": cc.gpu_memory_utilization,
-        "kv_offloading_size": cc.kv_offloading_size,
-        "kv_offloading_backend": str(cc.kv_offloading_backend),
-        "prefix_caching_hash_algo": str(cc.prefix_caching_hash_algo),
-        "dtype": str(mc.dtype).removeprefix("torch."),
-        "model_runner": "v2" if cfg.use_v2_model_runner else "v1",
-        "cudagraph_capture_sizes": list(comp.cudagraph_capture_sizes or []),
-        "max_cudagraph_capture_size": comp.max_cudagraph_capture_size,
-        "attention_backend": name(getattr(cfg.attention_config, "backend", None)),
+    fields: dict[str, tuple[str, Callable[[Any], Any]]] = {
+        "max_num_batched_tokens": ("scheduler_config.max_num_batched_tokens", int),
+        "max_num_seqs": ("scheduler_config.max_num_seqs", int),
+        "block_size": ("cache_config.block_size", int),
+        "num_gpu_blocks": ("cache_config.num_gpu_blocks", int),
+        "enable_prefix_caching": ("cache_config.enable_prefix_caching", bool),
+        "enable_chunked_prefill": ("scheduler_config.enable_chunked_prefill", bool),
+        "async_scheduling": ("scheduler_config.async_scheduling", bool),
+        "scheduling_policy": ("scheduler_config.policy", str),
+        "watermark": ("scheduler_config.watermark", float),
+        "scheduler_reserve_full_isl": ("scheduler_config.scheduler_reserve_full_isl", bool),
+        "long_prefill_token_threshold": ("scheduler_config.long_prefill_token_threshold", int),
+        "max_model_len": ("model_config.max_model_len", int),
+        "compilation_mode": ("compilation_config.mode", int),
+        "cudagraph_mode": ("compilation_config.cudagraph_mode", name),
+        "enforce_eager": ("model_config.enforce_eager", bool),
+        "gpu_memory_utilization": ("cache_config.gpu_memory_utilization", float),
+        "kv_offloading_size": ("cache_config.kv_offloading_size", lambda v: v),
+        "kv_offloading_backend": ("cache_config.kv_offloading_backend", str),
+        "prefix_caching_hash_algo": ("cache_config.prefix_caching_hash_algo", str),
+        "dtype": ("model_config.dtype", lambda v: str(v).removeprefix("torch.")),
+        "model_runner": ("use_v2_model_runner", lambda v: "v2" if v else "v1"),
+        "cudagraph_capture_sizes": ("compilation_config.cudagraph_capture_sizes", list),
+        "max_cudagraph_capture_size": ("compilation_config.max_cudagraph_capture_size", int),
+        "attention_backend": ("attention_config.backend", name),
     }
+    out: dict[str, Any] = {}
+    for key, (path, conv) in fields.items():
+        try:
+            value = cfg
+            for part in path.split("."):
+                value = getattr(value, part)
+            out[key] = None if value is None else conv(value)
+        except Exception as e:  # recorded; validate refuses what it needs and lacks
+            out[key] = None
+            print(f"[engine] cannot read {path}: {type(e).__name__}: {e}", flush=True)
+    return out
 
 
 def machine() -> dict[str, Any]:
@@ -169,28 +228,41 @@ def machine() -> dict[str, Any]:
     }
 
 
-async def serve(llm: Any, reqs: list[Req], limit_s: float) -> tuple[OpenLoop, float, float]:
-    """Send `reqs` open loop on `llm`; returns the client state and the run's start and end."""
+def vllm_request(r: Req, ids: list[int]) -> tuple[Any, Any]:
+    """The prompt and sampling parameters of one request: its token ids, exactly max_new_tokens
+    greedy tokens (EOS ignored), streamed as deltas, not detokenized."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
+    params = SamplingParams(
+        max_tokens=r.max_new_tokens,
+        ignore_eos=True,
+        detokenize=False,
+        temperature=0.0,
+        output_kind=RequestOutputKind.DELTA,
+    )
+    return TokensPrompt(prompt_token_ids=ids), params
+
+
+async def serve(
+    llm: Any,
+    reqs: list[Req],
+    limit_s: float,
+    make_request: Callable[[Req, list[int]], tuple[Any, Any]] = vllm_request,
+) -> tuple[OpenLoop, float, float]:
+    """Send `reqs` open loop on `llm` (AsyncLLM: `generate`, `abort`), each request a task at its
+    planned time; returns the client state and the run's start and end (time.monotonic)."""
     client = OpenLoop(reqs)
     t0 = time.monotonic()
     tasks: set[asyncio.Task] = set()
 
     async def one(r: Req, ids: list[int]) -> None:
         rid = r.request_id
-        params = SamplingParams(
-            max_tokens=r.max_new_tokens,
-            ignore_eos=True,
-            detokenize=False,
-            temperature=0.0,
-            output_kind=RequestOutputKind.DELTA,
-        )
+        prompt, params = make_request(r, ids)
         client.sent(rid, time.monotonic())
         try:
-            async for out in llm.generate(TokensPrompt(prompt_token_ids=ids), params, rid):
+            async for out in llm.generate(prompt, params, rid):
                 client.tokens(rid, time.monotonic(), list(out.outputs[0].token_ids))
                 rec = client.records[rid]
                 if out.num_cached_tokens is not None:
@@ -198,7 +270,8 @@ async def serve(llm: Any, reqs: list[Req], limit_s: float) -> tuple[OpenLoop, fl
                 if out.finished and out.metrics is not None:
                     m = out.metrics
                     rec.engine = {
-                        k: getattr(m, k) for k in ("queued_ts", "scheduled_ts", "first_token_ts")
+                        k: getattr(m, k, None)
+                        for k in ("queued_ts", "scheduled_ts", "first_token_ts")
                     }
             client.finish(rid, t0)
         except Exception as e:  # a failed request is a row, not the end of the run
@@ -210,8 +283,10 @@ async def serve(llm: Any, reqs: list[Req], limit_s: float) -> tuple[OpenLoop, fl
             left = [rid for rid, rec in client.records.items() if not rec.finished]
             print(f"[client] limit {limit_s:.0f} s: {len(left)} unfinished, aborted", flush=True)
             await llm.abort(left)
-            if tasks:
-                await asyncio.wait(tasks, timeout=10)
+            if tasks:  # an aborted stream ends; one that does not is cancelled
+                _, stuck = await asyncio.wait(tasks, timeout=2)
+                for task in stuck:
+                    task.cancel()
             break
         for r, ids in client.due(now):
             task = asyncio.create_task(one(r, ids))
@@ -228,7 +303,6 @@ def write_run(
     t0: float,
     t1: float,
     engine: dict[str, Any],
-    tags: dict[str, Any] | None = None,
 ) -> dict:
     """requests.parquet, steps.parquet, engine_stats.parquet, engine.json of one run."""
     core = vllm_steplog.read(STEP_LOG)
@@ -240,14 +314,10 @@ def write_run(
         for s in STAT_ROWS
         if t0 <= s["t"] <= t1
     ]
-    if tags:
-        rows = [{**r, **tags} for r in rows]
-        steps = [{**s, **tags} for s in steps]
     folder.mkdir(parents=True, exist_ok=True)
-    tag_types = {k: "string" if isinstance(v, str) else "int32" for k, v in (tags or {}).items()}
-    write_table(rows, {**REQUEST_TYPES, **ENGINE_REQUEST_TYPES, **tag_types}, folder / "requests")
+    write_table(rows, {**REQUEST_TYPES, **ENGINE_REQUEST_TYPES}, folder / "requests")
     if steps:
-        write_table(steps, {**STEP_TYPES, **EXTRA_STEP_TYPES, **tag_types}, folder / "steps")
+        write_table(steps, {**STEP_TYPES, **EXTRA_STEP_TYPES}, folder / "steps")
     write_table(stats, STAT_TYPES, folder / "engine_stats")
     eng = {**engine, "step_source": "engine_core_step_log" if steps else "none"}
     eng["num_preemptions"] = sum(r["num_soft_resets"] for r in rows)
@@ -261,10 +331,17 @@ async def session(args: argparse.Namespace, spec: EngineSpec, model_dir: Path) -
 
     t = time.perf_counter()
     kw = spec.engine_kwargs(model_dir)
-    llm = AsyncLLM.from_engine_args(
-        AsyncEngineArgs(**kw, enable_logging_iteration_details=True),
-        stat_loggers=[make_stat_logger()],
-    )
+    # (enable_logging_iteration_details would add per-step token counts to the stats, but also
+    # one INFO line per step from the default logger: the engine core's step log has them.)
+    if args.inproc:
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        llm: Any = InprocEngine(
+            LLMEngine.from_engine_args(EngineArgs(**kw), stat_loggers=[make_stat_logger()])
+        )
+    else:
+        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw), stat_loggers=[make_stat_logger()])
     init_s = time.perf_counter() - t
     resolved = resolve_config(llm.vllm_config)
     base = {
@@ -272,6 +349,7 @@ async def session(args: argparse.Namespace, spec: EngineSpec, model_dir: Path) -
         "engine_spec": spec.as_dict(),
         "env": {k: os.environ[k] for k in sorted(os.environ) if k.startswith("VLLM_")},
         "engine_init_s": round(init_s, 1),
+        "frontend": "LLMEngine in-process" if args.inproc else "AsyncLLM, engine core process",
         "command": " ".join(sys.argv),
         "prefix_cache_cleared_before_run": True,
     }
@@ -283,11 +361,11 @@ async def session(args: argparse.Namespace, spec: EngineSpec, model_dir: Path) -
             warm = [replace(r, request_id=f"warmup-{r.request_id}") for r in warm[: args.warmup]]
             client, t0, t1 = await serve(llm, warm, 60)
             print(f"[warmup] {len(warm)} requests in {t1 - t0:.1f} s", flush=True)
-        plan = micro_plan(args) if args.micro else runs_plan(args)
-        for name, run, reqs, meta, tags, limit_s in plan:
+        if args.micro:
+            await micro_runs(llm, args, resolved, base, summaries)
+        for name, run, reqs, meta in [] if args.micro else runs_plan(args):
             await llm.reset_prefix_cache()
-            client, t0, t1 = await serve(llm, reqs, limit_s)
-            folder = STAGE / name / (f"run{run}" if run else "")
+            client, t0, t1 = await serve(llm, reqs, args.limit_s)
             extra = {
                 **base,
                 "workload": name,
@@ -297,49 +375,99 @@ async def session(args: argparse.Namespace, spec: EngineSpec, model_dir: Path) -
                 "wall_s": round(t1 - t0, 3),
             }
             eng = engine_json(resolved, LLAMA3_8B, extra)
-            summ = write_run(folder, client, t0, t1, eng, tags)
-            key = f"{name}/run{run}" if run else name
-            summaries[key] = summ
+            summ = write_run(STAGE / name / f"run{run}", client, t0, t1, eng)
+            summaries[f"{name}/run{run}"] = summ
             short = {k: round(v, 2) if isinstance(v, float) else v for k, v in summ.items()}
-            print(f"[{key}] " + json.dumps(short), flush=True)
+            print(f"[{name}/run{run}] " + json.dumps(short), flush=True)
             pack(STAGE, args.out, "gt")
+            (args.out / "summary.json").write_text(json.dumps(summaries, indent=1))
+        if args.and_micro:  # the micro-runs on the same engine: one start-up fewer
+            await micro_runs(llm, args, resolved, base, summaries)
             (args.out / "summary.json").write_text(json.dumps(summaries, indent=1))
     finally:
         llm.shutdown()
     return summaries
 
 
-def runs_plan(args: argparse.Namespace) -> list[tuple[str, int, list[Req], dict, dict, float]]:
+def runs_plan(args: argparse.Namespace) -> list[tuple[str, int, list[Req], dict]]:
     plan = []
     for name in args.workloads.split(","):
         reqs, meta = workload(name)
         for run in range(1, args.runs + 1):
-            plan.append((name, run, reqs, meta, {}, args.limit_s))
+            plan.append((name, run, reqs, meta))
     return plan
 
 
-def micro_plan(args: argparse.Namespace) -> list[tuple[str, int, list[Req], dict, dict, float]]:
-    """Each micro-run configuration twice (rep 1 meets any lazy compilation, rep 2 replays), one
-    folder per configuration: micro/<plan>/<config_id>-rep<k>."""
+def micro_plan(name: str) -> list[tuple[dict, list[Req]]]:
+    """A micro-run plan's configurations, each twice (rep 1 meets any lazy compilation, rep 2
+    replays), request ids suffixed with the rep."""
+    if name not in MICRO_PLANS:
+        raise SystemExit(f"--micro-plans: no plan {name!r} (known: {', '.join(MICRO_PLANS)})")
+    configs = MICRO_PLANS[name]()
     plan = []
-    for pname in args.micro_plans.split(","):
-        if pname not in MICRO_PLANS:
-            raise SystemExit(f"--micro-plans: no plan {pname!r} (known: {', '.join(MICRO_PLANS)})")
-        configs = MICRO_PLANS[pname]()
-        for rep in (1, 2):
-            for cid, (cfg, reqs) in enumerate(configs):
-                reqs = [
-                    replace(
-                        r,
-                        request_id=f"{r.request_id}-r{rep}",
-                        parent_id=f"{r.parent_id}-r{rep}" if r.parent_id else None,
-                        prefix_of=f"{r.prefix_of}-r{rep}" if r.prefix_of else None,
-                    )
-                    for r in reqs
-                ]
-                tags = {**cfg, "rep": rep, "config_id": cid}
-                plan.append((f"micro/{pname}/{cid:02d}-rep{rep}", 0, reqs, cfg, tags, 30.0))
+    for rep in (1, 2):
+        for cid, (cfg, reqs) in enumerate(configs):
+            reqs = [
+                replace(
+                    r,
+                    request_id=f"{r.request_id}-r{rep}",
+                    parent_id=f"{r.parent_id}-r{rep}" if r.parent_id else None,
+                    prefix_of=f"{r.prefix_of}-r{rep}" if r.prefix_of else None,
+                )
+                for r in reqs
+            ]
+            plan.append(({**cfg, "rep": rep, "config_id": cid}, reqs))
     return plan
+
+
+MICRO_TAG_TYPES = {
+    "bench": "string",
+    "batch_size": "int32",
+    "cfg_prompt_tokens": "int32",
+    "context_tokens": "int32",
+    "rep": "int32",
+    "config_id": "int32",
+}
+
+
+async def micro_runs(
+    llm: Any, args: argparse.Namespace, resolved: dict, base: dict, summaries: dict
+) -> None:
+    """Cost micro-runs in the transformers captures' format (one folder per plan: steps.parquet
+    and micro_requests.parquet tagged with the configuration, microbench.json), the prefix cache
+    reset before each configuration; rewritten and packed after each one."""
+    for name in args.micro_plans.split(","):
+        folder = STAGE / name
+        folder.mkdir(parents=True, exist_ok=True)
+        all_steps: list[dict] = []
+        all_reqs: list[dict] = []
+        configs: list[dict] = []
+        for tag, reqs in micro_plan(name):
+            await llm.reset_prefix_cache()
+            client, t0, t1 = await serve(llm, reqs, 30.0)
+            core = vllm_steplog.read(STEP_LOG)
+            steps = [{**st, **tag} for st in step_rows(core, t0, t1)]
+            rows = client.rows(t0, resolved["block_size"], preemptions(core, t0, t1))
+            all_steps += steps
+            all_reqs += [{**r, **tag} for r in rows]
+            configs.append({**tag, "wall_s": round(t1 - t0, 3), "steps": len(steps)})
+            write_table(
+                all_steps, {**STEP_TYPES, **EXTRA_STEP_TYPES, **MICRO_TAG_TYPES}, folder / "steps"
+            )
+            write_table(
+                all_reqs,
+                {**REQUEST_TYPES, **ENGINE_REQUEST_TYPES, **MICRO_TAG_TYPES},
+                folder / "micro_requests",
+            )
+            eng = engine_json(resolved, LLAMA3_8B, {**base, "configs": configs})
+            eng["note"] = (
+                "cost micro-runs; gpu_us is the step's interval on the engine core's clock "
+                "(steps.parquet start_us..end_us), not CUDA events"
+            )
+            (folder / "microbench.json").write_text(json.dumps(eng, indent=1, default=str))
+            pack(STAGE, args.out, "gt")
+        summaries[name] = {"configs": len(configs), "steps": len(all_steps)}
+        print(f"[{name}] {len(configs)} configurations, {len(all_steps)} steps", flush=True)
 
 
 def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, EngineSpec]:
@@ -352,6 +480,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, EngineSpec
     ap.add_argument("--limit-s", type=float, default=120.0, help="per run")
     ap.add_argument("--warmup", type=int, default=48, help="warm-up requests before the runs")
     ap.add_argument("--micro", action="store_true", help="cost micro-runs instead of workloads")
+    ap.add_argument("--and-micro", action="store_true", help="the workloads, then the micro-runs")
     ap.add_argument("--micro-plans", default="microbench,microbench_mixed")
     d = EngineSpec()
     ap.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
@@ -366,9 +495,14 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, EngineSpec
     ap.add_argument("--no-async-scheduling", action="store_true")
     ap.add_argument("--kv-offloading-gib", type=float, default=None)
     ap.add_argument("--v1-runner", action="store_true", help="VLLM_USE_V2_MODEL_RUNNER=0")
+    ap.add_argument(
+        "--inproc", action="store_true", help="LLMEngine in this process (smoke's last fallback)"
+    )
     args = ap.parse_args(argv)
     if args.runs < 1:
         ap.error("--runs must be >= 1")
+    if args.micro and args.and_micro:
+        ap.error("--micro runs the micro-runs alone; --and-micro runs them after the workloads")
     spec = EngineSpec(
         name="vllm_micro" if args.micro else "vllm_main",
         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -382,7 +516,10 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, EngineSpec
         enforce_eager=args.enforce_eager,
         async_scheduling=not args.no_async_scheduling,
         kv_offloading_size_gib=args.kv_offloading_gib,
-        env={"VLLM_USE_V2_MODEL_RUNNER": "0"} if args.v1_runner else {},
+        env={
+            **({"VLLM_USE_V2_MODEL_RUNNER": "0"} if args.v1_runner else {}),
+            **({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if args.inproc else {}),
+        },
     )
     return args, spec
 

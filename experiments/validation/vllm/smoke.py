@@ -58,6 +58,14 @@ ATTEMPTS: dict[str, tuple[dict[str, Any], dict[str, str], bool]] = {
     "compiled": ({"compilation_mode": 3, "cudagraph_mode": "FULL_AND_PIECEWISE"}, {}, False),
 }
 FALLBACK_ORDER = ["default", "v1_runner", "eager", "inproc"]
+# capture_vllm.py's flags for the engine each attempt ran
+CAPTURE_FLAGS = {
+    "default": "",
+    "v1_runner": "--v1-runner",
+    "eager": "--v1-runner --enforce-eager",
+    "inproc": "--v1-runner --enforce-eager --inproc",
+    "compiled": "--compilation-mode 3 --cudagraph-mode FULL_AND_PIECEWISE",
+}
 PROMPT_LENGTHS = (64, 300, 777, 1500)
 MAX_TOKENS = 32
 
@@ -275,8 +283,15 @@ def main() -> int:
         if entry.get("ok") and not args.all:
             break
     report["ok"] = [a["attempt"] for a in report["attempts"] if a.get("ok")]
+    if report["ok"]:
+        report["capture_flags"] = CAPTURE_FLAGS[report["ok"][0]]
     args.out.write_text(json.dumps(report, indent=1, default=str))
-    print(f"[smoke] working: {report['ok'] or 'none'}; report {args.out}", flush=True)
+    flags = report.get("capture_flags")
+    print(
+        f"[smoke] working: {report['ok'] or 'none'}; capture_vllm.py flags: {flags!r}; "
+        f"report {args.out}",
+        flush=True,
+    )
     return 0 if report["ok"] else 1
 
 

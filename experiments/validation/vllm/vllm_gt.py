@@ -229,9 +229,10 @@ class OpenLoop:
                     token_us=[us(t) for t in toks],
                     status=status,
                     error=rec.error,
-                    engine_created_us=us(rec.engine.get("queued_ts")),
-                    engine_scheduled_us=us(rec.engine.get("scheduled_ts")),
-                    engine_first_token_us=us(rec.engine.get("first_token_ts")),
+                    # RequestStateStats leaves a timestamp it never set at 0.0
+                    engine_created_us=us(rec.engine.get("queued_ts") or None),
+                    engine_scheduled_us=us(rec.engine.get("scheduled_ts") or None),
+                    engine_first_token_us=us(rec.engine.get("first_token_ts") or None),
                     num_soft_resets=preemptions.get(rid, 0),
                     num_cpu_swaps=0,  # vLLM v1 preempts by recompute only
                     num_restores=0,
@@ -261,17 +262,21 @@ def step_summary(out: Any, prompt_len: Callable[[str], int]) -> dict[str, int]:
     exactly one token past its prompt (num_computed_tokens before the step >= the prompt); every
     other scheduled token (prompt chunks, recompute after preemption) is a prefill token."""
     nst: dict[str, int] = out.num_scheduled_tokens
-    prefill = decode = num_decode = 0
+    prefill = decode = num_decode = kv_read = max_seqlen = 0
     hit = sum(int(nr.num_computed_tokens) for nr in out.scheduled_new_reqs)
     cached = out.scheduled_cached_reqs
     resumed = set(getattr(cached, "resumed_req_ids", ()) or ())
     before = dict(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+    before |= {nr.req_id: int(nr.num_computed_tokens) for nr in out.scheduled_new_reqs}
     for rid, n in nst.items():
-        if rid in before and rid not in resumed and n == 1 and before[rid] >= prompt_len(rid):
+        done = before.get(rid, 0)
+        if rid not in resumed and n == 1 and done >= prompt_len(rid):
             decode += 1
             num_decode += 1
         else:
             prefill += n
+        kv_read += done + n  # the attention reads the KV of every token up to its last query
+        max_seqlen = max(max_seqlen, done + n)
     return {
         "num_requests": len(nst),
         "num_new_requests": len(out.scheduled_new_reqs) + len(resumed),
@@ -280,6 +285,8 @@ def step_summary(out: Any, prompt_len: Callable[[str], int]) -> dict[str, int]:
         "prefill_tokens": prefill,
         "decode_tokens": decode,
         "q_tokens": int(out.total_num_scheduled_tokens),
+        "kv_read_tokens": kv_read,
+        "max_seqlen_k": max_seqlen,
         "prefix_hit_tokens": hit,
         "num_preempted": len(getattr(out, "preempted_req_ids", None) or ()),
     }
@@ -319,6 +326,10 @@ def step_rows(core: list[dict], t0: float, t1: float) -> list[dict]:
                 "step": i,
                 "start_us": us(start),
                 "end_us": us(end),
+                # no CUDA events: the step's interval on the engine core's clock stands in for
+                # its device time (the GPU runs steps back to back while the engine is busy)
+                "gpu_us": us(end) - us(start),
+                "graph_captures": 0,  # vLLM captures its graphs at start-up, never while serving
                 "schedule_start_us": us(s["schedule_start"]),
                 "prepare_end_us": us(s["schedule_end"]),
                 "update_start_us": us(s["update_start"]),
@@ -335,6 +346,8 @@ def step_rows(core: list[dict], t0: float, t1: float) -> list[dict]:
 
 
 STEP_COUNTS = (
+    "kv_read_tokens",
+    "max_seqlen_k",
     "num_requests",
     "num_new_requests",
     "num_decode_requests",
