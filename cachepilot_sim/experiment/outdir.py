@@ -26,10 +26,15 @@ import json
 import math
 import os
 import shutil
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from cachepilot_sim.config.cluster import cluster_id_suffix
+from cachepilot_sim.inputs import InputError
 from cachepilot_sim.trace.derive import RUN_FILE
 from cachepilot_sim.trace.recorder import META_FILE
 
@@ -49,7 +54,7 @@ STAGING, TRASH, HYDRA_BACKUP = ".staging", ".trash", ".hydra-previous"
 SWAP_DONE = ".complete"  # in the trash: every earlier output is in it, the staged files go in next
 
 
-class OutputDirError(ValueError):
+class OutputDirError(InputError):
     """An output folder that cannot be used; the message names it."""
 
 
@@ -85,6 +90,18 @@ def claim(out_dir: Path, rid: str, cells: list[str]) -> Path:
     """Heal what a killed run left in `out_dir`, make an empty staging folder there holding
     run.json (this run's id and cells) and return it: the run writes its outputs there.
     Raises OutputDirError when the folder cannot be created or written."""
+    stage = claim_folder(out_dir)
+    try:
+        write_json(stage / RUN_FILE, {"run_id": rid, "cells": cells})
+    except OSError as err:
+        raise OutputDirError(f"{out_dir}: cannot write results there ({err.strerror})") from err
+    return stage
+
+
+def claim_folder(out_dir: Path) -> Path:
+    """Heal what a killed writer left in `out_dir`, make an empty staging folder there and return
+    it. Raises OutputDirError naming the folder when it is a file or cannot be created or
+    written; nothing in it is touched then."""
     try:
         if out_dir.exists() and not out_dir.is_dir():
             raise OutputDirError(f"{out_dir}: output path exists and is not a folder")
@@ -93,10 +110,57 @@ def claim(out_dir: Path, rid: str, cells: list[str]) -> Path:
         stage = out_dir / STAGING
         shutil.rmtree(stage, ignore_errors=True)
         stage.mkdir()
-        write_json(stage / RUN_FILE, {"run_id": rid, "cells": cells})
     except OSError as err:
         raise OutputDirError(f"{out_dir}: cannot write results there ({err.strerror})") from err
     return stage
+
+
+def check_folder(out_dir: Path) -> None:
+    """Refuse, before any work, an output folder that claim_folder would refuse (a file, a path
+    under a file); a folder that does not exist yet is fine. Writes nothing."""
+    for parent in (out_dir, *out_dir.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                what = "exists and is not a folder" if parent == out_dir else f"{parent} is a file"
+                raise OutputDirError(f"{out_dir}: output path {what}")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise OutputDirError(f"{out_dir}: cannot write results there ({parent})")
+            return
+
+
+@contextmanager
+def staged_folder(out_dir: Path, outputs: Sequence[str] = ()) -> Iterator[Path]:
+    """A tool's output folder, replaced atomically as a run's is: the tool writes into the
+    yielded staging folder; when its block completes, the earlier files of the same names (and
+    any matching the glob patterns `outputs`, relative to `out_dir`) are swapped for the staged
+    ones (commit); when it fails or is stopped, the staging folder is deleted and `out_dir` keeps
+    the earlier results byte for byte. Anything else in `out_dir` is left alone."""
+    stage = claim_folder(out_dir)
+    try:
+        yield stage
+    except BaseException:
+        discard(out_dir)
+        raise
+    staged = [p.relative_to(stage) for p in stage.rglob("*") if p.is_file()]
+    owned = {out_dir / rel for rel in staged if (out_dir / rel).is_file()}
+    owned |= {p for pattern in outputs for p in out_dir.glob(pattern) if p.is_file()}
+    owned = {p for p in owned if not hidden(p, out_dir)}
+    with signals_deferred():  # a stop must not cut the swap short
+        commit(out_dir, sorted(owned))
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP arriving inside are delivered when it ends (main thread)."""
+    stops = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def discard(out_dir: Path) -> None:
@@ -104,12 +168,13 @@ def discard(out_dir: Path) -> None:
     shutil.rmtree(out_dir / STAGING, ignore_errors=True)
 
 
-def commit(out_dir: Path) -> None:
-    """A complete run: move the earlier outputs to the trash, mark it complete, move the staged
-    files in, delete both folders and the earlier `.hydra/` (backup_hydra)."""
+def commit(out_dir: Path, owned: list[Path] | None = None) -> None:
+    """A complete run: move the earlier outputs (`owned`, by default the runner's own files) to
+    the trash, mark it complete, move the staged files in, delete both folders and the earlier
+    `.hydra/` (backup_hydra)."""
     trash = out_dir / TRASH
     trash.mkdir(exist_ok=True)
-    _move_all(owned_files(out_dir), out_dir, trash)
+    _move_all(owned_files(out_dir) if owned is None else owned, out_dir, trash)
     trace = out_dir / "trace"
     for cell_dir in sorted(trace.iterdir()) if trace.is_dir() else []:
         if cell_dir.is_dir() and not any(cell_dir.iterdir()):

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cachepilot_sim.inputs import InputError
 from cachepilot_sim.kernels import fit
 
 PREFILL_TOKENS = [128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
@@ -330,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-class CalibrationError(ValueError):
+class CalibrationError(InputError):
     """A calibration that cannot run or a raw file that cannot be fitted; names the cause."""
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import polars as pl
 
+from cachepilot_sim.inputs import InputError
 from cachepilot_sim.validation.ground_truth import (
     ENGINE_FILE,
     REQUESTS_FILE,
@@ -58,7 +59,7 @@ _METADATA = ("date", "backend", "model_id", "label", "request_rate", "burstiness
              "max_concurrency", "num_prompts", "dataset_name")  # fmt: skip
 
 
-class ConvertError(ValueError):
+class ConvertError(InputError):
     """Benchmark output that cannot be converted; the message names the file and the key."""
 
 

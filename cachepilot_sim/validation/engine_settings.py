@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cachepilot_sim.config import RunConfig, StepCost
+from cachepilot_sim.inputs import InputError
 from cachepilot_sim.validation.engine_behaviour import graph_and_swap_overrides
 
 HF_ENGINE = "transformers-continuous-batching"
@@ -68,7 +69,7 @@ HF_RECORDS = frozenset(
 ROOFLINE_NOTE = "not modelled (roofline step cost: idealised, unvalidated)"
 
 
-class EngineSettingsError(ValueError):
+class EngineSettingsError(InputError):
     """A setting of `engine.json` the engine profile cannot replay (one line: file and key)."""
 
 

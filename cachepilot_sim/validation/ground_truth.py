@@ -17,6 +17,8 @@ from typing import Any
 
 import polars as pl
 
+from cachepilot_sim.inputs import InputError
+
 REQUESTS_FILE = "requests.parquet"
 STEPS_FILE = "steps.parquet"
 ENGINE_FILE = "engine.json"
@@ -58,7 +60,7 @@ REQUIRED_STEP_COLUMNS = {
 PERCENTILES = (50, 90, 99)
 
 
-class GroundTruthError(ValueError):
+class GroundTruthError(InputError):
     """Ground truth that cannot be used; the one-line message names the file and the column."""
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import polars as pl
 
 from cachepilot_sim.config import OnError, TraceFormat
+from cachepilot_sim.inputs import InputError
 from cachepilot_sim.workloads.trace_json import (
     _LENGTHS,
     MAX_LENGTH_TOKENS,
@@ -35,7 +36,7 @@ AZURE_COLUMNS = {
 SHAREGPT_COLUMNS = {"num_prefill_tokens": "input_length", "num_decode_tokens": "output_length"}
 
 
-class TraceError(ValueError):
+class TraceError(InputError):
     """A trace file that cannot be replayed; the message names the file, the line and the reason."""
 
 
