@@ -115,12 +115,12 @@ def read_json(path: Path, what: str = "JSON file") -> Any:
     return parse_json(read_text(path, what), path)
 
 
-def parse_json(text: str, path: Path) -> Any:
-    """`text` (from `path`) as strict JSON; see read_json."""
+def parse_json(text: str, path: Path, *, allow_nan: bool = False) -> Any:
+    """`text` (from `path`) as strict JSON (see read_json); `allow_nan` reads NaN and ±Infinity
+    (for files whose writer emits them where a statistic is empty: check each value used)."""
+    constant = None if allow_nan else _no_constant(path)
     try:
-        return json.loads(
-            text, object_pairs_hook=_no_duplicates(path), parse_constant=_no_constant(path)
-        )
+        return json.loads(text, object_pairs_hook=_no_duplicates(path), parse_constant=constant)
     except json.JSONDecodeError as err:
         raise InputError(f"{path}: line {err.lineno} column {err.colno}: {err.msg}") from None
     except RecursionError:
