@@ -2,26 +2,20 @@
 one line naming the file, row, column or key, exit status 2, no traceback, nothing written.
 
 Every reader raises an `InputError` (the project's error types for configs, traces, ground truth,
-converters, profiles and output folders derive from it); `entry_point` turns it, an `OSError`
-and a stop signal into that one line. The readers here (`read_text`, `read_json`, `read_yaml`,
-`parse_overrides`) are the strict versions the tools use: a file that is not UTF-8, a JSON key
-given twice, a NaN, or a YAML 1.1 base-60 number (`1:1` read as 61) is refused or kept as written,
-never reinterpreted.
+converters, profiles and output folders derive from it); `entry.entry_point` turns it, an
+`OSError` and a stop signal into that one line. The readers here (`read_text`, `read_json`,
+`read_yaml`, `parse_overrides`) are the strict versions the tools use: a file that is not
+UTF-8, a JSON key given twice, a NaN, or a YAML 1.1 base-60 number (`1:1` read as 61) is refused
+or kept as written, never reinterpreted.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import math
-import os
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-
-# The fallback's marker: an error that no reader named (a bug, or a gap to close).
-TRACEBACK_HINT = "(CACHEPILOT_TRACEBACK=1 shows the traceback)"
 
 
 class InputError(ValueError):
@@ -31,50 +25,6 @@ class InputError(ValueError):
 def one_line(text: object) -> str:
     """`text` as one line: its lines joined by `; ` (a message printed to a terminal or a log)."""
     return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
-
-
-def entry_point(prog: str) -> Callable[[Callable[..., Any]], Callable[..., int]]:
-    """Decorate a tool's `main(argv)`: its exit status is 0 (or what it returns); an InputError or
-    OSError is one line `prog: message` on stderr and status 2; SIGINT (and SIGTERM, SIGHUP, which
-    the decorated main installs as interrupts) is one line and 128 + the signal. Any other error
-    is one line too, status 2, unless CACHEPILOT_TRACEBACK is set."""
-
-    def wrap(main: Callable[..., Any]) -> Callable[..., int]:
-        @functools.wraps(main)
-        def guarded(argv: Sequence[str] | None = None) -> int:
-            from cachepilot_sim.experiment.lifecycle import exit_status, install_signal_handlers
-
-            install_signal_handlers()
-            try:
-                status = main(None if argv is None else list(argv))
-            except InputError as err:
-                return _refuse(f"{prog}: {one_line(err)}")
-            except OSError as err:
-                return _refuse(f"{prog}: {os_error_line(err)}")
-            except KeyboardInterrupt as err:
-                print(f"{prog}: {err or 'stopped by SIGINT'}; nothing was written", file=sys.stderr)
-                return exit_status(err)
-            except Exception as err:
-                if os.environ.get("CACHEPILOT_TRACEBACK"):
-                    raise
-                first = (str(err).strip().splitlines() or [""])[0]
-                return _refuse(f"{prog}: {type(err).__name__}: {first} {TRACEBACK_HINT}")
-            return int(status or 0)
-
-        return guarded
-
-    return wrap
-
-
-def _refuse(line: str) -> int:
-    print(line, file=sys.stderr)
-    return 2
-
-
-def os_error_line(err: OSError) -> str:
-    """An OSError as `FILE: reason` (the file it names, when it names one)."""
-    reason = err.strerror or one_line(err) or type(err).__name__
-    return f"{err.filename}: {reason}" if err.filename else reason
 
 
 def read_text(path: Path, what: str = "file") -> str:

@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import copy
 import os
-import signal
 import sys
 import tempfile
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
@@ -34,6 +32,7 @@ from cachepilot_sim.admission.features import feature_names
 from cachepilot_sim.admission.mlp import WeightsError
 from cachepilot_sim.components.admission_gate import gate_class_names
 from cachepilot_sim.config import ConfigError, RunConfig, TraceFormat, to_config
+from cachepilot_sim.entry import STOP_SIGNALS, exit_status, install_signal_handlers  # noqa: F401
 from cachepilot_sim.experiment.outdir import OutputDirError, backup_hydra
 from cachepilot_sim.workloads.replay import resolve_path
 from cachepilot_sim.workloads.traces import TraceError, require_trace_file
@@ -43,28 +42,8 @@ try:
 except ImportError:  # pragma: no cover - hydra-core always ships it (>= 1.1)
     Callback = object  # type: ignore[misc,assignment]
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 PARENT_POLL_S = 0.5  # how often a worker checks that its parent is still there
 _watching = False
-
-
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
-
-
-def exit_status(err: KeyboardInterrupt) -> int:
-    """128 + the signal number, as a shell reports a process killed by it (SIGINT when unnamed)."""
-    for signum in (*STOP_SIGNALS, signal.SIGINT):
-        if signum.name in str(err):
-            return 128 + int(signum)
-    return 128 + int(signal.SIGINT)
-
-
-def install_signal_handlers() -> None:
-    """In the main process: SIGTERM and SIGHUP raise KeyboardInterrupt, as SIGINT does, so the
-    run unwinds (workers stopped, telemetry closed) and exits non-zero."""
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, _raise_interrupt)
 
 
 def exit_with_parent(parent: int | None = None) -> None:

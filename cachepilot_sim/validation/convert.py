@@ -33,9 +33,9 @@ from typing import Any
 
 import polars as pl
 
-from cachepilot_sim.experiment import outdir
-from cachepilot_sim.experiment.outdir import check_folder, staged_folder
-from cachepilot_sim.inputs import InputError, entry_point, parse_json, read_text
+from cachepilot_sim.entry import entry_point
+from cachepilot_sim.inputs import InputError, parse_json, read_text
+from cachepilot_sim.outputs import check_folder, finite_or_none, staged_folder
 from cachepilot_sim.validation.ground_truth import (
     ENGINE_FILE,
     REQUESTS_FILE,
@@ -193,13 +193,17 @@ def _write(
     lists = _lists(path, result)
     send_s, source = _send_times_s(path, result, lists, given)
     rows = [_request_row(path, lists, i, t) for i, t in enumerate(send_s)]
+    finished = [r for r in rows if r["status"] == "finished"]
+    if any(r["token_us"] is None for r in finished):  # some streamed several tokens per chunk:
+        for r in rows:  # no token times at all, rather than ITL over a subset
+            r["token_us"] = None
     meta = {k: result[k] for k in _METADATA if k in result}
     engine_json = {"engine": engine, "source_file": str(path), "send_times": source, **meta}
     # Written into a staging folder, checked, then swapped in: a refused conversion leaves an
     # earlier one in `out_dir` as it was.
     with staged_folder(out_dir) as stage:
         pl.DataFrame(rows, schema=REQUEST_SCHEMA).write_parquet(stage / REQUESTS_FILE)
-        text = json.dumps(outdir.finite_or_none(engine_json), indent=1, default=str)
+        text = json.dumps(finite_or_none(engine_json), indent=1, default=str)
         (stage / ENGINE_FILE).write_text(text)
         try:
             load_ground_truth(stage)  # the converter's output obeys the same rules as captures

@@ -33,6 +33,7 @@ HF_ENGINE = "transformers-continuous-batching"
 DEVICE_PRESETS = {"NVIDIA H200": "h200", "NVIDIA H100 80GB HBM3": "h100_sxm"}
 PRESET_VRAM_GB = {"h200": 141, "h100_sxm": 80}
 ENGINE_FILE = "engine.json"
+MAX_SETTING = 2**31 - 1  # the largest count (blocks, tokens, requests) a setting may hold
 
 # Records of the run, not settings: read by nothing (transformers captures).
 HF_RECORDS = frozenset(
@@ -131,13 +132,20 @@ class _Reader:
         )
 
     def get(self, key: str, kind: type | tuple[type, ...]) -> Any:
-        value = self.engine.get(key)
-        if value is None:
+        """The setting `key` (None when absent), of type `kind`; null, another type, or a number
+        beyond MAX_SETTING is refused: a setting given is replayed or refused, never dropped."""
+        if key not in self.engine:
             return None
+        value = self.engine[key]
+        if value is None:
+            raise self.fail(key, f"is null; expected {_name(kind)} (omit a setting not recorded)")
         if isinstance(value, bool) and kind is not bool:
             raise self.fail(key, f"expected {_name(kind)}")
         if not isinstance(value, kind):
             raise self.fail(key, f"expected {_name(kind)}")
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if not -MAX_SETTING <= value <= MAX_SETTING:  # also refuses NaN
+                raise self.fail(key, f"out of range (|value| <= {MAX_SETTING})")
         return value
 
     def honour(self, key: str, value: Any, *overrides: str) -> None:
@@ -242,7 +250,7 @@ def _hf(r: _Reader) -> None:
         use = ROOFLINE_NOTE if not fitted else "not pinned by this profile"
         r.out.settings.append(Setting("attn_implementation", attn, use))
     _model(r)
-    r.out.gpu = e.get("gpu") if isinstance(e.get("gpu"), str) else None
+    r.out.gpu = _gpu(r)
     preset = DEVICE_PRESETS.get(r.out.gpu or "")
     if preset is not None:
         r.honour("gpu", r.out.gpu, f"gpu={preset}", f"vram_gb={PRESET_VRAM_GB[preset]}")
@@ -350,6 +358,17 @@ def _model(r: _Reader) -> None:
         r.out.settings.append(Setting("kv_bytes_per_token", per_token, "matches the model"))
 
 
+def _gpu(r: _Reader) -> str | None:
+    """The capture's GPU name (absent: None); null or not a string is refused: the replay would
+    run on the H200 without a word."""
+    if "gpu" not in r.engine:
+        return None
+    gpu = r.engine["gpu"]
+    if not isinstance(gpu, str) or not gpu:
+        raise r.fail("gpu", "expected the GPU's name (a non-empty string)")
+    return gpu
+
+
 def resolve(path: Path, engine: dict[str, Any], cfg: RunConfig) -> ResolvedSettings:
     """The overrides and the account of `engine` (the engine.json of the ground truth at `path`)
     for a replay on the profile `cfg`; EngineSettingsError for a setting it cannot replay."""
@@ -363,7 +382,7 @@ def resolve(path: Path, engine: dict[str, Any], cfg: RunConfig) -> ResolvedSetti
         if not 0 <= margin < 1:
             raise r.fail("safety_margin", "must be in [0, 1)")
         r.honour("safety_margin", margin, f"engine.prefill_margin_fraction={margin}")
-    r.out.gpu = engine.get("gpu") if isinstance(engine.get("gpu"), str) else None
+    r.out.gpu = _gpu(r)
     read = {s.key for s in r.out.settings}
     for key, value in engine.items():
         if key not in read and key != "engine":

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from cachepilot_sim.inputs import TRACEBACK_HINT
+from cachepilot_sim.entry import TRACEBACK_HINT
 
 
 def assert_refused(
