@@ -73,7 +73,10 @@ def check_file(path: Path) -> None:
     made or written (an existing file is replaced, atomically: write_text)."""
     if path.is_dir():
         raise OutputDirError(f"{path}: output file path is a folder")
-    check_folder(path.parent)
+    try:
+        check_folder(path.parent)
+    except OutputDirError as err:
+        raise OutputDirError(f"{path}: cannot write the file: {err}") from None
 
 
 def write_text(path: Path, text: str) -> None:
