@@ -20,6 +20,8 @@ from cachepilot_sim.inputs import InputError, one_line
 TRACEBACK_HINT = "(CACHEPILOT_TRACEBACK=1 shows the traceback)"
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+PARENT_POLL_S = 0.5  # how often a worker checks that its parent is still there
+_watching = False
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -41,6 +43,38 @@ def install_signal_handlers() -> None:
         return  # only the main thread may set handlers (a tool called from a worker thread)
     for signum in STOP_SIGNALS:
         signal.signal(signum, _raise_interrupt)
+
+
+def exit_with_parent(parent: int | None = None) -> None:
+    """In a worker process: exit as soon as the parent is gone (reparented to another pid), so a
+    killed parent leaves no orphan that keeps writing. Idempotent per process.
+
+    `parent` is the pid the worker belongs to: a pool passes its own (`initargs`), so a worker that
+    finishes starting only after its parent was killed (it is then already reparented, and
+    `os.getppid()` would name its new parent) exits at once instead of waiting forever."""
+    global _watching
+    if _watching:
+        return
+    _watching = True
+    parent = os.getppid() if parent is None else parent
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            threading.Event().wait(PARENT_POLL_S)
+        os._exit(143)  # 128 + SIGTERM: the parent was terminated
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def worker_setup(parent: int) -> None:
+    """In a worker process of a tool's pool (plan, sweeps): exit when the parent `parent` is gone
+    (exit_with_parent), and leave SIGINT and SIGHUP to the parent: a Ctrl-C or a closed terminal
+    reaches the whole process group, and a worker's own KeyboardInterrupt printed a traceback per
+    worker; the parent stops its workers itself. Idempotent."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    exit_with_parent(parent)
 
 
 def entry_point(prog: str) -> Callable[[Callable[..., Any]], Callable[..., int]]:

@@ -17,10 +17,8 @@ Preflight keeps the earlier `.hydra/` aside (outdir.backup_hydra) and a failed r
 from __future__ import annotations
 
 import copy
-import os
 import sys
 import tempfile
-import threading
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -32,7 +30,12 @@ from cachepilot_sim.admission.features import feature_names
 from cachepilot_sim.admission.mlp import WeightsError
 from cachepilot_sim.components.admission_gate import gate_class_names
 from cachepilot_sim.config import ConfigError, RunConfig, TraceFormat, to_config
-from cachepilot_sim.entry import STOP_SIGNALS, exit_status, install_signal_handlers  # noqa: F401
+from cachepilot_sim.entry import (  # noqa: F401 - shared with the tools
+    STOP_SIGNALS,
+    exit_status,
+    exit_with_parent,
+    install_signal_handlers,
+)
 from cachepilot_sim.experiment.outdir import OutputDirError, backup_hydra
 from cachepilot_sim.workloads.replay import resolve_path
 from cachepilot_sim.workloads.traces import TraceError, require_trace_file
@@ -41,30 +44,6 @@ try:
     from hydra.experimental.callback import Callback
 except ImportError:  # pragma: no cover - hydra-core always ships it (>= 1.1)
     Callback = object  # type: ignore[misc,assignment]
-
-PARENT_POLL_S = 0.5  # how often a worker checks that its parent is still there
-_watching = False
-
-
-def exit_with_parent(parent: int | None = None) -> None:
-    """In a worker process: exit as soon as the parent is gone (reparented to another pid), so a
-    killed parent leaves no orphan that keeps writing. Idempotent per process.
-
-    `parent` is the pid the worker belongs to: a pool passes its own (`initargs`), so a worker that
-    finishes starting only after its parent was killed (it is then already reparented, and
-    `os.getppid()` would name its new parent) exits at once instead of waiting forever."""
-    global _watching
-    if _watching:
-        return
-    _watching = True
-    parent = os.getppid() if parent is None else parent
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            threading.Event().wait(PARENT_POLL_S)
-        os._exit(143)  # 128 + SIGTERM: the parent was terminated
-
-    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def stop_workers(pool: ProcessPoolExecutor) -> None:

@@ -11,6 +11,7 @@ gives the same answer.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ import polars as pl
 
 from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config import ConfigError
+from cachepilot_sim.entry import worker_setup
 from cachepilot_sim.plan.config import Launcher, PlanConfig, SlaConfig
 
 
@@ -214,12 +216,22 @@ def search_cell(plan: PlanConfig, cell: Cell) -> CellResult:
     return CellResult(cell, evals, best_scale=hi)
 
 
+def _search_in_worker(parent: int, plan: PlanConfig, cell: Cell) -> CellResult:
+    """search_cell in a pool worker: the worker exits with the planner and leaves a Ctrl-C or a
+    closed terminal to it (entry.worker_setup), so a stopped plan leaves no worker behind and
+    prints one line, not a traceback per worker. joblib terminates its workers on the interrupt."""
+    if os.getpid() != parent:
+        worker_setup(parent)
+    return search_cell(plan, cell)
+
+
 def run_search(plan: PlanConfig, cells: list[Cell]) -> list[CellResult]:
     """Search every cell in parallel on the plan's launcher; results in cell order."""
     import joblib
 
     jobs = plan.jobs or -1
-    tasks = (joblib.delayed(search_cell)(plan, cell) for cell in cells)
+    parent = os.getpid()
+    tasks = (joblib.delayed(_search_in_worker)(parent, plan, cell) for cell in cells)
     if plan.launcher == Launcher.RAY:
         import ray
         from ray.util.joblib import register_ray
