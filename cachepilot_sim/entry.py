@@ -94,7 +94,10 @@ def entry_point(prog: str) -> Callable[[Callable[..., Any]], Callable[..., int]]
             except OSError as err:
                 return _refuse(f"{prog}: {os_error_line(err)}")
             except KeyboardInterrupt as err:
-                print(f"{prog}: {err or 'stopped by SIGINT'}; nothing was written", file=sys.stderr)
+                print(
+                    f"{prog}: {str(err) or 'stopped by SIGINT'}; nothing was written",
+                    file=sys.stderr,
+                )
                 return exit_status(err)
             except Exception as err:
                 if os.environ.get("CACHEPILOT_TRACEBACK"):

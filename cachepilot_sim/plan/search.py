@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -243,4 +245,22 @@ def run_search(plan: PlanConfig, cells: list[Cell]) -> list[CellResult]:
                 return list(joblib.Parallel(n_jobs=jobs)(tasks))
         finally:
             ray.shutdown()
+    _start_loky_tracker()
     return list(joblib.Parallel(n_jobs=jobs, backend="loky")(tasks))
+
+
+def _start_loky_tracker() -> None:
+    """Start loky's resource tracker with SIGHUP ignored (the disposition survives its exec): it
+    ignores SIGINT and SIGTERM itself, but a closed terminal's SIGHUP reached it as a member of
+    the planner's process group, killed it, and its relaunch printed a KeyError traceback per
+    worker's shared-memory segment."""
+    from joblib.externals.loky.backend import resource_tracker
+
+    if threading.current_thread() is not threading.main_thread():
+        resource_tracker.ensure_running()
+        return
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
