@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config import ConfigError, GpuSpecConfig, HardwareConfig, ModelConfig
+from cachepilot_sim.config.cluster import ClusterConfig
 from cachepilot_sim.config.engine_profile import EngineConfig, StepCost
 from cachepilot_sim.cost import batch_iteration_us, compute_fit
 from cachepilot_sim.cost.gpu_scaling import (
@@ -133,7 +134,10 @@ def test_tp2_step_is_faster_than_tp1_for_a_large_batch_but_not_halved() -> None:
 
 def test_kv_heads_replicate_past_their_count() -> None:
     one = make_sim_config(vram_gb=141.0, gpu=GPUS["h200"], tp=8)
-    many = make_sim_config(vram_gb=141.0, gpu=GPUS["h200"], tp=16)
+    # a 16-GPU node (one NVLink domain): TP wider than a node is refused (issue 30)
+    many = make_sim_config(
+        vram_gb=141.0, gpu=GPUS["h200"], tp=16, cluster=ClusterConfig(gpus_per_node=16)
+    )
     per_gpu_8 = one.vram_bytes - one.model.weight_bytes // 8 - one.kv.activation_reserve_bytes
     assert one.kv_pool_bytes == per_gpu_8 * 8  # 8 KV heads over 8 GPUs: one each
     per_gpu_16 = many.vram_bytes - many.model.weight_bytes // 16 - many.kv.activation_reserve_bytes
@@ -153,7 +157,7 @@ def test_a_model_that_does_not_fit_the_gpu_is_refused_naming_the_key() -> None:
 
 
 def test_a_fitted_engine_step_is_refused_off_the_h200() -> None:
-    engine = EngineConfig(step_cost=StepCost.FITTED)
+    engine = EngineConfig(step_cost=StepCost.FITTED, request_us=50.0)
     with pytest.raises(ConfigError, match=r"'gpu' = 'l40s': engine default's step cost was fitted"):
         make_sim_config(engine=engine, gpu=GPUS["l40s"])
     with pytest.raises(ConfigError, match=r"'tp' = 2"):
