@@ -122,6 +122,29 @@ def refuse(message: str) -> None:
     sys.exit(2)
 
 
+def refuse_repeated_sweep_values(overrides: list[str]) -> None:
+    """A sweep override listing a value twice (`policy=lru,lru`, `seed=1,1`) would run one job
+    twice into one folder, and the sweep report would pool it as two samples: refused, naming
+    the override and the value, before anything is launched."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException:
+        return  # Hydra reports an unparsable override itself (__main__.hydra_error_line)
+    for override in parsed:
+        if not override.is_sweep_override():
+            continue
+        values = list(override.sweep_string_iterator())
+        twice = sorted({v for v in values if values.count(v) > 1})
+        if twice:
+            refuse(
+                f"{override.input_line}: lists {', '.join(twice)} twice: the same job would run "
+                "twice and be pooled as two samples"
+            )
+
+
 class Preflight(Callback):  # type: ignore[misc]
     """Hydra callback (conf/config.yaml): refuses a run before Hydra makes its folder or writes
     `.hydra/` there: a bad config or input (checked_config) or an unusable `hydra.run.dir`; a
@@ -143,6 +166,8 @@ class Preflight(Callback):  # type: ignore[misc]
             refuse(f"hydra.run.dir={config.hydra.run.dir}: cannot keep the earlier .hydra/ ({err})")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        overrides = [str(o) for o in OmegaConf.to_container(config.hydra.overrides.task) or []]
+        refuse_repeated_sweep_values(overrides)
         self._folder("hydra.sweep.dir", config)
 
     @staticmethod
