@@ -126,9 +126,11 @@ class _Reader:
         self.out = ResolvedSettings(fitted_on=cfg.engine.fitted_on)
 
     def fail(self, key: str, why: str) -> EngineSettingsError:
-        value = self.engine.get(key)
+        shown = normalised(self.engine.get(key))
+        if not shown.isprintable() or not shown or len(shown) > 60:  # one line, readable
+            shown = repr(self.engine.get(key))[:60]
         return EngineSettingsError(
-            f"{self.file}: key {key!r} = {normalised(value)}: {why} (engine={self.cfg.engine.name})"
+            f"{self.file}: key {key!r} = {shown}: {why} (engine={self.cfg.engine.name})"
         )
 
     def get(self, key: str, kind: type | tuple[type, ...]) -> Any:
