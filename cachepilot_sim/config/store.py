@@ -68,16 +68,23 @@ REQUIRED_GPU_KEYS = (
     "interconnect_gbps",
     "interconnect_hop_latency_us",
 )
+# An engine file names itself and its step cost: one that omitted step_cost ran on the idealised
+# roofline without a word. The rest of an engine's rules default to the project's own engine.
+REQUIRED_ENGINE_KEYS = ("name", "step_cost")
 # The file each section's required keys live in (a missing one is named with it).
-REQUIRED_KEYS = {"model": REQUIRED_MODEL_KEYS, "gpu": REQUIRED_GPU_KEYS}
+REQUIRED_KEYS = {
+    "model": REQUIRED_MODEL_KEYS,
+    "gpu": REQUIRED_GPU_KEYS,
+    "engine": REQUIRED_ENGINE_KEYS,
+}
 
 
 def required_schema(section: str) -> Any:
-    """The structured schema of `section` (model or gpu) with its REQUIRED_KEYS MISSING: a file
-    read over it must state each one (the scorecard reads profiles without Hydra)."""
+    """The structured schema of `section` (model, gpu or engine) with its REQUIRED_KEYS MISSING:
+    a file read over it must state each one (the scorecard reads profiles without Hydra)."""
     from omegaconf import OmegaConf
 
-    schema = {"model": ModelConfig, "gpu": GpuSpecConfig}[section]
+    schema = {"model": ModelConfig, "gpu": GpuSpecConfig, "engine": EngineConfig}[section]
     node = OmegaConf.structured(schema)
     for key in REQUIRED_KEYS[section]:
         node[key] = "???"  # OmegaConf MISSING

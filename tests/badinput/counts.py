@@ -1,7 +1,8 @@
 """Bad-input cases per entry point, counted from the collected tests (docs/reliability.md prints
 this table; tests/badinput/test_reliability_counts.py fails when the page and the tests differ).
 
-    python -m tests.badinput.counts        # the table, as markdown
+    python -m tests.badinput.counts          # the table, as markdown
+    python -m tests.badinput.counts --write  # ... written into docs/reliability.md
 """
 
 from __future__ import annotations
@@ -76,4 +77,9 @@ def doc_block(text: str) -> str:
 
 
 if __name__ == "__main__":
-    print(table(per_file()))
+    text = table(per_file())
+    if "--write" in sys.argv[1:]:
+        page = ROOT / "docs" / "reliability.md"
+        old = page.read_text()
+        page.write_text(old.replace(doc_block(old), text, 1))
+    print(text)

@@ -96,6 +96,15 @@ def test_an_unphysical_figure_is_refused_naming_its_key(
         _compose(conf_copy, [override])
 
 
+@pytest.mark.parametrize("key", ["name", "step_cost"])
+def test_an_engine_file_without_its_name_or_step_cost_is_refused(conf_copy: Path, key: str) -> None:
+    engine = {"name": "mine", "step_cost": "ROOFLINE"}
+    del engine[key]
+    (conf_copy / "engine" / f"no_{key}.yaml").write_text(yaml.safe_dump(engine))
+    with pytest.raises(ConfigError, match=rf"engine\.{key}.*conf/engine"):
+        _compose(conf_copy, [f"engine=no_{key}"])
+
+
 def test_a_fitted_step_cost_of_zeros_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"'engine.step_cost'.*positive coefficient"):
         EngineConfig(step_cost=StepCost.FITTED)
