@@ -83,8 +83,10 @@ def checked_config(task_cfg: DictConfig, overrides: list[str], choices: Any) -> 
         refuse_ignored_overrides(task_cfg, overrides)
         run_cfg = to_config(task_cfg)
     except ConfigError as err:
-        model_file = str(choices.get("model", "<name>"))
-        message = str(err).replace("model/<name>.yaml", f"model/{model_file}.yaml")
+        message = str(err)
+        for group in ("model", "gpu", "engine"):  # the file a required key is missing from
+            chosen = str(choices.get(group, "<name>"))
+            message = message.replace(f"{group}/<name>.yaml", f"{group}/{chosen}.yaml")
         refuse(f"invalid configuration: {message}")
     try:
         check_inputs(run_cfg)
