@@ -27,6 +27,7 @@ from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config.hardware import GpuSpecConfig
 from cachepilot_sim.config.trust_registry import FAMILIES, REGISTRY_PATH
 from cachepilot_sim.inputs import InputError
+from cachepilot_sim.outputs import write_text
 from cachepilot_sim.validation.engine_settings import DEVICE_PRESETS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         same = args.out.is_file() and args.out.read_text() == text
         print(f"trust_table: {args.out} {'is current' if same else 'is stale: regenerate it'}")
         return 0 if same else 1
-    args.out.write_text(text)
+    write_text(args.out, text)  # temporary name, renamed: never half a table
     print(f"trust_table: wrote {args.out}")
     return 0
 
