@@ -243,7 +243,7 @@ def _check_prefix_tree(
     if on_error == OnError.RAISE:
         raise TraceError(
             f"{path}:{row['line']}: hash id {row['hash_ids']} follows {_after(row['prev'])} here "
-            f"but {_after(row['first_prev'])} on line {row['first_line']}; prefix hashes "
+            f"but {FIRST_BLOCK if row['first_prev'] is None else row['first_prev']} on line {row['first_line']}; prefix hashes "
             "must name the whole prefix (set replay.on_error=SKIP to skip such rows)"
         )
     bad_lines = clash["line"].unique()
@@ -251,8 +251,11 @@ def _check_prefix_tree(
     return good.filter(~pl.col("line").is_in(bad_lines.implode()))
 
 
+FIRST_BLOCK = "no id (a first block)"  # not -1: any integer may be a real id
+
+
 def _after(prev: int | None) -> str:
-    return "no id (it is a first block)" if prev is None else f"id {prev}"
+    return FIRST_BLOCK if prev is None else f"id {prev}"
 
 
 def _scan_csv_columns(path: Path, columns: dict[str, str]) -> pl.DataFrame:
