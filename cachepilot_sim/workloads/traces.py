@@ -241,9 +241,10 @@ def _check_prefix_tree(
         return good
     row = clash.row(0, named=True)
     if on_error == OnError.RAISE:
+        earlier = FIRST_BLOCK if row["first_prev"] is None else row["first_prev"]
         raise TraceError(
             f"{path}:{row['line']}: hash id {row['hash_ids']} follows {_after(row['prev'])} here "
-            f"but {FIRST_BLOCK if row['first_prev'] is None else row['first_prev']} on line {row['first_line']}; prefix hashes "
+            f"but {earlier} on line {row['first_line']}; prefix hashes "
             "must name the whole prefix (set replay.on_error=SKIP to skip such rows)"
         )
     bad_lines = clash["line"].unique()
