@@ -31,6 +31,7 @@ test: install-dev
 # Nightly-size fuzzing: 10^6 state-machine steps per KV manager (CI runs 5 x 10^4 each).
 test-fuzz: install-dev
 	CACHEPILOT_FUZZ_STEPS=1000000 $(PY) -m pytest tests/property/test_kv_state_machine.py
+	CACHEPILOT_FUZZ_EXAMPLES=2000 $(PY) -m pytest tests/property/test_entry_fuzz.py
 
 lint: install-dev
 	$(VENV)/bin/ruff check cachepilot_sim tests experiments

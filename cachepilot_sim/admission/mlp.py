@@ -12,11 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
+from cachepilot_sim.inputs import InputError
+
 NUM_ACTIONS = 3  # admit, defer, reject (Decision order)
 ARRAYS = ("w1", "b1", "w2", "b2")
 
 
-class WeightsError(ValueError):
+class WeightsError(InputError):
     """A weights file that is missing or does not fit; the message names the file."""
 
 

@@ -12,6 +12,8 @@ import operator
 from dataclasses import field, fields
 from typing import Any, ClassVar
 
+from cachepilot_sim.inputs import InputError
+
 GIB = 1024**3
 GB = 10**9
 
@@ -20,7 +22,7 @@ _BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
 _COMPARE = {"gt": operator.gt, "ge": operator.ge, "lt": operator.lt, "le": operator.le}
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A config value that cannot be simulated; the message names the key and the value."""
 
 

@@ -22,6 +22,19 @@ class StepCost(StrEnum):
     PHYSICAL = "physical"
 
 
+# The coefficients of a fitted step cost (cost/engine_step.py): at least one must be positive.
+FITTED_COST_KEYS = (
+    "const_us",
+    "q_padded_token_us",
+    "kv_read_token_us",
+    "kv_read_token2_us",
+    "seqlen_us",
+    "seqlen_per_sqrt_request_us",
+    "prefill_seqlen_us",
+    "request_us",
+)
+
+
 class GraphMode(StrEnum):
     """How the engine replays its forward passes (transformers CB: `use_cuda_graph`)."""
 
@@ -141,6 +154,15 @@ class EngineConfig(Sealed):
             list(self.q_shape_us),
             "must hold positive step times (us), one per padded query shape",
         )
+        if self.step_cost == StepCost.FITTED:
+            costs = [getattr(self, k) for k in FITTED_COST_KEYS] + list(self.q_shape_us)
+            require(
+                any(c > 0 for c in costs),
+                join_key(prefix, "step_cost"),
+                self.step_cost.value,
+                f"a fitted step cost needs a positive coefficient ({', '.join(FITTED_COST_KEYS)} "
+                "or q_shape_us): with every one 0 each request finishes in 0 us",
+            )
         if self.step_cost == StepCost.PHYSICAL:
             require(
                 bool(self.gpu_profile),

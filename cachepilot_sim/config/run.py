@@ -111,6 +111,15 @@ class SimConfig(Sealed):
         super().validate(prefix)
         names = [m.name for m in self.models]
         require(len(set(names)) == len(names), "extra_models", names, "model names must be unique")
+        # A TP group's all-reduce is priced on the GPU's own link (gpu.interconnect_gbps); a
+        # group wider than a node would cross the slower inter-node network, which is not priced.
+        require(
+            self.tp <= self.cluster.gpus_per_node,
+            "tp",
+            self.tp,
+            f"wider than a node (cluster.gpus_per_node = {self.cluster.gpus_per_node}): the "
+            "inter-node link of a TP group is not modelled",
+        )
         if self.replay.format != TraceFormat.NONE:
             require(
                 self.replay.hash_block_tokens % self.kv.block_tokens == 0,

@@ -52,6 +52,45 @@ REQUIRED_MODEL_KEYS = (
 )
 
 
+# A GPU file must state every datasheet figure: one that omitted a key (or an empty file) ran as
+# the H200, the dataclass default. Optional: pcie_lanes (16), calibrated_hardware, the
+# calibration's parameter count and the citations of the interconnect.
+REQUIRED_GPU_KEYS = (
+    "name",
+    "display_name",
+    "hbm_gb",
+    "hbm_gbps",
+    "bf16_dense_tflops",
+    "fp8_dense_tflops",
+    "pcie_gen",
+    "source",
+    "interconnect",
+    "interconnect_gbps",
+    "interconnect_hop_latency_us",
+)
+# An engine file names itself and its step cost: one that omitted step_cost ran on the idealised
+# roofline without a word. The rest of an engine's rules default to the project's own engine.
+REQUIRED_ENGINE_KEYS = ("name", "step_cost")
+# The file each section's required keys live in (a missing one is named with it).
+REQUIRED_KEYS = {
+    "model": REQUIRED_MODEL_KEYS,
+    "gpu": REQUIRED_GPU_KEYS,
+    "engine": REQUIRED_ENGINE_KEYS,
+}
+
+
+def required_schema(section: str) -> Any:
+    """The structured schema of `section` (model, gpu or engine) with its REQUIRED_KEYS MISSING:
+    a file read over it must state each one (the scorecard reads profiles without Hydra)."""
+    from omegaconf import OmegaConf
+
+    schema = {"model": ModelConfig, "gpu": GpuSpecConfig, "engine": EngineConfig}[section]
+    node = OmegaConf.structured(schema)
+    for key in REQUIRED_KEYS[section]:
+        node[key] = "???"  # OmegaConf MISSING
+    return node
+
+
 def register_configs() -> None:
     """Register the schema with Hydra's ConfigStore (the entry points call it once)."""
     from hydra.core.config_store import ConfigStore
@@ -64,8 +103,9 @@ def register_configs() -> None:
     node.workload.classes = {}
     # A model file must state its whole geometry: before, one that omitted a key silently got the
     # dataclass default (Llama-3-8B's), which tests and factories still use from Python.
-    for key in REQUIRED_MODEL_KEYS:
-        node.model[key] = "???"  # OmegaConf MISSING
+    for section, keys in REQUIRED_KEYS.items():
+        for key in keys:
+            node[section][key] = "???"  # OmegaConf MISSING
     # `policies.<name>.<field>=v` needs no `+`: RunConfig.validate checks names and fields.
     OmegaConf.set_struct(node.policies, False)
     cs.store(name="run_schema", node=node)
@@ -99,10 +139,9 @@ def to_config(cfg: Any) -> RunConfig:
     except AttributeError as err:  # a sealed section refusing a key it does not declare
         raise ConfigError(f"unknown config key: {err}") from err
     except MissingMandatoryValue as err:
+        section = str(err.full_key).split(".")[0]
         where = (
-            "cachepilot_sim/conf/model/<name>.yaml"
-            if str(err.full_key).startswith("model.")
-            else "config"
+            f"cachepilot_sim/conf/{section}/<name>.yaml" if section in REQUIRED_KEYS else "config"
         )
         raise ConfigError(f"required key '{err.full_key}' is not set (in {where})") from err
     assert is_dataclass(obj) and isinstance(obj, RunConfig), type(obj)

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 from scipy.optimize import nnls
 
+from cachepilot_sim.inputs import InputError
+
 FORMAT = "cachepilot-gpu-profile/1"
 LAYERS = ("qkv", "o", "gate_up", "down", "lm_head")
 DECODER_LAYERS = LAYERS[:4]  # once per decoder layer; lm_head once per step
@@ -31,7 +33,7 @@ RATE_KEYS = (
 BF16_BYTES = 2
 
 
-class GpuProfileError(ValueError):
+class GpuProfileError(InputError):
     """A gpu_profile.json that cannot be used; one line naming the file and the key."""
 
 

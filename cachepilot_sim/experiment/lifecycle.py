@@ -17,14 +17,10 @@ Preflight keeps the earlier `.hydra/` aside (outdir.backup_hydra) and a failed r
 from __future__ import annotations
 
 import copy
-import os
-import signal
 import sys
 import tempfile
-import threading
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
@@ -34,6 +30,12 @@ from cachepilot_sim.admission.features import feature_names
 from cachepilot_sim.admission.mlp import WeightsError
 from cachepilot_sim.components.admission_gate import gate_class_names
 from cachepilot_sim.config import ConfigError, RunConfig, TraceFormat, to_config
+from cachepilot_sim.entry import (  # noqa: F401 - shared with the tools
+    STOP_SIGNALS,
+    exit_status,
+    exit_with_parent,
+    install_signal_handlers,
+)
 from cachepilot_sim.experiment.outdir import OutputDirError, backup_hydra
 from cachepilot_sim.workloads.replay import resolve_path
 from cachepilot_sim.workloads.traces import TraceError, require_trace_file
@@ -42,50 +44,6 @@ try:
     from hydra.experimental.callback import Callback
 except ImportError:  # pragma: no cover - hydra-core always ships it (>= 1.1)
     Callback = object  # type: ignore[misc,assignment]
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-PARENT_POLL_S = 0.5  # how often a worker checks that its parent is still there
-_watching = False
-
-
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
-
-
-def exit_status(err: KeyboardInterrupt) -> int:
-    """128 + the signal number, as a shell reports a process killed by it (SIGINT when unnamed)."""
-    for signum in (*STOP_SIGNALS, signal.SIGINT):
-        if signum.name in str(err):
-            return 128 + int(signum)
-    return 128 + int(signal.SIGINT)
-
-
-def install_signal_handlers() -> None:
-    """In the main process: SIGTERM and SIGHUP raise KeyboardInterrupt, as SIGINT does, so the
-    run unwinds (workers stopped, telemetry closed) and exits non-zero."""
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, _raise_interrupt)
-
-
-def exit_with_parent(parent: int | None = None) -> None:
-    """In a worker process: exit as soon as the parent is gone (reparented to another pid), so a
-    killed parent leaves no orphan that keeps writing. Idempotent per process.
-
-    `parent` is the pid the worker belongs to: a pool passes its own (`initargs`), so a worker that
-    finishes starting only after its parent was killed (it is then already reparented, and
-    `os.getppid()` would name its new parent) exits at once instead of waiting forever."""
-    global _watching
-    if _watching:
-        return
-    _watching = True
-    parent = os.getppid() if parent is None else parent
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            threading.Event().wait(PARENT_POLL_S)
-        os._exit(143)  # 128 + SIGTERM: the parent was terminated
-
-    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def stop_workers(pool: ProcessPoolExecutor) -> None:
@@ -141,8 +99,10 @@ def checked_config(task_cfg: DictConfig, overrides: list[str], choices: Any) -> 
         refuse_ignored_overrides(task_cfg, overrides)
         run_cfg = to_config(task_cfg)
     except ConfigError as err:
-        model_file = str(choices.get("model", "<name>"))
-        message = str(err).replace("model/<name>.yaml", f"model/{model_file}.yaml")
+        message = str(err)
+        for group in ("model", "gpu", "engine"):  # the file a required key is missing from
+            chosen = str(choices.get(group, "<name>"))
+            message = message.replace(f"{group}/<name>.yaml", f"{group}/{chosen}.yaml")
         refuse(f"invalid configuration: {message}")
     try:
         check_inputs(run_cfg)
@@ -180,6 +140,29 @@ def refuse(message: str) -> None:
     sys.exit(2)
 
 
+def refuse_repeated_sweep_values(overrides: list[str]) -> None:
+    """A sweep override listing a value twice (`policy=lru,lru`, `seed=1,1`) would run one job
+    twice into one folder, and the sweep report would pool it as two samples: refused, naming
+    the override and the value, before anything is launched."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException:
+        return  # Hydra reports an unparsable override itself (__main__.hydra_error_line)
+    for override in parsed:
+        if not override.is_sweep_override():
+            continue
+        values = list(override.sweep_string_iterator())
+        twice = sorted({v for v in values if values.count(v) > 1})
+        if twice:
+            refuse(
+                f"{override.input_line}: lists {', '.join(twice)} twice: the same job would run "
+                "twice and be pooled as two samples"
+            )
+
+
 class Preflight(Callback):  # type: ignore[misc]
     """Hydra callback (conf/config.yaml): refuses a run before Hydra makes its folder or writes
     `.hydra/` there: a bad config or input (checked_config) or an unusable `hydra.run.dir`; a
@@ -201,6 +184,8 @@ class Preflight(Callback):  # type: ignore[misc]
             refuse(f"hydra.run.dir={config.hydra.run.dir}: cannot keep the earlier .hydra/ ({err})")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        overrides = [str(o) for o in OmegaConf.to_container(config.hydra.overrides.task) or []]
+        refuse_repeated_sweep_values(overrides)
         self._folder("hydra.sweep.dir", config)
 
     @staticmethod

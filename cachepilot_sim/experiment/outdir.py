@@ -23,13 +23,29 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 from cachepilot_sim.config.cluster import cluster_id_suffix
+from cachepilot_sim.outputs import (  # noqa: F401 - the run's folder rules, shared with the tools
+    HYDRA_BACKUP,
+    STAGING,
+    SWAP_DONE,
+    TRASH,
+    OutputDirError,
+    claim_folder,
+    discard,
+    drop_hydra_backup,
+    finish_swap,
+    finite_or_none,
+    heal,
+    hidden,
+    signals_deferred,
+    start_swap,
+    write_text,
+)
 from cachepilot_sim.trace.derive import RUN_FILE
 from cachepilot_sim.trace.recorder import META_FILE
 
@@ -45,12 +61,6 @@ RUN_OUTPUTS = (
     "report.html",
     RUN_FILE,
 )
-STAGING, TRASH, HYDRA_BACKUP = ".staging", ".trash", ".hydra-previous"
-SWAP_DONE = ".complete"  # in the trash: every earlier output is in it, the staged files go in next
-
-
-class OutputDirError(ValueError):
-    """An output folder that cannot be used; the message names it."""
 
 
 def run_id(cfg: object) -> str:
@@ -61,12 +71,6 @@ def run_id(cfg: object) -> str:
     if cluster is not None and router is not None:  # out of repr (config/run.py says why)
         text += cluster_id_suffix(cluster, router)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def hidden(path: Path, root: Path) -> bool:
-    """Whether `path` (under `root`) lies in a staging, trash or .hydra backup folder, which
-    readers must not take for results."""
-    return bool({STAGING, TRASH, HYDRA_BACKUP} & set(path.relative_to(root).parts))
 
 
 def owned_files(out_dir: Path) -> list[Path]:
@@ -81,57 +85,28 @@ def owned_files(out_dir: Path) -> list[Path]:
     return found
 
 
-def claim(out_dir: Path, rid: str, cells: list[str]) -> Path:
-    """Heal what a killed run left in `out_dir`, make an empty staging folder there holding
-    run.json (this run's id and cells) and return it: the run writes its outputs there.
-    Raises OutputDirError when the folder cannot be created or written."""
-    try:
-        if out_dir.exists() and not out_dir.is_dir():
-            raise OutputDirError(f"{out_dir}: output path exists and is not a folder")
-        out_dir.mkdir(parents=True, exist_ok=True)
-        heal(out_dir)
-        stage = out_dir / STAGING
-        shutil.rmtree(stage, ignore_errors=True)
-        stage.mkdir()
-        write_json(stage / RUN_FILE, {"run_id": rid, "cells": cells})
-    except OSError as err:
-        raise OutputDirError(f"{out_dir}: cannot write results there ({err.strerror})") from err
-    return stage
-
-
-def discard(out_dir: Path) -> None:
-    """A failed or stopped run: delete its staging folder; the earlier results stay as they were."""
-    shutil.rmtree(out_dir / STAGING, ignore_errors=True)
-
-
-def commit(out_dir: Path) -> None:
-    """A complete run: move the earlier outputs to the trash, mark it complete, move the staged
-    files in, delete both folders and the earlier `.hydra/` (backup_hydra)."""
-    trash = out_dir / TRASH
-    trash.mkdir(exist_ok=True)
-    _move_all(owned_files(out_dir), out_dir, trash)
+def commit(out_dir: Path, owned: list[Path] | None = None) -> None:
+    """A complete run: move the earlier outputs (`owned`, by default the runner's own files) to
+    the trash, mark it complete, move the staged files in, delete both folders and the earlier
+    `.hydra/` (backup_hydra)."""
+    start_swap(out_dir, owned_files(out_dir) if owned is None else owned)
     trace = out_dir / "trace"
     for cell_dir in sorted(trace.iterdir()) if trace.is_dir() else []:
         if cell_dir.is_dir() and not any(cell_dir.iterdir()):
             cell_dir.rmdir()
-    (trash / SWAP_DONE).touch()
-    _install(out_dir)
+    finish_swap(out_dir)
 
 
-def heal(out_dir: Path) -> bool:
-    """Finish or undo what a run killed in `out_dir` left; True when the folder holds the last
-    started run's results (nothing to heal, or a swap rolled forward), False when that run's
-    outputs were discarded (a swap rolled back, a staging folder deleted)."""
-    stage, trash = out_dir / STAGING, out_dir / TRASH
-    if (trash / SWAP_DONE).exists():
-        _install(out_dir)
-        return True
-    undone = trash.is_dir() or stage.exists()
-    if trash.is_dir():
-        _move_all([p for p in trash.rglob("*") if p.is_file()], trash, out_dir)
-        shutil.rmtree(trash)
-    shutil.rmtree(stage, ignore_errors=True)
-    return not undone
+def claim(out_dir: Path, rid: str, cells: list[str]) -> Path:
+    """Heal what a killed run left in `out_dir`, make an empty staging folder there holding
+    run.json (this run's id and cells) and return it: the run writes its outputs there.
+    Raises OutputDirError when the folder cannot be created or written."""
+    stage = claim_folder(out_dir)
+    try:
+        write_json(stage / RUN_FILE, {"run_id": rid, "cells": cells})
+    except OSError as err:
+        raise OutputDirError(f"{out_dir}: cannot write results there ({err.strerror})") from err
+    return stage
 
 
 def backup_hydra(out_dir: Path) -> None:
@@ -165,38 +140,6 @@ def restore_hydra(out_dir: Path) -> None:
         os.replace(backup, hydra)
     else:
         backup.rmdir()
-
-
-def drop_hydra_backup(out_dir: Path) -> None:
-    """A complete run: the earlier `.hydra/` is no longer needed."""
-    shutil.rmtree(out_dir / HYDRA_BACKUP, ignore_errors=True)
-
-
-def _move_all(files: list[Path], src: Path, dst: Path) -> None:
-    for path in files:
-        target = dst / path.relative_to(src)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(path, target)
-
-
-def _install(out_dir: Path) -> None:
-    stage = out_dir / STAGING
-    if stage.is_dir():
-        _move_all(sorted(p for p in stage.rglob("*") if p.is_file()), stage, out_dir)
-    shutil.rmtree(stage, ignore_errors=True)
-    shutil.rmtree(out_dir / TRASH, ignore_errors=True)
-    drop_hydra_backup(out_dir)  # the earlier `.hydra/` went with the earlier results
-
-
-def finite_or_none(value: Any) -> Any:
-    """The value with every NaN or infinity replaced by None, recursively."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: finite_or_none(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite_or_none(v) for v in value]
-    return value
 
 
 def write_json(path: Path, payload: Any) -> None:

@@ -15,12 +15,9 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -207,7 +204,7 @@ def run_experiment(cfg: RunConfig, out_dir: Path, console: Console | None = None
     except BaseException:  # failed or stopped: the earlier results stay as they were
         outdir.discard(out_dir)
         raise
-    with _signals_deferred():  # a stop must not cut the swap short (outdir.py)
+    with outdir.signals_deferred():  # a stop must not cut the swap short (outdir.py)
         outdir.commit(out_dir)
     return report | {"serving": serving}
 
@@ -265,20 +262,6 @@ def claim_output(cfg: RunConfig, out_dir: Path) -> tuple[str, Path]:
     seeds = range(cfg.seed, cfg.seed + cfg.seeds)
     cells = [f"{p}_seed{s}" for p in cfg.policy_names() for s in seeds]
     return rid, outdir.claim(out_dir, rid, cells)
-
-
-@contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP arriving inside are delivered when it ends (main thread)."""
-    stops = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _skipped_by_reason(cells: list[dict[str, Any]]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import yaml
 
 from cachepilot_sim.experiment.outdir import hidden
 from cachepilot_sim.experiment.report import mean_ci
+from cachepilot_sim.inputs import InputError
 
 # Keys that never change what a run simulates (or that the cells carry themselves: the seed, the
 # compared policies). `policy.*` is handled apart: see differing_keys.
@@ -38,7 +39,7 @@ HEADLINE = (
 CONFIG = "config"  # column: the configuration's label (`key=value, ...`, one per configuration)
 
 
-class RunSetError(ValueError):
+class RunSetError(InputError):
     """Runs that cannot be read, or a grouping that would pool different configurations."""
 
 

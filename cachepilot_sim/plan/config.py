@@ -11,8 +11,10 @@ from typing import Any, ClassVar
 
 from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config import POLICIES, ConfigError, Sealed, bounded, known_routers, require
+from cachepilot_sim.inputs import parse_overrides, read_yaml
 
 PRICES_FILE = CONF_DIR / "plan" / "prices.yaml"
+MAX_USD_PER_GPU_HOUR = 1e4  # a finite, physical price: an infinite one makes every cost equal
 PD_SPLIT = re.compile(r"^(colocated|[1-9][0-9]*:[1-9][0-9]*)$")
 
 
@@ -71,8 +73,18 @@ class SearchSpace(Sealed):
         for gb in self.offload_gb:
             require(0 <= gb < 1e6, f"{prefix}.offload_gb", gb, "GB of CPU store, >= 0")
         for split in self.pd_splits:
-            ok = bool(PD_SPLIT.match(split))
+            ok = isinstance(split, str) and bool(PD_SPLIT.match(split))
             require(ok, f"{prefix}.pd_splits", split, "'colocated' or 'P:D', e.g. '1:2'")
+        for key in ("gpus", "tp", "policies", "routers", "batchers", "offload_gb", "pd_splits"):
+            values = [float(v) if key == "offload_gb" else v for v in getattr(self, key)]
+            twice = sorted({str(v) for v in values if values.count(v) > 1})
+            require(
+                not twice,
+                f"{prefix}.{key}",
+                getattr(self, key),
+                f"lists {', '.join(twice)} twice: one configuration would be simulated as "
+                "several cells (and pooled as several samples)",
+            )
 
 
 @dataclass
@@ -102,18 +114,24 @@ class GpuPrice:
 
 
 def load_plan(path: Path, overrides: list[str]) -> PlanConfig:
-    """The plan file merged over the schema, then `key=value` overrides; validated."""
+    """The plan file merged over the schema, then `key=value` overrides; validated. The file and
+    the overrides are read as inputs.read_yaml reads YAML: UTF-8, no key twice, and `1:1` kept
+    as the text written (YAML 1.1 would read 61)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     if not path.is_file():
         raise ConfigError(f"plan file '{path}' not found")
+    data = read_yaml(path, "plan file")
+    if not isinstance(data, dict):
+        what = "empty" if data is None else f"a {type(data).__name__}, not a mapping of keys"
+        raise ConfigError(f"{path}: the plan file is {what}")
     try:
-        node = OmegaConf.merge(
-            OmegaConf.structured(PlanConfig),
-            OmegaConf.load(path),
-            OmegaConf.from_dotlist(overrides),
-        )
+        given = OmegaConf.create(data)
+        cli = OmegaConf.create()
+        for key, value in parse_overrides(overrides):
+            OmegaConf.update(cli, key, value, force_add=True)
+        node = OmegaConf.merge(OmegaConf.structured(PlanConfig), given, cli)
         plan = OmegaConf.to_object(node)
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", "") or "?"
@@ -124,15 +142,10 @@ def load_plan(path: Path, overrides: list[str]) -> PlanConfig:
 
 def load_prices(plan: PlanConfig) -> dict[str, GpuPrice]:
     """Prices of every GPU in the search space; a missing or non-positive one names its key."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
     path = Path(plan.prices)
     require(path.is_file(), "prices", plan.prices, "price file not found")
-    try:
-        table = OmegaConf.to_container(OmegaConf.load(path))
-    except OmegaConfBaseException as err:
-        raise ConfigError(f"{path}: {str(err).splitlines()[0]}") from err
+    table = read_yaml(path, "price file")
     entries = table.get("prices") if isinstance(table, dict) else None
     require(isinstance(entries, dict), f"{path}: prices", entries, "a mapping gpu -> price")
     assert isinstance(entries, dict)
@@ -143,8 +156,10 @@ def load_prices(plan: PlanConfig) -> dict[str, GpuPrice]:
         require(isinstance(entry, dict), key, entry, "missing (usd_per_gpu_hour, source, date)")
         assert isinstance(entry, dict)
         price = entry.get("usd_per_gpu_hour")
-        ok = isinstance(price, int | float) and not isinstance(price, bool) and price > 0
-        require(ok, f"{key}.usd_per_gpu_hour", price, "must be a number > 0")
+        number = isinstance(price, int | float) and not isinstance(price, bool)
+        ok = number and 0 < price < MAX_USD_PER_GPU_HOUR  # type: ignore[operator]
+        why = f"must be a number in (0, {MAX_USD_PER_GPU_HOUR:g})"  # NaN, infinity refused
+        require(ok, f"{key}.usd_per_gpu_hour", price, why)
         for k in ("source", "date"):
             require(bool(entry.get(k)), f"{key}.{k}", entry.get(k), "every price cites one")
         out[gpu] = GpuPrice(float(price), str(entry["source"]), str(entry["date"]))  # type: ignore[arg-type]

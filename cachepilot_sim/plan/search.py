@@ -11,6 +11,9 @@ gives the same answer.
 from __future__ import annotations
 
 import math
+import os
+import signal
+import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -19,6 +22,7 @@ import polars as pl
 
 from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config import ConfigError
+from cachepilot_sim.entry import worker_setup
 from cachepilot_sim.plan.config import Launcher, PlanConfig, SlaConfig
 
 
@@ -221,12 +225,22 @@ def search_cell(plan: PlanConfig, cell: Cell) -> CellResult:
     return CellResult(cell, evals, best_scale=hi)
 
 
+def _search_in_worker(parent: int, plan: PlanConfig, cell: Cell) -> CellResult:
+    """search_cell in a pool worker: the worker exits with the planner and leaves a Ctrl-C or a
+    closed terminal to it (entry.worker_setup), so a stopped plan leaves no worker behind and
+    prints one line, not a traceback per worker. joblib terminates its workers on the interrupt."""
+    if os.getpid() != parent:
+        worker_setup(parent)
+    return search_cell(plan, cell)
+
+
 def run_search(plan: PlanConfig, cells: list[Cell]) -> list[CellResult]:
     """Search every cell in parallel on the plan's launcher; results in cell order."""
     import joblib
 
     jobs = plan.jobs or -1
-    tasks = (joblib.delayed(search_cell)(plan, cell) for cell in cells)
+    parent = os.getpid()
+    tasks = (joblib.delayed(_search_in_worker)(parent, plan, cell) for cell in cells)
     if plan.launcher == Launcher.RAY:
         import ray
         from ray.util.joblib import register_ray
@@ -238,4 +252,22 @@ def run_search(plan: PlanConfig, cells: list[Cell]) -> list[CellResult]:
                 return list(joblib.Parallel(n_jobs=jobs)(tasks))
         finally:
             ray.shutdown()
+    _start_loky_tracker()
     return list(joblib.Parallel(n_jobs=jobs, backend="loky")(tasks))
+
+
+def _start_loky_tracker() -> None:
+    """Start loky's resource tracker with SIGHUP ignored (the disposition survives its exec): it
+    ignores SIGINT and SIGTERM itself, but a closed terminal's SIGHUP reached it as a member of
+    the planner's process group, killed it, and its relaunch printed a KeyError traceback per
+    worker's shared-memory segment."""
+    from joblib.externals.loky.backend import resource_tracker
+
+    if threading.current_thread() is not threading.main_thread():
+        resource_tracker.ensure_running()
+        return
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.signal(signal.SIGHUP, previous)

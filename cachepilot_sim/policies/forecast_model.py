@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from cachepilot_sim.inputs import InputError
 from cachepilot_sim.policies.forecast_features import FEATURES
 
 FORMAT = "cachepilot-reuse-forecast/1"
@@ -35,7 +36,7 @@ def shipped_tables() -> list[Path]:
     return sorted(SHIPPED_DIR.glob("*.json"))
 
 
-class ForecastModelError(ValueError):
+class ForecastModelError(InputError):
     """A model file that is missing or malformed; the message names the file and the key."""
 
 

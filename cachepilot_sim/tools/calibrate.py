@@ -19,7 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cachepilot_sim.inputs import InputError
 from cachepilot_sim.kernels import fit
+from cachepilot_sim.outputs import OutputDirError, staged_folder
 
 PREFILL_TOKENS = [128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
 # (batch, context): context + 1 (the new token) is a power of two so split-KV decode can divide it
@@ -249,13 +251,12 @@ def report(params: dict[str, Any], errors: dict[str, list[fit.PointError]], log:
 
 
 def write_outputs(raw: dict[str, Any], out_dir: Path, log: Any, write_raw: bool = True) -> None:
-    """Fit, print every point's error, write raw JSON, fit errors JSON and the hardware YAML."""
+    """Fit, print every point's error, write raw JSON, fit errors JSON and the hardware YAML:
+    together, through a staging folder (outputs.staged_folder), so an earlier calibration in
+    `out_dir` is replaced only by a whole new one."""
     params, errors = fit.fit_all(raw)
     report(params, errors, log)
     summary = fit.error_summary(errors)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if write_raw:
-        (out_dir / f"{raw['date']}_h200.json").write_text(json.dumps(raw, indent=1))
     errs = {
         k: [
             {
@@ -268,16 +269,23 @@ def write_outputs(raw: dict[str, Any], out_dir: Path, log: Any, write_raw: bool 
         ]
         for k, v in errors.items()
     }
-    (out_dir / f"{raw['date']}_h200_fit.json").write_text(
-        json.dumps({"parameters": params, "summary": summary, "points": errs}, indent=1)
-    )
     comment = (
         f"Fitted by `python -m cachepilot_sim.tools.calibrate` from {params['source']}.\n"
         f"Fit error over all points: median {100 * summary['all']['median_abs_rel']:.1f} %,"
         f" max {100 * summary['all']['max_abs_rel']:.1f} %; per point in "
         f"{raw['date']}_h200_fit.json."
     )
-    (out_dir / "h200_calibrated.yaml").write_text(fit.hardware_yaml(params, comment))
+    texts = {
+        f"{raw['date']}_h200_fit.json": json.dumps(
+            {"parameters": params, "summary": summary, "points": errs}, indent=1
+        ),
+        "h200_calibrated.yaml": fit.hardware_yaml(params, comment),
+    }
+    if write_raw:
+        texts[f"{raw['date']}_h200.json"] = json.dumps(raw, indent=1)
+    with staged_folder(out_dir) as stage:
+        for name, text in texts.items():
+            (stage / name).write_text(text)
 
 
 def measure_all(log: Any) -> dict[str, Any]:
@@ -312,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
             raw = _read_raw(args.refit)
             try:  # the fit runs before anything is written
                 write_outputs(raw, args.out, log, write_raw=False)
+            except OutputDirError:
+                raise
             except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as err:
                 raise CalibrationError(
                     f"{args.refit}: not a raw calibration file measure_all wrote "
@@ -321,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         _require_gpu()
         raw = measure_all(log)
         write_outputs(raw, args.out, log)
-    except CalibrationError as err:
+    except (CalibrationError, OutputDirError) as err:
         print(f"calibrate: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # an unwritable --out: named, no traceback
@@ -330,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-class CalibrationError(ValueError):
+class CalibrationError(InputError):
     """A calibration that cannot run or a raw file that cannot be fitted; names the cause."""
 
 

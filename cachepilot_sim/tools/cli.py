@@ -43,10 +43,14 @@ def available_tools() -> dict[str, str]:
 
 
 def run_tool(name: str, argv: Sequence[str]) -> int:
-    """Run one tool's main(argv) under the console command's name; returns its exit status."""
+    """Run one tool's main(argv) under the console command's name; returns its exit status. Every
+    tool ends as entry.entry_point says: a bad input is one line and status 2, a stop signal one
+    line and 128 + the signal, never a traceback (CACHEPILOT_TRACEBACK=1 shows one)."""
+    from cachepilot_sim.entry import entry_point
+
     module = importlib.import_module(f"cachepilot_sim.tools.{available_tools()[name]}")
     sys.argv = [f"cachepilot-sim {name}", *argv]  # argparse's usage line names the command
-    status = module.main(list(argv))
+    status = entry_point(f"cachepilot-sim {name}")(module.main)(list(argv))
     return int(status or 0)
 
 

@@ -26,12 +26,13 @@ import yaml
 
 from cachepilot_sim.experiment.runset import RunSetError
 from cachepilot_sim.experiment.sweep import job_dirs, read_job
+from cachepilot_sim.inputs import InputError
 from cachepilot_sim.tools.sweep_figures import metric_vs_param
 
 TABLE = "collected"
 
 
-class CollectError(ValueError):
+class CollectError(InputError):
     """A sweep folder that cannot be collected; the message names the file and the problem."""
 
 

@@ -34,6 +34,9 @@ import numpy as np
 import polars as pl
 
 from cachepilot_sim.cost.engine_step import FEATURES, EngineStepFit, fit_engine_step, step_features
+from cachepilot_sim.entry import entry_point
+from cachepilot_sim.inputs import InputError, one_line
+from cachepilot_sim.outputs import check_file, write_text
 from cachepilot_sim.tools.micro_steps import load_micro_steps
 
 
@@ -128,12 +131,27 @@ def report(
     }
 
 
+def _count(minimum: int) -> Any:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"  # argparse's message names the type
+    return parse
+
+
+@entry_point("cachepilot-sim fit-engine")
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("steps", type=Path, nargs="+", help="the micro-runs' steps.parquet file(s)")
-    ap.add_argument("--q-pad-tokens", type=int, default=256)
+    ap.add_argument("--q-pad-tokens", type=_count(1), default=256)
     ap.add_argument(
-        "--q-shapes", type=int, default=0, help="fit a time per padded query shape (0: a line)"
+        "--q-shapes",
+        type=_count(0),
+        default=0,
+        help="fit a time per padded query shape (0: a line)",
     )
     ap.add_argument("--json", type=Path, help="write the fit and its residuals here")
     ap.add_argument("--form", choices=("engine_step", "physical"), default="engine_step")
@@ -141,10 +159,15 @@ def main(argv: list[str] | None = None) -> None:
         "--gpu-profile", help="physical: gpu_profile.json, or 'datasheet[:GPU]' (a conf/gpu preset)"
     )
     ap.add_argument(
-        "--max-tokens", type=int, default=2048, help="physical: fit steps of <= this many queries"
+        "--max-tokens",
+        type=_count(1),
+        default=2048,
+        help="physical: fit steps of <= this many queries",
     )
     ap.add_argument("--predict", type=Path, nargs="*", help="physical: steps files only predicted")
     args = ap.parse_args(argv)
+    if args.json:
+        check_file(args.json)
     if args.form == "physical":
         if not args.gpu_profile:
             ap.error("--form physical needs --gpu-profile (a gpu_profile.json or 'datasheet')")
@@ -152,15 +175,18 @@ def main(argv: list[str] | None = None) -> None:
 
         try:
             run(args)
-        except (ValueError, OSError, KeyError) as err:  # the profile's or a file's one line
-            print(f"error: {err}", file=sys.stderr)
-            raise SystemExit(2) from None
+        except (ValueError, KeyError) as err:  # the profile's one line
+            raise InputError(one_line(err)) from None
         return
     steps = load_micro_steps(*args.steps)
-    fit, resid = fit_steps(steps, args.q_pad_tokens, args.q_shapes)
+    try:
+        fit, resid = fit_steps(steps, args.q_pad_tokens, args.q_shapes)
+    except (ValueError, np.linalg.LinAlgError) as err:  # too few or degenerate steps for a fit
+        paths = ", ".join(map(str, args.steps))
+        raise InputError(f"{paths}: cannot fit the step cost ({one_line(err)})") from None
     out = report(args.steps if len(args.steps) > 1 else args.steps[0], steps, fit, resid)
     if args.json:
-        args.json.write_text(json.dumps(out, indent=1, default=float) + "\n")
+        write_text(args.json, json.dumps(out, indent=1, default=float) + "\n")
     print(
         f"# {out['steps_used']} steps; |residual| median {out['residual_abs_median']:.2%}, "
         f"mean {out['residual_abs_mean']:.2%}, p90 {out['residual_abs_p90']:.2%}; "
@@ -172,4 +198,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -31,7 +31,9 @@ from cachepilot_sim.cost.step_physical import (
     fit_physical,
     physical_terms,
 )
+from cachepilot_sim.inputs import InputError, read_json
 from cachepilot_sim.kernels.profile_gpu import DEFAULT_MODEL
+from cachepilot_sim.outputs import write_text
 from cachepilot_sim.tools.micro_steps import load_micro_steps
 
 ENGINE_FILES = ("microbench.json", "engine.json")
@@ -43,9 +45,14 @@ def engine_settings(steps_path: Path) -> dict[str, Any]:
     for name in ENGINE_FILES:
         path = steps_path.parent / name
         if path.is_file():
-            settings = json.loads(path.read_text())
-            if "max_requests_per_batch" not in settings:
-                raise ValueError(f"{path}: key 'max_requests_per_batch' is missing")
+            settings = read_json(path, "engine settings")
+            if not isinstance(settings, dict):
+                raise InputError(f"{path}: expected a JSON object of engine settings")
+            seqs = settings.get("max_requests_per_batch")
+            if not isinstance(seqs, int) or isinstance(seqs, bool) or not 1 <= seqs < 2**31:
+                raise InputError(
+                    f"{path}: key 'max_requests_per_batch' = {seqs!r}: must be a positive integer"
+                )
             return settings
     raise ValueError(f"{steps_path}: no {' or '.join(ENGINE_FILES)} beside it (engine settings)")
 
@@ -171,7 +178,7 @@ def run(args: Any) -> dict[str, Any]:
         **errors,
     }
     if args.json:
-        args.json.write_text(json.dumps(out, indent=1, default=float) + "\n")
+        write_text(args.json, json.dumps(out, indent=1, default=float) + "\n")
     for part in ("in_range", *predict):
         e = out[part]
         if e["steps"]:

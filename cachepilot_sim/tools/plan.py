@@ -15,6 +15,7 @@ naming the key; nothing is written then.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -22,17 +23,21 @@ from pathlib import Path
 from rich.console import Console
 
 from cachepilot_sim.config import ConfigError
+from cachepilot_sim.entry import entry_point
+from cachepilot_sim.outputs import check_folder, staged_folder
 from cachepilot_sim.plan import build_answer, cells_of, load_plan, run_search
-from cachepilot_sim.plan.config import load_prices
+from cachepilot_sim.plan.config import Launcher, PlanConfig, load_prices
 from cachepilot_sim.plan.report import markdown, write
 from cachepilot_sim.tools import CONF_DIR
-from cachepilot_sim.workloads.traces import TraceError
 
 DEFAULT_PLAN = CONF_DIR / "plan" / "azure_conv.yaml"
+PLAN_OUTPUTS = ("plan.json", "plan.md", "pareto.png")  # what a rerun replaces in --out
 
 
+@entry_point("cachepilot-sim plan")
 def main(argv: list[str] | None = None) -> int:
-    """Run the plan; 0 with an answer (even "nothing meets the SLA"), 2 on bad input."""
+    """Run the plan; 0 with an answer (even "nothing meets the SLA"), 2 on bad input, 128 + the
+    signal when stopped (SIGINT, SIGTERM, SIGHUP: the workers are stopped, nothing written)."""
     ap = argparse.ArgumentParser(
         prog="cachepilot-sim plan",
         description=__doc__,
@@ -43,27 +48,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="key=value overrides of the plan config")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     console = Console()
-    try:
-        plan = load_plan(Path(args.config), list(args.overrides))
-        prices = load_prices(plan)
-        cells = cells_of(plan)
-        t0 = time.perf_counter()  # wall time, printed only: plan.json stays rerun-identical
-        results = run_search(plan, cells)
-        if all(r.refused for r in results):
-            raise ConfigError(f"every configuration was refused; first: {results[0].refused}")
-    except (ConfigError, TraceError) as err:
-        print(f"cachepilot-sim plan: {err}", file=sys.stderr)
-        return 2
+    out = Path(args.out)
+    plan = load_plan(Path(args.config), list(args.overrides))
+    prices = load_prices(plan)
+    check_launcher(plan)
+    check_folder(out)  # before the search, not after it
+    cells = cells_of(plan)
+    t0 = time.perf_counter()  # wall time, printed only: plan.json stays rerun-identical
+    results = run_search(plan, cells)
+    if all(r.refused for r in results):
+        raise ConfigError(f"every configuration was refused; first: {results[0].refused}")
     wall = time.perf_counter() - t0
     answer = build_answer(plan, results, prices)
-    out = Path(args.out)
-    write(answer, out)
+    with staged_folder(out, PLAN_OUTPUTS) as stage:  # an earlier plan stays until this one is whole
+        write(answer, stage)
     console.print(markdown(answer).split("\n## ")[0], markup=False, highlight=False)
     console.print(
         f"{answer['num_simulated']} configurations simulated in {wall:.1f} s; results: {out}",
         markup=False,
     )
     return 0
+
+
+def check_launcher(plan: PlanConfig) -> None:
+    """launcher=ray needs Ray, an optional extra: refused before anything runs when absent."""
+    if plan.launcher == Launcher.RAY and importlib.util.find_spec("ray") is None:
+        raise ConfigError(
+            "config key 'launcher' = 'ray': Ray is not installed (pip install "
+            "'cachepilot-sim[plan-ray]'), or use launcher=joblib"
+        )
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from cachepilot_sim.config import (
     ModelConfig,
     require,
 )
+from cachepilot_sim.config.store import required_schema
 from cachepilot_sim.cost.kv_bytes import KvDtype, kv_bytes_per_token
 from cachepilot_sim.cost.model import compute_fit, iteration_us
 from cachepilot_sim.cost.roofline import (
@@ -43,7 +44,11 @@ from cachepilot_sim.cost.roofline import (
     pcie_gbps,
     ridge_batch,
 )
+from cachepilot_sim.entry import entry_point
+from cachepilot_sim.inputs import one_line, read_yaml
 from cachepilot_sim.tools import CONF_DIR
+
+MAX_TOKENS = 2**31 - 1
 
 DEFAULTS = {
     "model": "llama3_8b",
@@ -55,9 +60,21 @@ DEFAULTS = {
 
 
 def _load(cls: type, path: Path) -> Any:
+    """A profile file over its schema: a model or GPU file states every required key
+    (config/store.REQUIRED_KEYS), no default stands in; an error names the file and key."""
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), OmegaConf.load(path)))
+    section = {ModelConfig: "model", GpuSpecConfig: "gpu"}.get(cls)
+    schema = required_schema(section) if section else OmegaConf.structured(cls)
+    data = read_yaml(path, "profile")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys, got {type(data).__name__}")
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(schema, data))
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", "") or "?"
+        raise ConfigError(f"{path}: key '{key}': {one_line(err).split('; full_key')[0]}") from None
 
 
 def known(group: str) -> list[str]:
@@ -123,17 +140,18 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
             out[key] = int(values[key])
         except ValueError:
             raise ConfigError(f"config key '{key}' = {values[key]!r}: must be an integer") from None
-    require(out["context_tokens"] > 0, "context_tokens", out["context_tokens"], "must be > 0")
-    require(out["batch"] >= 0, "batch", out["batch"], "must be >= 0 (0: largest that fits)")
+    ctx, batch = out["context_tokens"], out["batch"]
+    require(0 < ctx <= MAX_TOKENS, "context_tokens", ctx, f"must be in 1..{MAX_TOKENS}")
+    require(0 <= batch <= MAX_TOKENS, "batch", batch, "must be >= 0 (0: largest that fits)")
     try:
         reserve_gb = float(values["activation_reserve_gb"])
     except ValueError:
         reserve_gb = -1.0
     require(
-        reserve_gb >= 0,
+        0 <= reserve_gb <= 1e5,  # NaN and infinity refused
         "activation_reserve_gb",
         values["activation_reserve_gb"],
-        "must be a number >= 0",
+        "must be a number in [0, 1e5] GB",
     )
     out["reserve_bytes"] = int(reserve_gb * GB)
     out["gpus"] = [g for g in values["gpus"].split(",") if g]
@@ -150,8 +168,10 @@ def score(
         for d in KvDtype
     }
     fp16 = kv_bytes_per_token(model, KvDtype.FP16.value_bytes)
-    fits = gpu.hbm_bytes >= model.weight_bytes + reserve_bytes
     num_seqs = batch or max(1, tokens[KvDtype.FP16] // context_tokens)
+    # No bound for a batch whose KV does not fit beside the weights: it cannot run on this tier.
+    fits = gpu.hbm_bytes >= model.weight_bytes + reserve_bytes
+    fits = fits and num_seqs * context_tokens <= tokens[KvDtype.FP16]
     bound = decode_bound(gpu, model, num_seqs, context_tokens, fp16) if fits else None
     return TierScore(gpu, pool, tokens, bound, ridge_batch(gpu, model, context_tokens, fp16))
 
@@ -240,7 +260,8 @@ def render(
         b = ts.bound
         ridge = "never" if ts.ridge == float("inf") else f"{ts.ridge:,.0f}"
         if b is None:
-            roof.add_row(ts.gpu.display_name, "-", "-", "-", "-", "weights do not fit", "-", "-")
+            why = "weights do not fit" if ts.pool_bytes <= 0 else "batch KV does not fit"
+            roof.add_row(ts.gpu.display_name, "-", "-", "-", "-", why, "-", "-")
             continue
         roof.add_row(
             ts.gpu.display_name,
@@ -294,14 +315,11 @@ def render(
         console.print(meas)
 
 
+@entry_point("scorecard")
 def main(argv: list[str] | None = None) -> int:
-    try:
-        a = parse_args(sys.argv[1:] if argv is None else argv)
-        model = load_model(a["model"])
-        gpus = load_gpus(a["gpus"])
-    except ConfigError as err:
-        print(f"scorecard: {err}", file=sys.stderr)
-        return 2
+    a = parse_args(sys.argv[1:] if argv is None else argv)
+    model = load_model(a["model"])
+    gpus = load_gpus(a["gpus"])
     scores = [score(g, model, a["context_tokens"], a["batch"], a["reserve_bytes"]) for g in gpus]
     render(scores, model, a["context_tokens"], Console(width=140), a["reserve_bytes"])
     return 0

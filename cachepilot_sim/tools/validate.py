@@ -24,6 +24,9 @@ import numpy as np
 import polars as pl
 
 from cachepilot_sim.config import RunConfig, register_configs, to_config
+from cachepilot_sim.entry import entry_point
+from cachepilot_sim.inputs import one_line
+from cachepilot_sim.outputs import check_file, check_folder, staged_folder, write_text
 from cachepilot_sim.tools import CONF_DIR
 from cachepilot_sim.validation.block_hashes import shared_blocks_rule
 from cachepilot_sim.validation.engine_settings import EngineSettingsError, resolve
@@ -69,8 +72,15 @@ def sim_config(engine: str, extra: list[str]) -> RunConfig:
     ]
     if not any(o.startswith("vram_gb=") for o in extra):  # the H200; the pool: kv_pool_blocks
         overrides.insert(2, "vram_gb=141")
-    with initialize_config_dir(str(CONF_DIR), version_base=None):
-        return to_config(compose("config", overrides=overrides))
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(str(CONF_DIR), version_base=None):
+            return to_config(compose("config", overrides=overrides))
+    except (HydraException, OmegaConfBaseException) as err:
+        first = one_line(str(err).split("Config search path")[0])
+        raise EngineSettingsError(f"--engine {engine}: {first}") from None
 
 
 def _rel(sim: float | None, real: float | None) -> float | None:
@@ -130,6 +140,12 @@ def validate_runs(
             folder = path.parent if path.name.startswith("run") else path
             name = folder.name if folder == root else folder.relative_to(root).as_posix()
         by_workload.setdefault(name, []).append(path)
+    unknown = sorted(set(only or []) - set(by_workload))
+    if unknown:
+        raise GroundTruthError(
+            f"{root}: --workloads names {', '.join(unknown)}, not under this folder (found: "
+            f"{', '.join(sorted(by_workload))})"
+        )
     out: dict[str, Any] = {}
     pairs: dict[str, tuple[GroundTruth, GroundTruth]] = {}
     for name, paths in sorted(by_workload.items()):
@@ -155,6 +171,11 @@ def validate_runs(
             row["spread"] = spread(real, load_ground_truth(paths[1]))
         out[name] = row
         pairs[name] = (sim, real)
+    if not out:  # an empty table with exit 0 reads as "no error found"
+        raise GroundTruthError(
+            f"{root}: nothing to validate (found only {', '.join(sorted(by_workload))}: cost "
+            "micro-runs are the fit's data, not a workload)"
+        )
     return out, pairs
 
 
@@ -276,9 +297,10 @@ def _compare_policies(args: argparse.Namespace, only: list[str] | None) -> None:
     print(markdown(result))
     if args.json:
         result["ground_truth"] = _repo_relative(args.ground_truth)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        write_text(args.json, json.dumps(result, indent=1) + "\n")
 
 
+@entry_point("cachepilot-sim validate")
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         prog="python -m cachepilot_sim.validate", description=__doc__.splitlines()[0]
@@ -296,32 +318,31 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = ap.parse_args(argv)
     only = [w for w in args.workloads.split(",") if w] or None
+    if args.json:  # refused before the replay, not after it
+        check_file(args.json)
+    if args.plot:
+        check_folder(args.plot)
     if args.compare_policies:
         _compare_policies(args, only)
         return
-    try:
-        workloads, pairs = validate_runs(args.ground_truth, args.engine, only)
-    except (GroundTruthError, EngineSettingsError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+    workloads, pairs = validate_runs(args.ground_truth, args.engine, only)
     print(settings_text(workloads))
     print(f"engine profile: {args.engine}; cells: sim vs run 1 (run 2 vs run 1)")
     print(markdown(workloads))
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "engine": args.engine,
-                    "ground_truth": _repo_relative(args.ground_truth),
-                    "workloads": workloads,
-                },
-                indent=1,
-            )
-            + "\n"  # fmt: skip
+        text = json.dumps(
+            {
+                "engine": args.engine,
+                "ground_truth": _repo_relative(args.ground_truth),
+                "workloads": workloads,
+            },
+            indent=1,
         )
+        write_text(args.json, text + "\n")
     if args.plot:
-        plot(pairs, args.plot)
+        with staged_folder(args.plot, ("*.png",)) as stage:
+            plot(pairs, stage)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

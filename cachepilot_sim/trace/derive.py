@@ -19,6 +19,7 @@ from typing import Any
 
 import polars as pl
 
+from cachepilot_sim.inputs import InputError
 from cachepilot_sim.metrics import request_metrics, restore_metrics
 from cachepilot_sim.trace.recorder import META_FILE
 from cachepilot_sim.trace.schema import REJECT_REASONS, TRACE_SCHEMA
@@ -32,7 +33,7 @@ _SOURCE_NAME = {"hit": "hit", "reload_done": "reload", "recompute": "recompute"}
 RUN_FILE = "run.json"  # a run folder's owner record: run id and cells (experiment/outdir.py)
 
 
-class TraceError(ValueError):
+class TraceError(InputError):
     """A trace folder that cannot be read: the message names the file and what is wrong."""
 
 

@@ -33,6 +33,9 @@ from typing import Any
 
 import polars as pl
 
+from cachepilot_sim.entry import entry_point
+from cachepilot_sim.inputs import InputError, parse_json, read_text
+from cachepilot_sim.outputs import check_folder, finite_or_none, staged_folder
 from cachepilot_sim.validation.ground_truth import (
     ENGINE_FILE,
     REQUESTS_FILE,
@@ -58,14 +61,44 @@ _METADATA = ("date", "backend", "model_id", "label", "request_rate", "burstiness
              "max_concurrency", "num_prompts", "dataset_name")  # fmt: skip
 
 
-class ConvertError(ValueError):
+MAX_TOKENS = 2**31 - 1  # as the trace readers bound a length (workloads/traces.py)
+MAX_SECONDS = 2**61 / 1e6  # a time in µs must fit int64 with room for sums
+
+
+class ConvertError(InputError):
     """Benchmark output that cannot be converted; the message names the file and the key."""
 
 
 def _number(path: Path, key: str, i: int, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
         raise ConvertError(f"{path}: key '{key}' entry {i} is not a finite number ({value!r})")
     return float(value)
+
+
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value) and abs(value) <= MAX_SECONDS
+    except OverflowError:  # an int beyond a float
+        return False
+
+
+def _seconds(path: Path, key: str, i: int, value: Any) -> float:
+    """A time in seconds: finite and >= 0."""
+    number = _number(path, key, i, value)
+    if number < 0:
+        raise ConvertError(f"{path}: key '{key}' entry {i} is negative ({value!r} s)")
+    return number
+
+
+def _count(path: Path, key: str, i: int, value: Any) -> int:
+    """A token count: an integer in 0..MAX_TOKENS (a fraction is refused, not truncated)."""
+    number = _number(path, key, i, value)
+    if not number.is_integer() or not 0 <= number <= MAX_TOKENS:
+        raise ConvertError(
+            f"{path}: key '{key}' entry {i} = {value!r}: must be a whole number of tokens in "
+            f"0..{MAX_TOKENS}"
+        )
+    return int(number)
 
 
 def _lists(path: Path, result: dict[str, Any]) -> dict[str, list[Any]]:
@@ -115,27 +148,40 @@ def _send_times_s(
 
 def _request_row(path: Path, lists: dict[str, list[Any]], i: int, send_s: float) -> dict[str, Any]:
     error = lists["errors"][i] if "errors" in lists else None
-    prompt = int(_number(path, "input_lens", i, lists["input_lens"][i]))
-    output = int(_number(path, "output_lens", i, lists["output_lens"][i]))
+    if error is not None and not isinstance(error, str):
+        raise ConvertError(f"{path}: key 'errors' entry {i} is not a string or null ({error!r})")
+    prompt = _count(path, "input_lens", i, lists["input_lens"][i])
+    output = _count(path, "output_lens", i, lists["output_lens"][i])
     ttft = _number(path, "ttfts", i, lists["ttfts"][i])
     itl = lists["itls"][i]
     if not isinstance(itl, list):
         raise ConvertError(f"{path}: key 'itls' entry {i} is not a list")
-    gaps = [_number(path, "itls", i, g) for g in itl]
+    gaps = [_seconds(path, "itls", i, g) for g in itl]
     send_us = round(send_s * 1e6)
     row: dict[str, Any] = {"request_id": f"req-{i:06d}", "send_us": send_us,
                            "prompt_tokens": prompt, "output_tokens": output,
                            "first_token_us": None, "end_us": None, "token_us": None,
                            "status": "failed", "error": error or None}  # fmt: skip
-    if error or output < 1 or ttft <= 0:
+    if error or output < 1:
         return row
+    if ttft <= 0:  # a successful request's first token comes after it was sent
+        raise ConvertError(
+            f"{path}: key 'ttfts' entry {i} = {ttft!r} s for a request without an error: a "
+            "successful request's time to first token is > 0"
+        )
     first_s = send_s + ttft
     token_us = [round(t * 1e6) for t in accumulate(gaps, initial=first_s)]
     if "latencies" in lists and not gaps:
-        end_us = round((send_s + _number(path, "latencies", i, lists["latencies"][i])) * 1e6)
+        latency = _seconds(path, "latencies", i, lists["latencies"][i])
+        if latency < ttft:
+            raise ConvertError(
+                f"{path}: key 'latencies' entry {i} = {latency!r} s ends before the first token "
+                f"(ttfts entry {i} = {ttft!r} s)"
+            )
+        end_us = round((send_s + latency) * 1e6)
     else:
         end_us = token_us[-1]
-    row.update(status="finished", first_token_us=token_us[0], end_us=max(end_us, token_us[0]))
+    row.update(status="finished", first_token_us=token_us[0], end_us=end_us)
     if len(gaps) == output - 1:
         row["token_us"] = token_us
     return row
@@ -147,23 +193,36 @@ def _write(
     lists = _lists(path, result)
     send_s, source = _send_times_s(path, result, lists, given)
     rows = [_request_row(path, lists, i, t) for i, t in enumerate(send_s)]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    pl.DataFrame(rows, schema=REQUEST_SCHEMA).write_parquet(out_dir / REQUESTS_FILE)
+    finished = [r for r in rows if r["status"] == "finished"]
+    if any(r["token_us"] is None for r in finished):  # some streamed several tokens per chunk:
+        for r in rows:  # no token times at all, rather than ITL over a subset
+            r["token_us"] = None
     meta = {k: result[k] for k in _METADATA if k in result}
     engine_json = {"engine": engine, "source_file": str(path), "send_times": source, **meta}
-    (out_dir / ENGINE_FILE).write_text(json.dumps(engine_json, indent=1, default=str))
-    try:
-        load_ground_truth(out_dir)  # the converter's output obeys the same rules as captures
-    except GroundTruthError as err:
-        raise ConvertError(f"{path}: converted ground truth is invalid: {err}") from err
+    # Written into a staging folder, checked, then swapped in: a refused conversion leaves an
+    # earlier one in `out_dir` as it was.
+    with staged_folder(out_dir) as stage:
+        pl.DataFrame(rows, schema=REQUEST_SCHEMA).write_parquet(stage / REQUESTS_FILE)
+        text = json.dumps(finite_or_none(engine_json), indent=1, default=str)
+        (stage / ENGINE_FILE).write_text(text)
+        try:
+            load_ground_truth(stage)  # the converter's output obeys the same rules as captures
+        except GroundTruthError as err:
+            raise ConvertError(f"{path}: converted ground truth is invalid: {err}") from err
     return out_dir
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConvertError(f"{path}: cannot read as JSON ({type(err).__name__})") from err
+    """The benchmark's JSON: a key given twice is refused (which one would count?); NaN is read
+    (the tools write it for an empty statistic) and refused only where a value is used."""
+    return parse_json(read_text(path, "benchmark output"), path, allow_nan=True)
+
+
+def _send_times_file(path: Path) -> list[float]:
+    given = _read_json(path)
+    if not isinstance(given, list) or not given:
+        raise ConvertError(f"{path}: expected a JSON list of send times in seconds")
+    return [_seconds(path, "send times", i, v) for i, v in enumerate(given)]
 
 
 def vllm_to_ground_truth(
@@ -185,23 +244,22 @@ def sglang_to_ground_truth(
 ) -> Path:
     """Write `out_dir` from run `line` (default: the last) of a `sglang.bench_serving` JSONL."""
     path = Path(path)
-    try:
-        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConvertError(f"{path}: cannot read ({type(err).__name__})") from err
+    lines = [ln for ln in read_text(path, "benchmark output").splitlines() if ln.strip()]
     if not lines:
         raise ConvertError(f"{path}: no runs (empty file)")
     if not -len(lines) <= line < len(lines):
         raise ConvertError(f"{path}: line {line} out of range ({len(lines)} runs)")
     try:
-        result = json.loads(lines[line])
-    except json.JSONDecodeError as err:
-        raise ConvertError(f"{path}: run {line} is not valid JSON ({err.msg})") from err
+        result = parse_json(lines[line], path, allow_nan=True)
+    except InputError as err:
+        reason = str(err).removeprefix(f"{path}: ")
+        raise ConvertError(f"{path}: run {line} is not valid JSON ({reason})") from None
     if not isinstance(result, dict):
         raise ConvertError(f"{path}: run {line} is not a JSON object")
     return _write(path, result, Path(out_dir), "sglang", send_times_s)
 
 
+@entry_point("cachepilot_sim.validation.convert")
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Convert benchmark output to a ground-truth folder.")
     ap.add_argument("format", choices=["vllm", "sglang"])
@@ -210,16 +268,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--line", type=int, default=-1, help="SGLang JSONL: which run (default last)")
     ap.add_argument("--send-times", type=Path, help="JSON list of send times in seconds")
     args = ap.parse_args(argv)
-    try:
-        given = None if args.send_times is None else _read_json(args.send_times)
-        if args.format == "vllm":
-            out = vllm_to_ground_truth(args.source, args.out_dir, given)
-        else:
-            out = sglang_to_ground_truth(args.source, args.out_dir, args.line, given)
-    except (ConvertError, GroundTruthError) as err:
-        sys.exit(f"error: {err}")
+    given = None if args.send_times is None else _send_times_file(args.send_times)
+    check_folder(args.out_dir)
+    if args.format == "vllm":
+        out = vllm_to_ground_truth(args.source, args.out_dir, given)
+    else:
+        out = sglang_to_ground_truth(args.source, args.out_dir, args.line, given)
     print(f"wrote {out}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -39,6 +39,7 @@ from cachepilot_sim.validation.settings_reader import (  # noqa: F401 (re-export
     check_fitted,
     normalised,
     read_gpu,
+    read_gpu_name,
     read_model,
     read_pool,
 )
@@ -230,7 +231,7 @@ def resolve(path: Path, engine: dict[str, Any], cfg: RunConfig) -> ResolvedSetti
         if not 0 <= margin < 1:
             raise r.fail("safety_margin", "must be in [0, 1)")
         r.honour("safety_margin", margin, f"engine.prefill_margin_fraction={margin}")
-    r.out.gpu = engine.get("gpu") if isinstance(engine.get("gpu"), str) else None
+    r.out.gpu = read_gpu_name(r)
     read = {s.key for s in r.out.settings}
     for key, value in engine.items():
         if key not in read and key != "engine":

@@ -10,12 +10,13 @@ into a silently wrong error table.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import polars as pl
+
+from cachepilot_sim.inputs import InputError, read_json
 
 REQUESTS_FILE = "requests.parquet"
 STEPS_FILE = "steps.parquet"
@@ -56,9 +57,12 @@ REQUIRED_STEP_COLUMNS = {
     "decode_tokens": _INT,
 }
 PERCENTILES = (50, 90, 99)
+INT64_MAX = 2**63 - 1
+MAX_TIME_US = 2**61  # as the trace readers bound a time: sums of times stay in int64
+MAX_TOKENS = 2**31 - 1  # as the trace readers bound a length
 
 
-class GroundTruthError(ValueError):
+class GroundTruthError(InputError):
     """Ground truth that cannot be used; the one-line message names the file and the column."""
 
 
@@ -117,6 +121,17 @@ def _check_columns(
             raise GroundTruthError(
                 f"{path}: column '{col}' has type {df.schema[col]}, expected {kind}"
             )
+    for col, kind in {**required, **optional}.items():
+        if col in df.columns and kind in (_INT, _INT_LIST):
+            dtype = df.schema[col]
+            inner = dtype.inner if isinstance(dtype, pl.List) else dtype
+            values = df[col].explode() if isinstance(dtype, pl.List) else df[col]
+            top = values.max() if inner == pl.UInt64 else None
+            if isinstance(top, int) and top > INT64_MAX:
+                raise GroundTruthError(
+                    f"{path}: column '{col}' holds a value above 2^63 - 1 ({top}): not a "
+                    "count, time or id the replay can hold"
+                )
     casts = [
         pl.col(c).cast(pl.Int64)
         for c, k in {**required, **optional}.items()
@@ -163,6 +178,19 @@ def _validate_requests(path: Path, df: pl.DataFrame) -> pl.DataFrame:
     ]
     for col in ("send_us", "first_token_us", "end_us", "prompt_tokens", "output_tokens"):
         checks.append((col, fin & pl.col(col).is_null(), "is null for a finished request"))
+    for col in ("send_us", "first_token_us", "end_us"):
+        checks.append((col, pl.col(col) > MAX_TIME_US, f"is above {MAX_TIME_US} us"))
+    for col in ("prompt_tokens", "output_tokens", "max_new_tokens"):
+        if col in df.columns:
+            checks.append((col, pl.col(col) > MAX_TOKENS, f"is above {MAX_TOKENS} tokens"))
+    for col in ("turn", "think_time_us", "max_new_tokens", "num_soft_resets", "num_cpu_swaps",
+                "prefix_hit_tokens"):  # fmt: skip
+        if col in df.columns:
+            checks.append((col, pl.col(col) < 0, "is negative"))
+    if "think_time_us" in df.columns:
+        checks.append(
+            ("think_time_us", pl.col("think_time_us") > MAX_TIME_US, f"is above {MAX_TIME_US} us")
+        )
     checks += [
         ("send_us", pl.col("send_us") < 0, "is negative"),
         ("prompt_tokens", pl.col("prompt_tokens") < 1, "is below 1"),
@@ -173,6 +201,20 @@ def _validate_requests(path: Path, df: pl.DataFrame) -> pl.DataFrame:
     if "token_us" in df.columns:
         tok = pl.col("token_us")
         has = fin & tok.is_not_null() & (tok.list.len() > 0)
+        recorded = df.filter(fin & tok.is_not_null()).height > 0
+        checks += [
+            ("token_us", fin & tok.is_not_null() & (tok.list.len() == 0), "is an empty list"),
+            ("token_us", tok.list.eval(pl.element().is_null()).list.any(), "holds a null time"),
+        ]
+        if recorded:  # token times for some finished requests only: ITL of a subset
+            checks.append(
+                (
+                    "token_us",
+                    fin & tok.is_null(),
+                    "is null for a finished request while others have token times (null the "
+                    "whole column when some were not recorded)",
+                )
+            )
         checks += [
             (
                 "token_us",
@@ -196,6 +238,24 @@ def _validate_requests(path: Path, df: pl.DataFrame) -> pl.DataFrame:
                 "names a request that is not in the file",
             )
         )
+        sent = pl.col("parent_id").replace_strict(
+            df["request_id"], df["send_us"], default=None, return_dtype=pl.Int64
+        )
+        df_parent = df.with_columns(parent_send_us=sent)
+        _fail_rows(
+            path,
+            df_parent,
+            (pl.col("parent_id") == pl.col("request_id")).fill_null(False),
+            "parent_id",
+            "names the request itself",
+        )
+        _fail_rows(
+            path,
+            df_parent,
+            (pl.col("parent_send_us") >= pl.col("send_us")).fill_null(False),
+            "parent_id",
+            "names a request sent at or after this one (a parent comes earlier)",
+        )
     for col, bad, reason in checks:
         _fail_rows(path, df, bad, col, reason)
     return df
@@ -218,9 +278,10 @@ def _read_engine(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise GroundTruthError(f"{path}: file not found")
     try:
-        engine = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise GroundTruthError(f"{path}: cannot read as JSON ({type(err).__name__})") from err
+        engine = read_json(path, "engine settings")
+    except InputError as err:
+        reason = str(err).removeprefix(f"{path}: ")
+        raise GroundTruthError(f"{path}: cannot read as JSON ({reason})") from None
     if not isinstance(engine, dict):
         raise GroundTruthError(f"{path}: expected a JSON object, got {type(engine).__name__}")
     if not isinstance(engine.get("engine"), str) or not engine["engine"]:

@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from cachepilot_sim.config import RunConfig
+from cachepilot_sim.inputs import InputError
 
 ENGINE_FILE = "engine.json"
+MAX_SETTING = 2**31 - 1  # the largest count (blocks, tokens, requests) a setting may hold
 # The conf/gpu preset of each GPU a capture names (engine.json `gpu`), and its memory in GB: the
 # replay runs on the capture's GPU (a fitted step cost is checked against it, config/run.py).
 DEVICE_PRESETS = {"NVIDIA H200": "h200", "NVIDIA H100 80GB HBM3": "h100_sxm"}
@@ -23,7 +25,7 @@ PRESET_VRAM_GB = {"h200": 141, "h100_sxm": 80}
 ROOFLINE_NOTE = "not modelled (roofline step cost: idealised, unvalidated)"
 
 
-class EngineSettingsError(ValueError):
+class EngineSettingsError(InputError):
     """A setting of `engine.json` the engine profile cannot replay (one line: file and key)."""
 
 
@@ -79,19 +81,30 @@ class Reader:
         self.out = ResolvedSettings(fitted_on=cfg.engine.fitted_on)
 
     def fail(self, key: str, why: str) -> EngineSettingsError:
-        value = self.engine.get(key)
+        shown = normalised(self.engine.get(key))
+        if not shown.isprintable() or not shown or len(shown) > 60:  # one line, readable
+            shown = repr(self.engine.get(key))[:60]
         return EngineSettingsError(
-            f"{self.file}: key {key!r} = {normalised(value)}: {why} (engine={self.cfg.engine.name})"
+            f"{self.file}: key {key!r} = {shown}: {why} (engine={self.cfg.engine.name})"
         )
 
     def get(self, key: str, kind: type | tuple[type, ...]) -> Any:
-        value = self.engine.get(key)
-        if value is None:
+        """The setting `key` (None when absent), of type `kind`; null, another type, or a number
+        beyond MAX_SETTING is refused: a setting given is replayed or refused, never dropped."""
+        if key not in self.engine:
             return None
+        value = self.engine[key]
+        if value is None:
+            raise self.fail(
+                key, f"is null; expected {kind_name(kind)} (omit a setting not recorded)"
+            )
         if isinstance(value, bool) and kind is not bool:
             raise self.fail(key, f"expected {kind_name(kind)}")
         if not isinstance(value, kind):
             raise self.fail(key, f"expected {kind_name(kind)}")
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if not -MAX_SETTING <= value <= MAX_SETTING:  # also refuses NaN
+                raise self.fail(key, f"out of range (|value| <= {MAX_SETTING})")
         return value
 
     def honour(self, key: str, value: Any, *overrides: str) -> None:
@@ -147,8 +160,7 @@ def check_fitted(r: Reader, key: str, value: Any, representable: bool) -> bool:
 def read_gpu(r: Reader) -> None:
     """The capture's GPU: its conf/gpu preset (and memory), and a transfer when the step cost
     was measured on another one."""
-    e = r.engine
-    r.out.gpu = e.get("gpu") if isinstance(e.get("gpu"), str) else None
+    r.out.gpu = read_gpu_name(r)
     preset = DEVICE_PRESETS.get(r.out.gpu or "")
     if preset is not None:
         r.honour("gpu", r.out.gpu, f"gpu={preset}", f"vram_gb={PRESET_VRAM_GB[preset]}")
@@ -159,6 +171,17 @@ def read_gpu(r: Reader) -> None:
             f"transfer: the step cost was measured on {r.out.fitted_on}, this capture ran on "
             f"{r.out.gpu}"
         )
+
+
+def read_gpu_name(r: Reader) -> str | None:
+    """The capture's GPU name (absent: None); null or not a string is refused: the replay would
+    run on the H200 without a word."""
+    if "gpu" not in r.engine:
+        return None
+    gpu = r.engine["gpu"]
+    if not isinstance(gpu, str) or not gpu:
+        raise r.fail("gpu", "expected the GPU's name (a non-empty string)")
+    return gpu
 
 
 def read_model(r: Reader) -> None:

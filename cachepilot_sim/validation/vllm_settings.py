@@ -98,7 +98,10 @@ def read_vllm(r: Reader) -> None:
             if got != want:
                 raise r.fail(key, why)
             r.out.settings.append(Setting(key, e[key], f"requires {want}"))
-    offload = r.get("kv_offloading_size", (int, float))
+    # vLLM's own value: null is its "no offloading" (cache_config.kv_offloading_size), recorded
+    offload = (
+        None if e.get("kv_offloading_size") is None else r.get("kv_offloading_size", (int, float))
+    )
     if offload:
         raise r.fail(
             "kv_offloading_size", "vLLM's CPU offloading (OffloadingConnector) is not modelled "

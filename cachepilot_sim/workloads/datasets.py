@@ -15,6 +15,8 @@ from pathlib import Path
 
 import polars as pl
 
+from cachepilot_sim.inputs import InputError
+
 USER_ROLES = ("human", "user", "system", "prompter")
 ASSISTANT_ROLES = ("gpt", "assistant", "chatgpt", "bard", "bing", "model", "bot")
 
@@ -26,7 +28,7 @@ class DatasetFormat(StrEnum):
     TURNS = "turns"
 
 
-class DatasetError(ValueError):
+class DatasetError(InputError):
     """A dataset that cannot be profiled; the message names the file and the reason."""
 
 

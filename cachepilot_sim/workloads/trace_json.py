@@ -13,6 +13,7 @@ import math
 import polars as pl
 
 _LENGTHS = ("input_length", "output_length")
+_FIELDS = frozenset({"timestamp", *_LENGTHS, "hash_ids"})
 _HASH_TYPE = pl.List(pl.Int64)
 MOONCAKE_SCHEMA = pl.Struct(
     {
@@ -52,7 +53,7 @@ def decode_slow(lines: pl.DataFrame) -> pl.DataFrame:
     }
     for raw in lines["raw"].to_list():
         try:
-            obj = json.loads(raw)
+            obj = json.loads(raw, object_pairs_hook=_no_repeated_field)
             if not isinstance(obj, dict):
                 raise ValueError("not a JSON object")
             values = [_as_float(k, obj.get(k)) for k in ("timestamp", *_LENGTHS)]
@@ -74,6 +75,17 @@ def decode_slow(lines: pl.DataFrame) -> pl.DataFrame:
         ]
     )
     return pl.DataFrame(rows, schema=schema).with_columns(lines["line"])
+
+
+def _no_repeated_field(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object, refused when it gives a request field twice (json keeps the last, polars
+    may keep another: a guess either way)."""
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out and key in _FIELDS:
+            raise ValueError(f"'{key}' given twice")
+        out[key] = value
+    return out
 
 
 def _as_float(key: str, value: object) -> float | None:
@@ -116,12 +128,16 @@ def fast_decode(lines: pl.DataFrame) -> pl.DataFrame:
         pl.col("raw").str.json_decode(_TEXT_SCHEMA).alias("t"),
     )
     typed, text = pl.col("j").struct, pl.col("t").struct
+    lines_with_raw = frame.with_columns(lines["raw"])
+    frame = lines_with_raw
     coerced = pl.any_horizontal(
         *(text.field(k).is_in(["true", "false"]) for k in ("timestamp", *_LENGTHS)),
         text.field("hash_ids")
         .list.eval(pl.element().is_null() | ~pl.element().str.contains(r"^-?\d+$"))
         .list.any(),
         typed.field("hash_ids").list.eval(pl.element().is_null()).list.any(),
+        # a field given twice: the slow path refuses it (_no_repeated_field)
+        *(pl.col("raw").str.count_matches(rf'"{k}"\s*:') > 1 for k in sorted(_FIELDS)),
     )
     if frame.select(coerced.fill_null(False).any()).item():
         raise pl.exceptions.ComputeError("a value would be coerced")

@@ -19,6 +19,7 @@ import numpy as np
 import polars as pl
 
 from cachepilot_sim.config import OnError, TraceFormat
+from cachepilot_sim.inputs import InputError
 from cachepilot_sim.workloads.trace_json import (
     _LENGTHS,
     MAX_LENGTH_TOKENS,
@@ -35,7 +36,7 @@ AZURE_COLUMNS = {
 SHAREGPT_COLUMNS = {"num_prefill_tokens": "input_length", "num_decode_tokens": "output_length"}
 
 
-class TraceError(ValueError):
+class TraceError(InputError):
     """A trace file that cannot be replayed; the message names the file, the line and the reason."""
 
 
@@ -222,25 +223,28 @@ def _check_prefix_tree(
 
     Rows breaking this would make one cached block the child of two parents; they are bad rows.
     """
+    # No sentinel for "first block": -1 (or any integer) can be a real id, so a first block and
+    # one after id -1 compare as (null, -1), different.
     pos = (
         good.select("line", "hash_ids")
         .explode("hash_ids")
         .drop_nulls("hash_ids")
-        .with_columns(pl.col("hash_ids").shift(1).over("line").fill_null(-1).alias("prev"))
+        .with_columns(pl.col("hash_ids").shift(1).over("line").alias("prev"))
     )
     first = pos.group_by("hash_ids", maintain_order=True).agg(
         pl.col("prev").first().alias("first_prev"), pl.col("line").first().alias("first_line")
     )
     clash = pos.join(first, on="hash_ids", how="left", maintain_order="left").filter(
-        pl.col("prev") != pl.col("first_prev")
+        pl.col("prev").ne_missing(pl.col("first_prev"))
     )
     if clash.height == 0:
         return good
     row = clash.row(0, named=True)
     if on_error == OnError.RAISE:
+        earlier = FIRST_BLOCK if row["first_prev"] is None else row["first_prev"]
         raise TraceError(
-            f"{path}:{row['line']}: hash id {row['hash_ids']} follows id {row['prev']} here but "
-            f"{row['first_prev']} on line {row['first_line']} (-1: first block); prefix hashes "
+            f"{path}:{row['line']}: hash id {row['hash_ids']} follows {_after(row['prev'])} here "
+            f"but {earlier} on line {row['first_line']}; prefix hashes "
             "must name the whole prefix (set replay.on_error=SKIP to skip such rows)"
         )
     bad_lines = clash["line"].unique()
@@ -248,8 +252,17 @@ def _check_prefix_tree(
     return good.filter(~pl.col("line").is_in(bad_lines.implode()))
 
 
+FIRST_BLOCK = "no id (a first block)"  # not -1: any integer may be a real id
+
+
+def _after(prev: int | None) -> str:
+    return FIRST_BLOCK if prev is None else f"id {prev}"
+
+
 def _scan_csv_columns(path: Path, columns: dict[str, str]) -> pl.DataFrame:
-    """Read a CSV as text, check its header, and rename the needed columns."""
+    """Read a CSV as text, check its header, and rename the needed columns. A column named twice
+    is refused: which of the two holds the values is a guess."""
+    _refuse_duplicate_columns(path)
     lf = pl.scan_csv(path, infer_schema=False).with_row_index("line", offset=2)
     header = lf.collect_schema().names()
     missing = [c for c in columns if c not in header]
@@ -258,6 +271,18 @@ def _scan_csv_columns(path: Path, columns: dict[str, str]) -> pl.DataFrame:
     return lf.select("line", *(pl.col(src).alias(dst) for src, dst in columns.items())).collect(
         engine="streaming"
     )
+
+
+def _refuse_duplicate_columns(path: Path) -> None:
+    try:
+        with path.open(encoding="utf-8", newline="") as f:
+            header = next(csv.reader(f), [])
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return  # the reader's own error names it (_file_error)
+    names = [h.strip() for h in header]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise TraceError(f"{path}:1: header names column(s) {twice} more than once")
 
 
 def _numeric(name: str) -> pl.Expr:

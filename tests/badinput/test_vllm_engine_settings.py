@@ -134,7 +134,11 @@ def test_a_vllm_capture_is_refused_on_another_engines_profile() -> None:
 def test_a_step_cost_fitted_at_other_graphs_refuses_the_capture() -> None:
     pinned = sim_config(
         "vllm_v1",
-        ["engine.step_cost=FITTED", "+engine.fitted_settings.cudagraph_mode=FULL_AND_PIECEWISE"],
+        [
+            "engine.step_cost=FITTED",
+            "engine.request_us=50",
+            "+engine.fitted_settings.cudagraph_mode=FULL_AND_PIECEWISE",
+        ],
     )
     with pytest.raises(EngineSettingsError, match=r"'cudagraph_mode' = FULL_DECODE_ONLY"):
         resolve(FOLDER, engine(), pinned)

@@ -21,6 +21,7 @@ from cachepilot_sim.config import (
     HardwareConfig,
     ModelConfig,
 )
+from cachepilot_sim.config.cluster import ClusterConfig
 from cachepilot_sim.config.engine_profile import EngineConfig, StepCost
 from cachepilot_sim.cost import batch_iteration_us, compute_fit
 from cachepilot_sim.cost.gpu_scaling import (
@@ -140,7 +141,10 @@ def test_tp2_step_is_faster_than_tp1_for_a_large_batch_but_not_halved() -> None:
 
 def test_kv_heads_replicate_past_their_count() -> None:
     one = make_sim_config(vram_gb=141.0, gpu=GPUS["h200"], tp=8)
-    many = make_sim_config(vram_gb=141.0, gpu=GPUS["h200"], tp=16)
+    # a 16-GPU node (one NVLink domain): TP wider than a node is refused (issue 30)
+    many = make_sim_config(
+        vram_gb=141.0, gpu=GPUS["h200"], tp=16, cluster=ClusterConfig(gpus_per_node=16)
+    )
     per_gpu_8 = one.vram_bytes - one.model.weight_bytes // 8 - one.kv.activation_reserve_bytes
     assert one.kv_pool_bytes == per_gpu_8 * 8  # 8 KV heads over 8 GPUs: one each
     per_gpu_16 = many.vram_bytes - many.model.weight_bytes // 16 - many.kv.activation_reserve_bytes
@@ -160,7 +164,7 @@ def test_a_model_that_does_not_fit_the_gpu_is_refused_naming_the_key() -> None:
 
 
 def test_a_fitted_engine_step_is_refused_off_the_h200() -> None:
-    engine = EngineConfig(step_cost=StepCost.FITTED)
+    engine = EngineConfig(step_cost=StepCost.FITTED, request_us=50.0)
     one_budget = BatcherConfig(mode=BatchMode.MAX_THROUGHPUT)  # a captured engine's rule
     with pytest.raises(ConfigError, match=r"'gpu' = 'l40s': engine default's step cost was fitted"):
         make_sim_config(engine=engine, gpu=GPUS["l40s"], batcher=one_budget)
@@ -202,7 +206,9 @@ def test_the_gpu_group_composes_and_refuses_a_model_too_big_for_it() -> None:
 def test_a_fitted_step_cost_is_not_called_datasheet_scaled() -> None:
     """Only the roofline engine scales the H200 calibration: a fitted step cost runs unchanged
     on another GPU (its transferred errors are in the trust label), and the note says so."""
-    engine = EngineConfig(name="hf_cb", step_cost=StepCost.FITTED, fitted_on="NVIDIA H200")
+    engine = EngineConfig(
+        name="hf_cb", step_cost=StepCost.FITTED, fitted_on="NVIDIA H200", request_us=50.0
+    )
     one_budget = BatcherConfig(mode=BatchMode.MAX_THROUGHPUT)
     roofline = make_sim_config(gpu=GPUS["h100_sxm"], vram_gb=16.0, batcher=one_budget)
     fitted = replace(roofline, engine=engine)

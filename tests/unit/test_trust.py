@@ -95,7 +95,9 @@ def test_roofline_engines_are_unvalidated_wherever_they_answer(engine: str) -> N
 
 
 def test_a_new_fit_without_committed_errors_is_unvalidated_and_stays_on_the_h200() -> None:
-    fresh = EngineConfig(name="my_engine", step_cost=StepCost.FITTED, fitted_on="NVIDIA H200")
+    fresh = EngineConfig(
+        name="my_engine", step_cost=StepCost.FITTED, fitted_on="NVIDIA H200", request_us=50.0
+    )
     t = trust_of(fresh, GpuSpecConfig())
     assert t.kind == TrustKind.UNVALIDATED and "no committed real-engine errors" in t.reason
     with pytest.raises(ConfigError, match=r"'gpu' = 'h100_sxm': engine my_engine"):
