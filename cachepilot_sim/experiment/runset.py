@@ -26,7 +26,16 @@ from cachepilot_sim.experiment.report import mean_ci
 # Keys that never change what a run simulates (or that the cells carry themselves: the seed, the
 # compared policies). `policy.*` is handled apart: see differing_keys.
 NOT_CONFIG = frozenset(
-    {"seed", "seeds", "jobs", "compare_policies", "write_requests", "write_report", "offline_bound"}
+    {
+        "seed",
+        "seeds",
+        "jobs",
+        "compare_policies",
+        "write_requests",
+        "write_report",
+        "offline_bound",
+        "objective",
+    }
 )
 NOT_CONFIG_PREFIXES = ("telemetry.", "trace.", "hydra.")
 # Metrics of the headline figure and the sweep report: (column, label, higher is better).

@@ -22,13 +22,25 @@ from pathlib import Path
 from rich.console import Console
 
 from cachepilot_sim.config import ConfigError
-from cachepilot_sim.plan import build_answer, cells_of, load_plan, run_search
+from cachepilot_sim.plan import Cell, PlanConfig, build_answer, cells_of, load_plan, run_search
 from cachepilot_sim.plan.config import load_prices
-from cachepilot_sim.plan.report import markdown, write
+from cachepilot_sim.plan.report import markdown, question_of, write
+from cachepilot_sim.plan.search import compose_run
 from cachepilot_sim.tools import CONF_DIR
 from cachepilot_sim.workloads.traces import TraceError
 
 DEFAULT_PLAN = CONF_DIR / "plan" / "azure_conv.yaml"
+
+
+def _question(plan: PlanConfig, cells: list[Cell]) -> list[str]:
+    """The plan's question in words (plan/report.py question_of), from its first cell that
+    composes (a refused cell, a model too big for its GPU, is the search's to report)."""
+    for cell in cells:
+        try:
+            return question_of(plan, compose_run(plan, cell, 1))
+        except ConfigError:
+            continue
+    return []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         plan = load_plan(Path(args.config), list(args.overrides))
         prices = load_prices(plan)
         cells = cells_of(plan)
+        question = _question(plan, cells)
+        for line in question:  # what is simulated, before the search starts
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
         t0 = time.perf_counter()  # wall time, printed only: plan.json stays rerun-identical
         results = run_search(plan, cells)
         if all(r.refused for r in results):
@@ -55,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cachepilot-sim plan: {err}", file=sys.stderr)
         return 2
     wall = time.perf_counter() - t0
-    answer = build_answer(plan, results, prices)
+    answer = build_answer(plan, results, prices, question)
     out = Path(args.out)
     write(answer, out)
     console.print(markdown(answer).split("\n## ")[0], markup=False, highlight=False)
