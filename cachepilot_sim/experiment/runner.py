@@ -30,6 +30,7 @@ import numpy as np
 from rich.console import Console
 
 from cachepilot_sim.config import RunConfig, SimConfig, TraceFormat
+from cachepilot_sim.config.question import markdown_lines, question_lines, serving_setup
 from cachepilot_sim.cost.gpu_scaling import hardware_derivation, hardware_note
 from cachepilot_sim.experiment import outdir
 from cachepilot_sim.experiment.answer import (
@@ -42,7 +43,6 @@ from cachepilot_sim.experiment.answer import (
 from cachepilot_sim.experiment.lifecycle import check_inputs, stop_workers
 from cachepilot_sim.experiment.live import LivePublisher, init_worker, process_metrics
 from cachepilot_sim.experiment.progress import ProgressRelay, progress_hook
-from cachepilot_sim.experiment.question import markdown_lines, question_lines, serving_setup
 from cachepilot_sim.experiment.ranking import cannot_differ, rank, ranking_lines
 from cachepilot_sim.experiment.report import results_frame, run_meta, write_report
 from cachepilot_sim.experiment.serving import baseline_policy, policy_rows, serving_stats

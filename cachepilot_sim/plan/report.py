@@ -61,7 +61,7 @@ def question_of(plan: PlanConfig, run: Any) -> list[str]:
     RunConfig of its first cell: traffic, model, SLA, objective; a plan that replays a slice of
     its trace or a compressed clock says that it does not answer the trace as recorded."""
     from cachepilot_sim.config import TraceFormat
-    from cachepilot_sim.experiment.question import traffic
+    from cachepilot_sim.config.question import traffic
 
     sla = plan.sla
     lines = [

@@ -303,7 +303,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scorecard: {err}", file=sys.stderr)
         return 2
     scores = [score(g, model, a["context_tokens"], a["batch"], a["reserve_bytes"]) for g in gpus]
-    render(scores, model, a["context_tokens"], Console(width=140), a["reserve_bytes"])
+    # markup=False: GPU and model names from YAML are printed as written, brackets included.
+    console = Console(width=140, markup=False)
+    render(scores, model, a["context_tokens"], console, a["reserve_bytes"])
     return 0
 
 

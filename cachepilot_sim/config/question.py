@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cachepilot_sim.config import RunConfig, TraceFormat
+from cachepilot_sim.config.run import RunConfig
+from cachepilot_sim.config.workload import TraceFormat
 
 
 def traffic(cfg: RunConfig) -> str:
