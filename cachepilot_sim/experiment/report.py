@@ -27,6 +27,7 @@ from scipy import stats
 
 from cachepilot_sim.experiment.answer import answer_sections
 from cachepilot_sim.experiment.intervals import MIN_SEEDS, nonnegative_interval
+from cachepilot_sim.plotting import policy_colour
 
 # (column of results.csv, panel title) of the headline figure.
 HEADLINE = (
@@ -73,11 +74,11 @@ def headline_figure(results: pl.DataFrame, path: Path) -> Path:
         for i, policy in enumerate(policies):
             values = results.filter(pl.col("policy") == policy)[key].to_numpy()
             ci = nonnegative_interval(values)  # non-negative metrics: whiskers never below 0
-            ax.bar(i, ci.mean, color=f"C{i}", alpha=0.35, width=0.6)
+            ax.bar(i, ci.mean, color=policy_colour(policy), alpha=0.35, width=0.6)
             if ci.known:
                 yerr = [[ci.mean - ci.low], [ci.high - ci.mean]]
                 ax.errorbar(i, ci.mean, yerr=yerr, color="black", capsize=5, linewidth=1.2)
-            ax.scatter(np.full(values.size, i), values, color=f"C{i}", s=14, zorder=3)
+            ax.scatter(np.full(values.size, i), values, color=policy_colour(policy), s=14, zorder=3)
         ax.set_title(title, fontsize=10)
         ax.set_xticks(x, policies, rotation=30 if len(policies) > 4 else 0, ha="right"
                       if len(policies) > 4 else "center")  # fmt: skip

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import threading
 import time
@@ -48,9 +49,13 @@ from cachepilot_sim.experiment.report import results_frame, run_meta, write_repo
 from cachepilot_sim.experiment.serving import baseline_policy, policy_rows, serving_stats
 from cachepilot_sim.experiment.telemetry import RunMonitor
 from cachepilot_sim.sim import Simulation, make_simulation
+from cachepilot_sim.trace.recorder import META_FILE
 from cachepilot_sim.trust import trust_for
 
 SERVING = "_serving"  # the key under which a worker returns its cell's serving statistics
+# Set to 1 on a cell not simulated but copied from the baseline's (identical by construction;
+# metrics.json's ranking names the baseline). A number: every cell value is a number or null.
+COPY_OF = "copy_of_baseline"
 
 
 def _write_atomic(path: Path, write: Callable[[Path], object]) -> None:
@@ -257,12 +262,17 @@ def _run_staged(
     if derived := hardware_derivation(cfg):  # not one measured H200: say what was derived
         report["hardware"] = derived
     report["trust"] = trust
-    ranking = rank(cells, serving, baseline, cfg.objective, cfg.tp * cfg.cluster.num_gpus)
+    # Cells copied from the baseline (identical by construction) count in metrics.json, not twice
+    # on screen: the ranking lists them as such and the tables show the cells that ran.
+    ran = [i for i, c in enumerate(cells) if COPY_OF not in c]
+    ran_cells, ran_serving = [cells[i] for i in ran], [serving[i] for i in ran]
+    gpus = cfg.tp * cfg.cluster.num_gpus
+    ranking = rank(ran_cells, ran_serving, baseline, cfg.objective, gpus)
     ranking.identical, ranking.identical_reason = identical, why
     report["question"] = asked
     report["ranking"] = ranking.as_dict()
     outdir.write_json(stage / "metrics.json", report)
-    rows = policy_rows(cells, serving, baseline)
+    rows = policy_rows(ran_cells, ran_serving, baseline)
     shown = title.replace("; mean ± σ [min, max]", "")
     answer = [markdown_ranking(ranking), markdown_answer(rows, baseline)]
     md = "\n".join([shown, "", *markdown_lines(asked), *answer])
@@ -272,7 +282,7 @@ def _run_staged(
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     for t in answer_tables(rows, baseline, shown, console.width):
         console.print(t)
-    if len(cells) == 1:
+    if len(ran_cells) == 1:
         console.print(bench_block(rows[0]), markup=False, highlight=False)
     if cfg.write_report:
         meta = run_meta(_config_text(cfg, out_dir), shown, time.perf_counter() - t0, started)
@@ -291,7 +301,8 @@ def _run_matrix(
 ) -> tuple[list[dict[str, Any]], list[str], str]:
     """The run's cells (in the run's policy order), the policies not run and why. With several
     policies the baseline runs first: when its cells show that no eviction order can matter
-    (ranking.cannot_differ), the others are identical by construction and are not run."""
+    (ranking.cannot_differ), the others are identical by construction: not run, their cells
+    copies of the baseline's marked COPY_OF."""
     policies = cfg.policy_names()
     if len(policies) == 1:
         return run_cells(cfg, stage, monitor, serving), [], ""
@@ -299,17 +310,47 @@ def _run_matrix(
     first = run_cells(cfg, stage, monitor, base_serving, [baseline])
     others = [p for p in policies if p != baseline]
     if why := cannot_differ(first):
-        serving.extend(base_serving)
-        return first, others, why
-    rest_serving: list[dict[str, float]] = []
-    rest = run_cells(cfg, stage, monitor, rest_serving, others, first_index=len(first))
+        # Every other policy's cells are the baseline's, marked as copies: metrics.json and the
+        # sweep tables keep one row per (policy, seed) without simulating the same steps again.
+        rest = [c | {"policy": p, COPY_OF: 1} for p in others for c in first]
+        rest_serving = [dict(s) for _ in others for s in base_serving]
+        for c in rest:
+            _copy_cell_files(stage, baseline, c["policy"], c["seed"])
+    else:
+        why, rest_serving = "", []
+        rest = run_cells(cfg, stage, monitor, rest_serving, others, first_index=len(first))
     pairs = list(zip(first + rest, base_serving + rest_serving, strict=True))
     order = {p: i for i, p in enumerate(policies)}
     pairs.sort(key=lambda cs: (order[cs[0]["policy"]], cs[0]["seed"]))
     cells = [c for c, _ in pairs]
     serving.extend(s for _, s in pairs)
     _add_vs_lru(cells)
-    return cells, [], ""
+    return cells, (others if why else []), why
+
+
+def _copy_cell_files(stage: Path, baseline: str, policy: str, seed: int) -> None:
+    """The baseline cell's per-request table and trace under `policy`'s name (hard links where
+    the file system allows, else copies), its trace meta naming `policy` and `copy_of`: the plots
+    and trace tools find every policy of the run."""
+    src, dst = f"{baseline}_seed{seed}", f"{policy}_seed{seed}"
+
+    def link(a: Path, b: Path) -> None:
+        b.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+
+    requests = stage / "requests" / f"{src}.parquet"
+    if requests.is_file():
+        link(requests, stage / "requests" / f"{dst}.parquet")
+    trace = stage / "trace" / src
+    if (trace / META_FILE).is_file():
+        for part in trace.glob("part-*.parquet"):
+            link(part, stage / "trace" / dst / part.name)
+        meta = json.loads((trace / META_FILE).read_text())
+        meta |= {"policy": policy, "copy_of": baseline}
+        _write_atomic(stage / "trace" / dst / META_FILE, lambda p: p.write_text(json.dumps(meta)))
 
 
 def claim_output(cfg: RunConfig, out_dir: Path) -> tuple[str, Path]:

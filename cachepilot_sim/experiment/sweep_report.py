@@ -36,6 +36,7 @@ from cachepilot_sim.experiment.runset import (
     paired_vs_lru,
     wrapped,
 )
+from cachepilot_sim.plotting import policy_colour
 
 FIGURE = "headline_by_config"
 METRICS = [m for m, _, _ in HEADLINE]
@@ -91,12 +92,12 @@ def headline_figure(frame: pl.DataFrame, data: pl.DataFrame) -> Any:
                 if hit.height == 0:
                     continue
                 mean, half = hit["mean"][0], hit["ci95"][0]
-                ax.bar(i, mean, color=f"C{i}", alpha=0.35, width=0.6)
+                ax.bar(i, mean, color=policy_colour(policy), alpha=0.35, width=0.6)
                 # The metrics drawn are non-negative: a whisker stops at 0, not below it.
                 yerr = [[min(half, max(mean, 0.0))], [half]]
                 ax.errorbar(i, mean, yerr=yerr, color="black", capsize=4, linewidth=1.1)
                 seeds = cells.filter(pl.col("policy") == policy)[metric].to_numpy()
-                ax.scatter([i] * seeds.size, seeds, color=f"C{i}", s=12, zorder=3)
+                ax.scatter([i] * seeds.size, seeds, color=policy_colour(policy), s=12, zorder=3)
             ax.set_xticks(range(len(policies)), policies, rotation=30, ha="right", fontsize=8)
             ax.grid(axis="y", alpha=0.3)
             if col == 0:

@@ -198,6 +198,12 @@ def markdown(answer: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pareto_label(row: dict[str, Any]) -> str:
+    """A front point's label: `mi300x tp1 1:1 x1 (2 GPUs)` (GPU, TP, split, scale, GPUs)."""
+    words = row["config"].split()
+    return f"{words[0]} {words[1]} {words[-1]} x{row['scale']} ({row['gpus']} GPUs)"
+
+
 def figure(answer: dict[str, Any], path: Path) -> None:
     """pareto.png: every feasible configuration, cost against TTFT p99, the front joined."""
     import matplotlib
@@ -207,14 +213,25 @@ def figure(answer: dict[str, Any], path: Path) -> None:
     import polars as pl
     import seaborn as sns
 
+    from cachepilot_sim.plotting import seaborn_data
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
     if answer["feasible"]:
         frame = pl.DataFrame(answer["feasible"]).with_columns(
             pl.col("config").str.split(" ").list.first().alias("gpu")
         )
-        sns.scatterplot(data=frame.to_pandas(), x="usd_per_hour", y="ttft_p99_s", hue="gpu", ax=ax)
+        data = seaborn_data(frame.select("usd_per_hour", "ttft_p99_s", "gpu"))
+        sns.scatterplot(data=data, x="usd_per_hour", y="ttft_p99_s", hue="gpu", ax=ax)
         front = answer["pareto"]
         ax.plot([r["usd_per_hour"] for r in front], [r["ttft_p99_s"] for r in front], "k--", lw=1)
+        for r in front:  # each point of the front named: which configuration, how many GPUs
+            ax.annotate(
+                pareto_label(r),
+                (r["usd_per_hour"], r["ttft_p99_s"]),
+                textcoords="offset points",
+                xytext=(4, 4),
+                fontsize=7,
+            )
     ax.axhline(answer["sla"]["ttft_p99_s"], color="grey", lw=0.8, ls=":")
     ax.set(
         xlabel="cost (USD per hour)", ylabel="TTFT p99 (s)", title=f"{answer['plan']}: Pareto front"

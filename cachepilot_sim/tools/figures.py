@@ -31,6 +31,7 @@ from cachepilot_sim.experiment.runset import (
     run_labels,
     wrapped,
 )
+from cachepilot_sim.plotting import GREY, policy_colour, policy_palette, seaborn_data, top_k
 from cachepilot_sim.trace.derive import TraceError, load_trace, request_results
 from cachepilot_sim.trace.recorder import META_FILE
 
@@ -38,6 +39,7 @@ K = pl.col("kind")
 STYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 TRACES_PER_PAGE = 6  # rows of the VRAM figure per file; more traces make more pages
+TOP_K = 6  # CDFs of more policies colour the k with the lowest TTFT p99, the rest thin and grey
 
 
 class TraceRun(NamedTuple):
@@ -48,6 +50,7 @@ class TraceRun(NamedTuple):
     config: str
     policy: str
     seed: int
+    kv_pool_gb: float = float("nan")  # the GPU KV pool's capacity (meta.json), drawn as a line
 
 
 def find_traces(root: Path) -> list[Path]:
@@ -61,9 +64,16 @@ def find_traces(root: Path) -> list[Path]:
     )
 
 
-def style(i: int) -> dict[str, object]:
-    """Line style, marker and colour of the i-th policy: distinct even in greyscale."""
-    return {"color": f"C{i}", "linestyle": STYLES[i % 4], "marker": MARKERS[i % len(MARKERS)]}
+def style(i: int, name: str = "") -> dict[str, object]:
+    """Line style and marker of the i-th hue (distinct even in greyscale); a registered policy's
+    own colour, the same in every figure (plotting.policy_colour), else the i-th cycle colour."""
+    from cachepilot_sim.config import POLICIES
+
+    return {
+        "color": policy_colour(name) if name in POLICIES.names() else f"C{i}",
+        "linestyle": STYLES[i % 4],
+        "marker": MARKERS[i % len(MARKERS)],
+    }
 
 
 def tier_timeline(trace: pl.LazyFrame) -> pl.DataFrame:
@@ -151,6 +161,8 @@ def vram_figure(traces: Sequence[TraceRun]) -> tuple[plt.Figure, pl.DataFrame]:
                 ax.step(t["time_s"], t["GB"], where="post", linestyle=ls, label=tier, lw=1.1)
             ax.set_ylabel("GB")
             ax.set_ylim(bottom=0)
+        if np.isfinite(run.kv_pool_gb):  # the pool's capacity: how close to full it ran
+            gpu_ax.axhline(run.kv_pool_gb, color="black", lw=0.8, ls=":", label="KV pool capacity")
         gpu_ax.plot(
             ev["time_s"],
             np.zeros(ev.height),
@@ -215,12 +227,20 @@ def latency_cdf_data(requests: pl.DataFrame) -> pl.DataFrame:
     return pl.concat(parts) if parts else pl.DataFrame()
 
 
+def _lowest_ttft_p99(requests: pl.DataFrame, k: int) -> list[str]:
+    """The k policies with the lowest TTFT p99 over completed requests (all configurations)."""
+    done = requests.filter(pl.col("outcome") == "completed")
+    p99 = done.group_by("policy").agg(pl.col("ttft_us").quantile(0.99, "linear"))
+    return top_k(dict(zip(p99["policy"].to_list(), p99["ttft_us"].to_list(), strict=True)), k)
+
+
 def latency_cdfs(requests: pl.DataFrame) -> tuple[plt.Figure, pl.DataFrame]:
     """TTFT (top) and TPOT (bottom) CDFs, one column per configuration, log x; each policy has its
     own colour, line style and marker; the legend gives seeds pooled and requests."""
     data = latency_cdf_data(requests)
     configs = _configs(requests)
     policies = list(dict.fromkeys(requests["policy"].to_list()))
+    shown = set(policies) if len(policies) <= TOP_K else set(_lowest_ttft_p99(requests, TOP_K))
     fig, axes = plt.subplots(2, len(configs), figsize=(1 + 5 * len(configs), 7.5), squeeze=False)
     for col, config in enumerate(configs):
         for row, metric in enumerate(("TTFT s", "TPOT ms")):
@@ -234,6 +254,9 @@ def latency_cdfs(requests: pl.DataFrame) -> tuple[plt.Figure, pl.DataFrame]:
                 if d.height == 0:
                     continue
                 label = f"{policy} (n={d['n_seeds'][0]} seeds, {d['n_requests'][0]} req)"
+                if policy not in shown:  # beyond the top k: context, not a curve to read
+                    ax.step(d["value"], d["ecdf"], where="post", lw=0.7, color=GREY, alpha=0.6)
+                    continue
                 ax.step(
                     d["value"],
                     d["ecdf"],
@@ -242,8 +265,10 @@ def latency_cdfs(requests: pl.DataFrame) -> tuple[plt.Figure, pl.DataFrame]:
                     lw=1.3,
                     markevery=max(d.height // 8, 1),
                     ms=5,
-                    **style(i),
+                    **style(i, policy),
                 )  # type: ignore[arg-type]
+            if len(shown) < len(policies):
+                ax.plot([], [], color=GREY, lw=0.7, label=f"{len(policies) - len(shown)} others")
             ax.set_xscale("log")
             ax.set_xlabel(f"{metric} (log)")
             ax.set_ylabel("fraction of completed requests")
@@ -288,7 +313,7 @@ def restore_by_class(requests: pl.DataFrame) -> tuple[plt.Figure, pl.DataFrame]:
                 yerr=d["restore_s_ci"],
                 capsize=3,
                 label=policy,
-                color=f"C{i}",
+                color=policy_colour(policy),
                 hatch=("", "//", "..", "xx")[i % 4],
             )
             n |= set(d["n"].to_list())
@@ -318,11 +343,12 @@ def gap_estimates(gaps: pl.DataFrame) -> tuple[plt.Figure, pl.DataFrame]:
         d = gaps.filter(pl.col(CONFIG) == config) if gaps.height else gaps
         if d.height:
             sns.scatterplot(
-                data=d.to_pandas(),
+                data=seaborn_data(d),
                 x="true gap s",
                 y="predicted gap s",
                 hue="policy",
                 style="policy",
+                palette=policy_palette(d["policy"].unique(maintain_order=True).to_list()),
                 s=14,
                 alpha=0.6,
                 ax=ax,
@@ -365,7 +391,8 @@ def load_runs(
                 for k, v in ((CONFIG, config), ("policy", policy), ("seed", seed))
             ]
             label = f"{config} · {policy} s{seed}" if len(labels) > 1 else f"{policy} s{seed}"
-            traces.append(TraceRun(label, lf, config, policy, seed))
+            pool_gb = float(meta.get("kv_pool_bytes", float("nan"))) / 1e9
+            traces.append(TraceRun(label, lf, config, policy, seed, pool_gb))
             requests.append(request_results(lf, meta).with_columns(tag))
             gaps.append(
                 lf.filter(K == "reuse_gap")

@@ -91,7 +91,7 @@ def metric_vs_param_figure(
                 lw=1.3,
                 ms=5,
                 label=f"{value} (n={n} seeds)",
-                **style(i),
+                **style(i, str(value)),
             )  # type: ignore[arg-type]
         ax.set_xlabel(param)
         ax.set_ylabel(metric)

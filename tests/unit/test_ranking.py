@@ -18,7 +18,7 @@ from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config import Objective, register_configs, to_config
 from cachepilot_sim.experiment.answer import ranking_table
 from cachepilot_sim.experiment.ranking import cannot_differ, rank, ranking_lines
-from cachepilot_sim.experiment.runner import run_experiment
+from cachepilot_sim.experiment.runner import COPY_OF, run_experiment
 
 register_configs()
 
@@ -104,7 +104,11 @@ def test_a_trace_without_reuse_is_answered_once_and_says_why(tmp_path: Path) -> 
     cfg = compose_run(*AZURE_SAMPLE, "compare_policies=[perc,lru,fifo]")
     buf = io.StringIO()
     report = run_experiment(cfg, tmp_path / "all", Console(file=buf, width=120))
-    assert {c["policy"] for c in report["cells"]} == {"lru"}
+    # perc and fifo were not simulated: their cells are lru's, marked as copies
+    ran = [c for c in report["cells"] if COPY_OF not in c]
+    assert [c["policy"] for c in ran] == ["lru"] and len(report["cells"]) == 3
+    assert all(c[COPY_OF] == 1 for c in report["cells"] if c not in ran)
+    assert report["ranking"]["baseline"] == "lru"
     ranking = report["ranking"]
     assert ranking["identical_by_construction"] == ["perc", "fifo"]
     screen = buf.getvalue()
@@ -113,7 +117,7 @@ def test_a_trace_without_reuse_is_answered_once_and_says_why(tmp_path: Path) -> 
     alone = run_experiment(compose_run(*AZURE_SAMPLE, "compare_policies=[perc]"), tmp_path / "p",
                            Console(file=io.StringIO()))  # fmt: skip
     keys = ("ttft_p99_s", "e2e_p99_s", "duration_s", "completed", "goodput_req_s")
-    assert {k: alone["cells"][0][k] for k in keys} == {k: report["cells"][0][k] for k in keys}
+    assert {k: alone["cells"][0][k] for k in keys} == {k: ran[0][k] for k in keys}
 
 
 def test_the_objective_is_a_config_choice() -> None:
