@@ -3,8 +3,9 @@ another is asked), each with its paired difference to the baseline on the same s
 difference's 95 % t interval, plus the warnings that say when the ranking means little.
 
 Two warnings. *Within noise*: no policy's difference to the baseline is outside its interval (or,
-under three seeds, every policy is within NOISE_FRACTION of it); *saturated* when the KV pool was
-also nearly full on average (SATURATED_KV_UTIL), so that nothing idle was left to choose among.
+under three seeds, every policy is within NOISE_FRACTION of it); *saturated* when, besides, the GPU
+computed almost all the time (SATURATED_GPU_BUSY: requests queue for compute) or the KV pool was
+nearly full on average (SATURATED_KV_UTIL: nothing idle was left to choose among).
 And one short cut: when the baseline's cells evicted nothing (typically a trace without reuse, such
 as the Azure traces, which carry no sessions and no prefix hashes), no policy was ever asked to
 choose, so the runner runs the baseline alone and lists the other policies as identical by
@@ -23,7 +24,8 @@ from cachepilot_sim.experiment.intervals import MIN_SEEDS, Interval, nonnegative
 from cachepilot_sim.experiment.intervals import t_interval as t_interval_of
 
 NOISE_FRACTION = 0.01  # under MIN_SEEDS seeds: policies this close to the baseline are "same"
-SATURATED_KV_UTIL = 0.95  # mean KV pool occupancy above which nothing idle is left to evict
+SATURATED_KV_UTIL = 0.9  # mean KV pool occupancy above which little idle KV is left to evict
+SATURATED_GPU_BUSY = 0.95  # share of the run the GPU computed: above it, requests queue for compute
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,16 +174,31 @@ def warnings_for(ranking: Ranking, cells: Sequence[dict[str, Any]]) -> list[str]
                 f"no policy differs from {ranking.baseline} on {label} beyond seed noise "
                 "(every 95 % interval of the difference contains 0)"
             )
-    util = [float(c["vram_kv_util_mean"]) for c in cells if "vram_kv_util_mean" in c]
-    if noise and util and min(util) >= SATURATED_KV_UTIL:
+    if noise and (why := saturation(cells)):
         out.append(
-            f"saturated: the KV pool was {min(util):.0%} or more full on average in every cell, "
-            "so there was almost no idle KV for any policy to choose from; at this load the "
-            "policy does not matter, memory does"
+            f"saturated: {why}, so the policy barely matters at this load; the levers are load, "
+            "memory and GPUs (cachepilot-sim plan)"
         )
     if all(float(c.get("evictions", 0) or 0) == 0 for c in cells):
         out.append("no cell evicted anything: the policies never had a choice to make")
     return out
+
+
+def saturation(cells: Sequence[dict[str, Any]]) -> str:
+    """What saturated every cell, in words ("" when none was): a GPU computing almost all the
+    time (requests queue for compute whatever stays cached) or a KV pool full on average (little
+    idle KV for any policy to choose from)."""
+    busy = [float(c["gpu_busy_frac"]) for c in cells if "gpu_busy_frac" in c]
+    util = [float(c["vram_kv_util_mean"]) for c in cells if "vram_kv_util_mean" in c]
+    parts = []
+    if busy and min(busy) >= SATURATED_GPU_BUSY:
+        parts.append(f"the GPU computed {min(busy):.0%} or more of the time in every cell")
+    if util and min(util) >= SATURATED_KV_UTIL:
+        parts.append(
+            f"the KV pool was {min(util):.0%} or more full on average, leaving little idle KV "
+            "to choose from"
+        )
+    return " and ".join(parts)
 
 
 def cannot_differ(cells: Sequence[dict[str, Any]]) -> str:

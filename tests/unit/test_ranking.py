@@ -61,7 +61,14 @@ def test_a_saturated_run_within_noise_is_called_so() -> None:
     )
     r = rank(cells, serving, "lru", Objective.ttft_p99)
     text = " ".join(r.warnings)
-    assert "beyond seed noise" in text and "saturated" in text
+    assert "beyond seed noise" in text and "saturated" in text and "KV pool was 98%" in text
+    for c in cells:
+        c |= {"vram_kv_util_mean": 0.5, "gpu_busy_frac": 0.97}  # compute-bound instead
+    busy = " ".join(rank(cells, serving, "lru", Objective.ttft_p99).warnings)
+    assert "saturated: the GPU computed 97%" in busy and "KV pool" not in busy
+    for c in cells:
+        c["gpu_busy_frac"] = 0.5
+    assert "saturated" not in " ".join(rank(cells, serving, "lru", Objective.ttft_p99).warnings)
     lines = ranking_lines(r)
     assert any(line.startswith("warning: saturated") for line in lines)
 
