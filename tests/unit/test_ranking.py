@@ -16,6 +16,7 @@ from scipy import stats
 
 from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config import Objective, register_configs, to_config
+from cachepilot_sim.config.question import question_lines
 from cachepilot_sim.experiment.answer import ranking_table
 from cachepilot_sim.experiment.ranking import cannot_differ, rank, ranking_lines
 from cachepilot_sim.experiment.runner import COPY_OF, run_experiment
@@ -139,3 +140,21 @@ def test_a_policy_cell_in_brackets_is_printed_not_read_as_markup() -> None:
     console = Console(width=120, record=True, file=io.StringIO())
     console.print(ranking_table(rank(cells, serving, "lru", Objective.ttft_p99)))
     assert "[x]" in console.export_text()
+
+
+def test_a_cluster_run_is_titled_as_a_cluster() -> None:
+    from cachepilot_sim.experiment.runner import run_title
+
+    cfg = compose_run("+experiment=smoke", "cluster=colocated", "cluster.replicas=2")
+    title = run_title(cfg, [])
+    assert "a cluster of 2 replicas" in title and "one " not in title
+    assert "on one h200" in " ".join(question_lines(compose_run("+experiment=smoke"), "x"))
+
+
+def test_the_first_lines_say_when_a_trace_is_not_replayed_as_recorded() -> None:
+    cfg = compose_run(*AZURE_SAMPLE, "replay.time_scale=0.1")
+    first = question_lines(cfg, "engine default")[0]
+    assert "the first 60 requests (a slice, not the whole trace)" in first
+    assert "10x faster than recorded" in first and "not the trace as recorded" in first
+    whole = question_lines(compose_run(*AZURE_SAMPLE, "replay.limit=0"), "x")[0]
+    assert "every request" in whole and "at its recorded times" in whole
