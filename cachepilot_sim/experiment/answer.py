@@ -121,20 +121,24 @@ def _table(
     return t
 
 
-def ranking_table(ranking: Ranking) -> Table:
-    """The ranking on the run's objective (experiment/ranking.py) as a Rich table."""
+def ranking_table(ranking: Ranking, width: int = WIDE_COLUMNS) -> Table:
+    """The ranking on the run's objective (experiment/ranking.py) as a Rich table; below
+    WIDE_COLUMNS the value's own interval is left out (the difference's stays: it is what a
+    choice rests on; summary.md and metrics.json keep both)."""
     headers, rows = ranking_cells(ranking)
+    if width < WIDE_COLUMNS:
+        headers, rows = headers[:2] + headers[3:], [r[:2] + r[3:] for r in rows]
     spec = SPECS[ranking.objective]
     better = "higher" if spec.higher_is_better else "lower"
     title = f"Ranked on {spec.label} ({better} is better; objective={ranking.objective})"
-    return _table(title, headers, rows, 2)
+    return _table(title, headers, rows, 1)
 
 
 def markdown_ranking(ranking: Ranking) -> str:
     """The ranking table and its lines as GitHub markdown."""
     headers, rows = ranking_cells(ranking)
     flat = [" ".join(h.split()) for h in headers]
-    lines = ["| " + " | ".join(flat) + " |", "|---|---|" + "---:|" * (len(flat) - 2)]
+    lines = ["| " + " | ".join(flat) + " |", "|---|" + "---:|" * (len(flat) - 1)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines) + "\n\n" + "\n".join(ranking_lines(ranking)) + "\n"
 

@@ -39,8 +39,8 @@ class ObjectiveSpec:
 
 
 SPECS: dict[Objective, ObjectiveSpec] = {
-    Objective.ttft_p99: ObjectiveSpec("TTFT p99", "ms", False, "{:,.1f}"),
-    Objective.e2e_p99: ObjectiveSpec("E2E p99", "ms", False, "{:,.1f}"),
+    Objective.ttft_p99: ObjectiveSpec("TTFT p99", "ms", False, "ms"),
+    Objective.e2e_p99: ObjectiveSpec("E2E p99", "ms", False, "ms"),
     Objective.goodput: ObjectiveSpec("goodput", "req/s", True, "{:.4g}"),
     Objective.restore_s: ObjectiveSpec("restore", "s", False, "{:.4g}"),
     Objective.cost: ObjectiveSpec("cost", "GPU-s per completed request", False, "{:.4g}"),
@@ -238,7 +238,6 @@ def ranking_cells(ranking: Ranking) -> tuple[list[str], list[list[str]]]:
     """Headers and formatted rows of the ranking table (plain text; answer.py escapes them)."""
     spec = SPECS[ranking.objective]
     headers = [
-        "#",
         "policy",
         f"{spec.label}\n{spec.unit}",
         "95 % CI",
@@ -247,21 +246,20 @@ def ranking_cells(ranking: Ranking) -> tuple[list[str], list[list[str]]]:
         "Δ\n%",
     ]
     rows = []
-    for i, r in enumerate(ranking.rows, start=1):
+    for r in ranking.rows:  # best first
         is_base = r.policy == ranking.baseline
         rows.append(
             [
-                str(i),
                 r.policy + (" *" if is_base else ""),
                 _fmt(spec.fmt, r.value.mean),
-                "-" if not r.value.known else r.value.text(spec.fmt),
+                "-" if not r.value.known else _span(spec.fmt, r.value),
                 "0" if is_base else _signed(spec.fmt, r.diff.mean),
-                "-" if is_base or not r.diff.known else r.diff.text(spec.fmt),
+                "-" if is_base or not r.diff.known else _span(spec.fmt, r.diff),
                 "-" if is_base or not math.isfinite(r.relative) else f"{r.relative:+.1%}",
             ]
         )
     for name in ranking.identical:
-        rows.append(["=", name, "= " + ranking.baseline, "-", "0", "-", "-"])
+        rows.append([name, "= " + ranking.baseline, "-", "0", "-", "-"])
     return headers, rows
 
 
@@ -288,10 +286,20 @@ def ranking_lines(ranking: Ranking) -> list[str]:
 
 
 def _fmt(fmt: str, value: float) -> str:
-    return "-" if math.isnan(value) else fmt.format(value)
+    """`value` in `fmt` ("ms": 3 significant figures below 100, whole numbers above)."""
+    if math.isnan(value):
+        return "-"
+    if fmt != "ms":
+        return fmt.format(value)
+    size = abs(value)
+    return f"{value:.2f}" if size < 10 else f"{value:.1f}" if size < 100 else f"{value:,.0f}"
+
+
+def _span(fmt: str, interval: Interval) -> str:
+    return f"[{_fmt(fmt, interval.low)}, {_fmt(fmt, interval.high)}]"
 
 
 def _signed(fmt: str, value: float) -> str:
     if math.isnan(value):
         return "-"
-    return ("+" if value > 0 else "") + fmt.format(value)
+    return ("+" if value > 0 else "") + _fmt(fmt, value)

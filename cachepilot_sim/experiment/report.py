@@ -27,7 +27,7 @@ from scipy import stats
 
 from cachepilot_sim.experiment.answer import answer_sections
 from cachepilot_sim.experiment.intervals import MIN_SEEDS, nonnegative_interval
-from cachepilot_sim.plotting import policy_colour
+from cachepilot_sim.plotting import policy_palette, top_k
 
 # (column of results.csv, panel title) of the headline figure.
 HEADLINE = (
@@ -36,6 +36,7 @@ HEADLINE = (
     ("goodput_req_s", "goodput, req/s (higher is better)"),
 )
 PACKAGES = ("cachepilot-sim", "simpy", "numpy", "scipy", "polars", "hydra-core", "omegaconf")
+HEADLINE_TOP_K = 6  # more policies: the 6 with the lowest TTFT p99 coloured, the rest grey
 CELL_KEYS = ("realized_restore_s", "evictions", "goodput_req_s", "sla_attainment", "duration_s")
 
 
@@ -68,17 +69,24 @@ def headline_figure(results: pl.DataFrame, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     policies = list(dict.fromkeys(results["policy"].to_list()))
-    fig, axes = plt.subplots(1, len(HEADLINE), figsize=(4.2 * len(HEADLINE), 3.6))
+    # Many policies: best TTFT p99 first, the top HEADLINE_TOP_K in their colours, the rest grey.
+    p99 = {p: float(results.filter(pl.col("policy") == p)["ttft_p99_ms"].mean() or 0.0)  # type: ignore[arg-type]
+           for p in policies}  # fmt: skip
+    if len(policies) > HEADLINE_TOP_K:
+        policies = sorted(policies, key=lambda p: (p99[p], p))
+    palette = policy_palette(policies, top_k(p99, HEADLINE_TOP_K))
+    width = max(4.2, 0.35 * len(policies))
+    fig, axes = plt.subplots(1, len(HEADLINE), figsize=(width * len(HEADLINE), 3.6))
     x = np.arange(len(policies))
     for ax, (key, title) in zip(axes, HEADLINE, strict=True):
         for i, policy in enumerate(policies):
             values = results.filter(pl.col("policy") == policy)[key].to_numpy()
             ci = nonnegative_interval(values)  # non-negative metrics: whiskers never below 0
-            ax.bar(i, ci.mean, color=policy_colour(policy), alpha=0.35, width=0.6)
+            ax.bar(i, ci.mean, color=palette[policy], alpha=0.35, width=0.6)
             if ci.known:
                 yerr = [[ci.mean - ci.low], [ci.high - ci.mean]]
                 ax.errorbar(i, ci.mean, yerr=yerr, color="black", capsize=5, linewidth=1.2)
-            ax.scatter(np.full(values.size, i), values, color=policy_colour(policy), s=14, zorder=3)
+            ax.scatter(np.full(values.size, i), values, color=palette[policy], s=14, zorder=3)
         ax.set_title(title, fontsize=10)
         ax.set_xticks(x, policies, rotation=30 if len(policies) > 4 else 0, ha="right"
                       if len(policies) > 4 else "center")  # fmt: skip

@@ -277,7 +277,7 @@ def _run_staged(
     answer = [markdown_ranking(ranking), markdown_answer(rows, baseline)]
     md = "\n".join([shown, "", *markdown_lines(asked), *answer])
     _write_atomic(stage / "summary.md", lambda p: p.write_text(md))
-    console.print(ranking_table(ranking))
+    console.print(ranking_table(ranking, console.width))
     for line in ranking_lines(ranking):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     for t in answer_tables(rows, baseline, shown, console.width):

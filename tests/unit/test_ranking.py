@@ -15,7 +15,7 @@ from rich.console import Console
 from scipy import stats
 
 from cachepilot_sim.conf import CONF_DIR
-from cachepilot_sim.config import Objective, register_configs, to_config
+from cachepilot_sim.config import POLICIES, Objective, register_configs, to_config
 from cachepilot_sim.config.question import question_lines
 from cachepilot_sim.experiment.answer import ranking_table
 from cachepilot_sim.experiment.ranking import cannot_differ, rank, ranking_lines
@@ -158,3 +158,21 @@ def test_the_first_lines_say_when_a_trace_is_not_replayed_as_recorded() -> None:
     assert "10x faster than recorded" in first and "not the trace as recorded" in first
     whole = question_lines(compose_run(*AZURE_SAMPLE, "replay.limit=0"), "x")[0]
     assert "every request" in whole and "at its recorded times" in whole
+
+
+def test_the_ranking_of_every_policy_fits_the_terminal_with_every_number() -> None:
+    from cachepilot_sim.experiment.ranking import ranking_cells
+
+    ttft = {
+        p: [4_000.0 + 37 * i + s * 250 for s in range(3)] for i, p in enumerate(POLICIES.names())
+    }
+    cells, serving = make_cells(ttft)
+    ranking = rank(cells, serving, "lru", Objective.ttft_p99)
+    for width in (80, 120):
+        console = Console(width=width, record=True, file=io.StringIO())
+        console.print(ranking_table(ranking, width))
+        text = console.export_text()
+        assert max(len(line) for line in text.splitlines()) <= width and "…" not in text
+        for row in ranking_cells(ranking)[1]:
+            shown = row if width >= 120 else row[:2] + row[3:]  # 80: no CI of the value
+            assert all(cell in text for cell in shown), row
