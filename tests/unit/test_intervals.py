@@ -49,3 +49,17 @@ def test_under_three_seeds_the_text_says_so_in_words(n: int) -> None:
     for i in (t_interval([1.0, 2.0][:n]), nonnegative_interval([1.0, 2.0][:n])):
         assert math.isnan(i.low) and not i.known
         assert i.text() == too_few(n) and "too small for an interval" in i.text()
+
+
+def test_the_sweep_table_gives_a_physical_interval_or_says_n() -> None:
+    import polars as pl
+
+    from cachepilot_sim.experiment.runset import CONFIG, group_stats
+    from cachepilot_sim.experiment.sweep_report import _fmt
+
+    frame = pl.DataFrame({CONFIG: ["a"] * 3 + ["b"] * 2, "x": [0.0, 0.1, 9.0, 1.0, 2.0]})
+    stats = group_stats(frame, [CONFIG], ["x"]).rows_by_key(CONFIG, named=True)
+    a, b = stats["a"][0], stats["b"][0]
+    assert a["x_mean"] - a["x_ci"] < 0 <= a["x_low"]  # the t half-width would cross 0
+    assert _fmt(a["x_mean"], a["x_low"], a["x_high"], 3).startswith("3.033 [")
+    assert _fmt(b["x_mean"], b["x_low"], b["x_high"], 2) == "1.5 (n=2)"
