@@ -1,7 +1,12 @@
 """Capacity planner: the cheapest configuration whose simulated serving meets an SLA.
 
     cachepilot-sim plan [--config cachepilot_sim/conf/plan/azure_conv.yaml] [--out plan_out]
-        [key=value ...]   (plan config overrides, e.g. sla.ttft_p99_s=1 space.gpus=[h200,l40s])
+        [key=value ...]   (plan config overrides, e.g. sla.ttft_p99_s=1 space.gpus=[h200,l40s];
+                           objective=cost|ttft_p99|goodput ranks the configurations meeting the SLA)
+
+The default plan (conf/plan/azure_conv.yaml) is the Azure conversation trace as recorded; plan.md
+and the screen open with what is simulated and say when a plan replays a slice or a compressed
+clock (conf/plan/azure_conv_first1000_x10.yaml: its first 1,000 requests 10x faster).
 
 For every combination of the search space (GPU type, TP, policy, router, batcher, CPU offload size,
 P/D split) the fewest replicas meeting the SLA are found by binary search (a scale that misses
