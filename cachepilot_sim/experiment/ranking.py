@@ -41,8 +41,8 @@ class ObjectiveSpec:
 SPECS: dict[Objective, ObjectiveSpec] = {
     Objective.ttft_p99: ObjectiveSpec("TTFT p99", "ms", False, "ms"),
     Objective.e2e_p99: ObjectiveSpec("E2E p99", "ms", False, "ms"),
-    Objective.goodput: ObjectiveSpec("goodput", "req/s", True, "{:.4g}"),
-    Objective.restore_s: ObjectiveSpec("restore", "s", False, "{:.4g}"),
+    Objective.goodput: ObjectiveSpec("goodput", "req/s", True, "{:.4f}"),
+    Objective.restore_s: ObjectiveSpec("restore", "s", False, "{:.3f}"),
     Objective.cost: ObjectiveSpec("cost", "GPU-s per completed request", False, "{:.4g}"),
 }
 
