@@ -12,6 +12,8 @@ from typing import Any
 
 import polars as pl
 
+STYLES = ("-", "--", "-.", ":")  # line styles and markers: hues stay apart in greyscale
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 GREY = "#b0b0b0"  # the policies not singled out (beyond a figure's top k)
 # Tableau 20 (matplotlib's tab20, dark shades first): 20 distinct colours, one per policy.
 _TAB20 = (
@@ -51,3 +53,22 @@ def top_k(values: dict[str, float], k: int, higher_is_better: bool = False) -> l
 def seaborn_data(frame: pl.DataFrame) -> dict[str, Any]:
     """A polars frame as seaborn's `data=`: column name -> numpy array."""
     return {name: frame[name].to_numpy() for name in frame.columns}
+
+
+def style(i: int, name: str = "") -> dict[str, object]:
+    """Line style and marker of the i-th hue (distinct even in greyscale); a registered policy's
+    own colour, the same in every figure (plotting.policy_colour), else the i-th cycle colour."""
+    from cachepilot_sim.config import POLICIES
+
+    return {
+        "color": policy_colour(name) if name in POLICIES.names() else f"C{i}",
+        "linestyle": STYLES[i % 4],
+        "marker": MARKERS[i % len(MARKERS)],
+    }
+
+
+def lowest_ttft_p99(requests: pl.DataFrame, k: int) -> list[str]:
+    """The k policies with the lowest TTFT p99 over completed requests (all configurations)."""
+    done = requests.filter(pl.col("outcome") == "completed")
+    p99 = done.group_by("policy").agg(pl.col("ttft_us").quantile(0.99, "linear"))
+    return top_k(dict(zip(p99["policy"].to_list(), p99["ttft_us"].to_list(), strict=True)), k)

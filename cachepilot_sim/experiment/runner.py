@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import shutil
 import signal
 import threading
 import time
@@ -41,6 +40,7 @@ from cachepilot_sim.experiment.answer import (
     markdown_ranking,
     ranking_table,
 )
+from cachepilot_sim.experiment.copies import COPY_OF, copy_cell_files
 from cachepilot_sim.experiment.lifecycle import check_inputs, stop_workers
 from cachepilot_sim.experiment.live import LivePublisher, init_worker, process_metrics
 from cachepilot_sim.experiment.progress import ProgressRelay, progress_hook
@@ -49,13 +49,9 @@ from cachepilot_sim.experiment.report import results_frame, run_meta, write_repo
 from cachepilot_sim.experiment.serving import baseline_policy, policy_rows, serving_stats
 from cachepilot_sim.experiment.telemetry import RunMonitor
 from cachepilot_sim.sim import Simulation, make_simulation
-from cachepilot_sim.trace.recorder import META_FILE
 from cachepilot_sim.trust import trust_for
 
 SERVING = "_serving"  # the key under which a worker returns its cell's serving statistics
-# Set to 1 on a cell not simulated but copied from the baseline's (identical by construction;
-# metrics.json's ranking names the baseline). A number: every cell value is a number or null.
-COPY_OF = "copy_of_baseline"
 
 
 def _write_atomic(path: Path, write: Callable[[Path], object]) -> None:
@@ -315,7 +311,7 @@ def _run_matrix(
         rest = [c | {"policy": p, COPY_OF: 1} for p in others for c in first]
         rest_serving = [dict(s) for _ in others for s in base_serving]
         for c in rest:
-            _copy_cell_files(stage, baseline, c["policy"], c["seed"])
+            copy_cell_files(stage, baseline, c["policy"], c["seed"])
     else:
         why, rest_serving = "", []
         rest = run_cells(cfg, stage, monitor, rest_serving, others, first_index=len(first))
@@ -326,31 +322,6 @@ def _run_matrix(
     serving.extend(s for _, s in pairs)
     _add_vs_lru(cells)
     return cells, (others if why else []), why
-
-
-def _copy_cell_files(stage: Path, baseline: str, policy: str, seed: int) -> None:
-    """The baseline cell's per-request table and trace under `policy`'s name (hard links where
-    the file system allows, else copies), its trace meta naming `policy` and `copy_of`: the plots
-    and trace tools find every policy of the run."""
-    src, dst = f"{baseline}_seed{seed}", f"{policy}_seed{seed}"
-
-    def link(a: Path, b: Path) -> None:
-        b.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(a, b)
-        except OSError:
-            shutil.copy2(a, b)
-
-    requests = stage / "requests" / f"{src}.parquet"
-    if requests.is_file():
-        link(requests, stage / "requests" / f"{dst}.parquet")
-    trace = stage / "trace" / src
-    if (trace / META_FILE).is_file():
-        for part in trace.glob("part-*.parquet"):
-            link(part, stage / "trace" / dst / part.name)
-        meta = json.loads((trace / META_FILE).read_text())
-        meta |= {"policy": policy, "copy_of": baseline}
-        _write_atomic(stage / "trace" / dst / META_FILE, lambda p: p.write_text(json.dumps(meta)))
 
 
 def claim_output(cfg: RunConfig, out_dir: Path) -> tuple[str, Path]:

@@ -31,13 +31,11 @@ from cachepilot_sim.experiment.runset import (
     run_labels,
     wrapped,
 )
-from cachepilot_sim.plotting import GREY, policy_colour, policy_palette, seaborn_data, top_k
+from cachepilot_sim.plotting import GREY, lowest_ttft_p99, policy_palette, seaborn_data, style
 from cachepilot_sim.trace.derive import TraceError, load_trace, request_results
 from cachepilot_sim.trace.recorder import META_FILE
 
 K = pl.col("kind")
-STYLES = ("-", "--", "-.", ":")
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 TRACES_PER_PAGE = 6  # rows of the VRAM figure per file; more traces make more pages
 TOP_K = 6  # CDFs of more policies colour the k with the lowest TTFT p99, the rest thin and grey
 
@@ -62,18 +60,6 @@ def find_traces(root: Path) -> list[Path]:
     return sorted(
         p.parent for p in found if p.parent.parent.name == "trace" and not hidden(p, root)
     )
-
-
-def style(i: int, name: str = "") -> dict[str, object]:
-    """Line style and marker of the i-th hue (distinct even in greyscale); a registered policy's
-    own colour, the same in every figure (plotting.policy_colour), else the i-th cycle colour."""
-    from cachepilot_sim.config import POLICIES
-
-    return {
-        "color": policy_colour(name) if name in POLICIES.names() else f"C{i}",
-        "linestyle": STYLES[i % 4],
-        "marker": MARKERS[i % len(MARKERS)],
-    }
 
 
 def tier_timeline(trace: pl.LazyFrame) -> pl.DataFrame:
@@ -227,20 +213,13 @@ def latency_cdf_data(requests: pl.DataFrame) -> pl.DataFrame:
     return pl.concat(parts) if parts else pl.DataFrame()
 
 
-def _lowest_ttft_p99(requests: pl.DataFrame, k: int) -> list[str]:
-    """The k policies with the lowest TTFT p99 over completed requests (all configurations)."""
-    done = requests.filter(pl.col("outcome") == "completed")
-    p99 = done.group_by("policy").agg(pl.col("ttft_us").quantile(0.99, "linear"))
-    return top_k(dict(zip(p99["policy"].to_list(), p99["ttft_us"].to_list(), strict=True)), k)
-
-
 def latency_cdfs(requests: pl.DataFrame) -> tuple[plt.Figure, pl.DataFrame]:
     """TTFT (top) and TPOT (bottom) CDFs, one column per configuration, log x; each policy has its
     own colour, line style and marker; the legend gives seeds pooled and requests."""
     data = latency_cdf_data(requests)
     configs = _configs(requests)
     policies = list(dict.fromkeys(requests["policy"].to_list()))
-    shown = set(policies) if len(policies) <= TOP_K else set(_lowest_ttft_p99(requests, TOP_K))
+    shown = set(policies) if len(policies) <= TOP_K else set(lowest_ttft_p99(requests, TOP_K))
     fig, axes = plt.subplots(2, len(configs), figsize=(1 + 5 * len(configs), 7.5), squeeze=False)
     for col, config in enumerate(configs):
         for row, metric in enumerate(("TTFT s", "TPOT ms")):
@@ -313,7 +292,7 @@ def restore_by_class(requests: pl.DataFrame) -> tuple[plt.Figure, pl.DataFrame]:
                 yerr=d["restore_s_ci"],
                 capsize=3,
                 label=policy,
-                color=policy_colour(policy),
+                color=style(i, policy)["color"],
                 hatch=("", "//", "..", "xx")[i % 4],
             )
             n |= set(d["n"].to_list())
