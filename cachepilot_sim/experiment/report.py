@@ -179,8 +179,14 @@ def write_report(
         ("versions", ", ".join(f"{k} {v}" for k, v in meta["versions"].items())),
     ]
     trust = str(meta.get("trust", "not recorded"))
+    asked = [line for line in meta.get("question", []) if not line.startswith("trust: ")]
+    ranked = meta.get("ranking")
+    if ranked:  # the answer to "which policy", on the metric asked, first
+        sections = [(f"Ranking: {ranked['lines'][-1]}", ranked["headers"], ranked["rows"]),
+                    *sections]  # fmt: skip
     md = [f"# {meta['title']}", ""]
-    md += [f"{line[:1].upper()}{line[1:]}  " for line in meta.get("question", [])]
+    md += [f"{line}  " for line in asked]
+    md += [f"- {line}" for line in (ranked or {}).get("lines", [])[:-1]]
     md += [
         "",
         f"**Trust:** {trust}",
@@ -198,7 +204,8 @@ def write_report(
     png = base64.b64encode(figure.read_bytes()).decode("ascii")
     page = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(meta['title'])}"
             f"</title><style>{STYLE}</style></head><body><h1>{html.escape(meta['title'])}</h1>",
-            *(f"<p>{html.escape(line)}</p>" for line in meta.get("question", [])),
+            *(f"<p>{html.escape(line)}</p>" for line in asked),
+            *(f"<p>{html.escape(line)}</p>" for line in (ranked or {}).get("lines", [])[:-1]),
             f"<p><b>Trust:</b> {html.escape(trust)}</p>",
             f"<img alt='headline figure' src='data:image/png;base64,{png}'>"]  # fmt: skip
     for heading, headers, body in sections:

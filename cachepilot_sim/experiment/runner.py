@@ -44,7 +44,7 @@ from cachepilot_sim.experiment.copies import COPY_OF, copy_cell_files
 from cachepilot_sim.experiment.lifecycle import check_inputs, stop_workers
 from cachepilot_sim.experiment.live import LivePublisher, init_worker, process_metrics
 from cachepilot_sim.experiment.progress import ProgressRelay, progress_hook
-from cachepilot_sim.experiment.ranking import cannot_differ, rank, ranking_lines
+from cachepilot_sim.experiment.ranking import cannot_differ, rank, ranking_cells, ranking_lines
 from cachepilot_sim.experiment.report import results_frame, run_meta, write_report
 from cachepilot_sim.experiment.serving import baseline_policy, policy_rows, serving_stats
 from cachepilot_sim.experiment.telemetry import RunMonitor
@@ -284,6 +284,8 @@ def _run_staged(
         meta = run_meta(_config_text(cfg, out_dir), shown, time.perf_counter() - t0, started)
         meta["trust"] = trust["label"]
         meta["question"] = asked
+        headers, body = ranking_cells(ranking)  # the report's first table: the ranking
+        meta["ranking"] = {"headers": headers, "rows": body, "lines": ranking_lines(ranking)}
         write_report(stage, rows, baseline, results_frame(cells, serving), meta)
     return report, serving
 
