@@ -16,8 +16,9 @@ $(PY):
 install: $(PY)
 	$(PY) -m pip install -e .
 
+# dev tools plus torch/triton for the kernel tests (pyproject's `triton` extra).
 install-dev: $(PY)
-	$(PY) -m pip install -e '.[dev]'
+	$(PY) -m pip install -e '.[dev,triton]'
 
 run: install
 	$(PY) -m cachepilot_sim +experiment=$(EXPERIMENT)

@@ -21,7 +21,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from cachepilot_sim.conf import groups_help
+from cachepilot_sim.conf import app_help, groups_help
 from cachepilot_sim.config import register_configs
 from cachepilot_sim.experiment import outdir
 from cachepilot_sim.experiment.lifecycle import (
@@ -30,7 +30,6 @@ from cachepilot_sim.experiment.lifecycle import (
     install_signal_handlers,
 )
 from cachepilot_sim.experiment.outdir import OutputDirError
-from cachepilot_sim.experiment.runner import run_experiment
 from cachepilot_sim.experiment.sweep import safe_dirname
 from cachepilot_sim.workloads.traces import TraceError
 
@@ -55,6 +54,10 @@ def app(cfg: DictConfig) -> None:
         return
     overrides = [str(o) for o in hydra_cfg.overrides.task]
     run_cfg = checked_config(cfg, overrides, hydra_cfg.runtime.choices)  # again: no callback ran
+    # Imported here, not above: `--help` and a config error answer without the simulator's
+    # imports (scipy, polars, the components), about a second sooner.
+    from cachepilot_sim.experiment.runner import run_experiment
+
     install_signal_handlers()  # SIGTERM/SIGHUP stop the run as SIGINT does
     try:
         try:
@@ -131,6 +134,9 @@ def main() -> None:
     SIGTERM and SIGHUP stop a sweep as SIGINT does: the launcher's workers are stopped (joblib
     terminates them on the interrupt; each also exits when its parent is gone) and the command
     exits 128 + signal with one line."""
+    if sys.argv[1:] in (["--help"], ["-h"]):  # the app help alone: no Hydra start-up needed
+        print(app_help())
+        return
     install_signal_handlers()
     try:
         _run_app()

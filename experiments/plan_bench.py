@@ -20,7 +20,7 @@ from pathlib import Path
 from cachepilot_sim.tools import plan as plan_tool
 
 HERE = Path(__file__).resolve().parent
-DEFAULT = HERE.parent / "cachepilot_sim" / "conf" / "plan" / "azure_conv_sample.yaml"
+DEFAULT = HERE.parent / "cachepilot_sim" / "conf" / "plan" / "azure_conv_sample_x10.yaml"
 
 
 def main() -> None:

@@ -35,3 +35,20 @@ def groups_help() -> str:
         text = f"{name}: " + ", ".join(options)
         lines += textwrap.wrap(text, width=98, initial_indent="  ", subsequent_indent="      ")
     return "\n".join(lines)
+
+
+def app_help() -> str:
+    """`cachepilot-sim --help` as Hydra prints it (conf/hydra/help/cachepilot.yaml's template with
+    its header, footer and group listing put in), without starting Hydra or importing the
+    simulator: the help answers at once (tools/cli.py)."""
+    import yaml
+
+    spec = yaml.safe_load((CONF_DIR / "hydra" / "help" / "cachepilot.yaml").read_text())
+    text = str(spec["template"])
+    for key, value in (
+        ("${hydra.help.header}", spec["header"]),
+        ("${hydra.help.footer}", spec["footer"]),
+        ("${cachepilot_groups:}", groups_help()),
+    ):
+        text = text.replace(key, str(value))
+    return text.replace("$$", "$")

@@ -37,7 +37,7 @@ from cachepilot_sim.config.policy import (
     policy_config,
 )
 from cachepilot_sim.config.registry import Registry
-from cachepilot_sim.config.run import RunConfig, SimConfig, TelemetryConfig, TraceConfig
+from cachepilot_sim.config.run import Objective, RunConfig, SimConfig, TelemetryConfig, TraceConfig
 from cachepilot_sim.config.store import register_configs, to_config
 from cachepilot_sim.config.workload import (
     OnError,
@@ -69,6 +69,7 @@ __all__ = [
     "HardwareConfig",
     "KVConfig",
     "ModelConfig",
+    "Objective",
     "OnError",
     "PolicyConfig",
     "GraphMode",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from enum import StrEnum
 from typing import Any, ClassVar
 
 from cachepilot_sim.config import trust_registry
@@ -16,6 +17,17 @@ from cachepilot_sim.config.hardware import GpuSpecConfig, HardwareConfig
 from cachepilot_sim.config.model import ModelConfig
 from cachepilot_sim.config.policy import ALL_POLICIES, POLICIES, PolicyConfig
 from cachepilot_sim.config.workload import ReplayConfig, TraceFormat, WorkloadConfig
+
+
+class Objective(StrEnum):
+    """The metric a comparison of policies (and the planner) ranks on. Members are lower case so
+    that `objective=ttft_p99` reads as written (OmegaConf matches an enum by member name)."""
+
+    ttft_p99 = "ttft_p99"  # time to first token, p99 over completed requests: lower is better
+    e2e_p99 = "e2e_p99"  # end-to-end latency, p99: lower is better
+    goodput = "goodput"  # requests per second meeting their TTFT and TPOT SLOs: higher is better
+    restore_s = "restore_s"  # seconds returning sessions waited for KV reload + recompute: lower
+    cost = "cost"  # GPU-seconds per completed request (runs) or USD per hour (planner): lower
 
 
 @dataclass
@@ -263,6 +275,10 @@ class RunConfig(SimConfig):
     # Policy lab: after each cell, the offline LP lower bound on restore cost over its recorded
     # access sequence (cachepilot_sim/experiment/offline.py).
     offline_bound: bool = False
+    # The metric the answer ranks policies on, each shown as its difference to the baseline
+    # (experiment/ranking.py). Out of repr: it changes what is shown, not what is simulated, so a
+    # run keeps its id (outdir.run_id).
+    objective: Objective = field(default=Objective.ttft_p99, repr=False)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
     def validate(self, prefix: str) -> None:

@@ -19,6 +19,8 @@ from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 
+from cachepilot_sim.experiment.intervals import MIN_SEEDS
+from cachepilot_sim.experiment.ranking import SPECS, Ranking, ranking_cells, ranking_lines
 from cachepilot_sim.experiment.serving import LATENCIES, STATS, PolicyRow
 
 WIDE_COLUMNS = 120  # below this many terminal columns, tables are split and stacked
@@ -32,7 +34,8 @@ EXTRA_COLUMNS: tuple[tuple[str, str, str], ...] = (
 NOTE = (
     "Means over seeds. Restore: seconds of KV reload + recompute that returning sessions waited "
     "for (± sample σ). vs {base}: restore time / {base}'s on the same seed, with its 95 % "
-    "t interval over seeds. Goodput: requests meeting their TTFT and TPOT targets per second. "
+    "percentile bootstrap interval over seeds (never below 0; n<3: too few seeds for an "
+    "interval, none shown). Goodput: requests meeting their TTFT and TPOT targets per second. "
     "Latency in ms over completed requests (ITL: every output token's gap since its request's "
     "previous token)."
 )
@@ -59,7 +62,10 @@ def outcome_cells(row: PolicyRow, extras: Sequence[tuple[str, str, str]]) -> lis
     if row.num_seeds > 1:
         restore += f" ± {row.restore_std_s:.2f}"
     r = row.ratio
-    ci = "-" if math.isnan(r.low) else f"[{r.low:.3f}, {r.high:.3f}]"
+    if r.num_seeds and r.num_seeds < MIN_SEEDS:
+        ci = f"n={r.num_seeds}<{MIN_SEEDS}"
+    else:
+        ci = "-" if math.isnan(r.low) else f"[{r.low:.3f}, {r.high:.3f}]"
     s = row.serving
     return [
         row.policy,
@@ -99,19 +105,42 @@ def latency_cells(row: PolicyRow) -> list[str]:
 def _table(
     title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], num_labels: int = 1
 ) -> Table:
-    # Titles are plain text: "[h100_sxm: derived, not measured]" is not a Rich style tag.
+    # Titles, headers and cells are plain text: "[h100_sxm: derived, not measured]" or a policy
+    # named "[x]" is not a Rich style tag.
     t = Table(title=escape(title), box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left")
     for i, header in enumerate(headers):
         # The first column holds names (may fold); numbers never wrap.
         t.add_column(
-            header,
+            escape(header),
             justify="left" if i < num_labels else "right",
             no_wrap=i > 0,
             overflow="fold",
         )
     for r in rows:
-        t.add_row(*r)
+        t.add_row(*(escape(c) for c in r))
     return t
+
+
+def ranking_table(ranking: Ranking, width: int = WIDE_COLUMNS) -> Table:
+    """The ranking on the run's objective (experiment/ranking.py) as a Rich table; below
+    WIDE_COLUMNS the value's own interval is left out (the difference's stays: it is what a
+    choice rests on; summary.md and metrics.json keep both)."""
+    headers, rows = ranking_cells(ranking)
+    if width < WIDE_COLUMNS:
+        headers, rows = headers[:2] + headers[3:], [r[:2] + r[3:] for r in rows]
+    spec = SPECS[ranking.objective]
+    better = "higher" if spec.higher_is_better else "lower"
+    title = f"Ranked on {spec.label} ({better} is better; objective={ranking.objective})"
+    return _table(title, headers, rows, 1)
+
+
+def markdown_ranking(ranking: Ranking) -> str:
+    """The ranking table and its lines as GitHub markdown."""
+    headers, rows = ranking_cells(ranking)
+    flat = [" ".join(h.split()) for h in headers]
+    lines = ["| " + " | ".join(flat) + " |", "|---|" + "---:|" * (len(flat) - 1)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n\n" + "\n".join(ranking_lines(ranking)) + "\n"
 
 
 def present_extras(rows: Sequence[PolicyRow]) -> tuple[tuple[str, str, str], ...]:

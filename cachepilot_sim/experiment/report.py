@@ -3,7 +3,8 @@ base64 PNG), `results.csv` (one row per policy x seed) and `run_meta.json` (comm
 versions, commit, wall time).
 
 The headline figure puts the policies side by side on realized restore time, TTFT p99 and goodput:
-each seed as a dot, the mean with its 95 % t interval over seeds as a bar. Reading the wall clock
+each seed as a dot, the mean with its 95 % percentile bootstrap interval over seeds (never below 0;
+none under three seeds) as a bar. Reading the wall clock
 and git here is for the record of the run, never for the simulated model.
 """
 
@@ -25,6 +26,8 @@ import polars as pl
 from scipy import stats
 
 from cachepilot_sim.experiment.answer import answer_sections
+from cachepilot_sim.experiment.intervals import MIN_SEEDS, nonnegative_interval
+from cachepilot_sim.plotting import policy_palette, top_k
 
 # (column of results.csv, panel title) of the headline figure.
 HEADLINE = (
@@ -33,6 +36,7 @@ HEADLINE = (
     ("goodput_req_s", "goodput, req/s (higher is better)"),
 )
 PACKAGES = ("cachepilot-sim", "simpy", "numpy", "scipy", "polars", "hydra-core", "omegaconf")
+HEADLINE_TOP_K = 6  # more policies: the 6 with the lowest TTFT p99 coloured, the rest grey
 CELL_KEYS = ("realized_restore_s", "evictions", "goodput_req_s", "sla_attainment", "duration_s")
 
 
@@ -57,28 +61,42 @@ def mean_ci(values: np.ndarray) -> tuple[float, float]:
 
 
 def headline_figure(results: pl.DataFrame, path: Path) -> Path:
-    """Policies side by side on each HEADLINE metric: seeds as dots, mean ± 95 % t interval."""
+    """Policies side by side on each HEADLINE metric: seeds as dots, the mean as a bar with its
+    95 % bootstrap interval (intervals.nonnegative_interval; none under three seeds)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     policies = list(dict.fromkeys(results["policy"].to_list()))
-    fig, axes = plt.subplots(1, len(HEADLINE), figsize=(4.2 * len(HEADLINE), 3.6))
+    # Many policies: best TTFT p99 first, the top HEADLINE_TOP_K in their colours, the rest grey.
+    p99 = {p: float(results.filter(pl.col("policy") == p)["ttft_p99_ms"].mean() or 0.0)  # type: ignore[arg-type]
+           for p in policies}  # fmt: skip
+    if len(policies) > HEADLINE_TOP_K:
+        policies = sorted(policies, key=lambda p: (p99[p], p))
+    palette = policy_palette(policies, top_k(p99, HEADLINE_TOP_K))
+    width = max(4.2, 0.35 * len(policies))
+    fig, axes = plt.subplots(1, len(HEADLINE), figsize=(width * len(HEADLINE), 3.6))
     x = np.arange(len(policies))
     for ax, (key, title) in zip(axes, HEADLINE, strict=True):
         for i, policy in enumerate(policies):
             values = results.filter(pl.col("policy") == policy)[key].to_numpy()
-            mean, half = mean_ci(values)
-            ax.bar(i, mean, color=f"C{i}", alpha=0.35, width=0.6)
-            ax.errorbar(i, mean, yerr=half, color="black", capsize=5, linewidth=1.2)
-            ax.scatter(np.full(values.size, i), values, color=f"C{i}", s=14, zorder=3)
+            ci = nonnegative_interval(values)  # non-negative metrics: whiskers never below 0
+            ax.bar(i, ci.mean, color=palette[policy], alpha=0.35, width=0.6)
+            if ci.known:
+                yerr = [[ci.mean - ci.low], [ci.high - ci.mean]]
+                ax.errorbar(i, ci.mean, yerr=yerr, color="black", capsize=5, linewidth=1.2)
+            ax.scatter(np.full(values.size, i), values, color=palette[policy], s=14, zorder=3)
         ax.set_title(title, fontsize=10)
         ax.set_xticks(x, policies, rotation=30 if len(policies) > 4 else 0, ha="right"
                       if len(policies) > 4 else "center")  # fmt: skip
         ax.grid(axis="y", alpha=0.3)
     num_seeds = results.filter(pl.col("policy") == policies[0]).height
-    fig.suptitle(f"mean and 95 % t interval over {num_seeds} seeds (dots: seeds)", fontsize=10)
+    if num_seeds < MIN_SEEDS:
+        what = f"mean of {num_seeds} seed(s): n too small for an interval, none drawn (dots: seeds)"
+    else:
+        what = f"mean and 95 % percentile bootstrap interval over {num_seeds} seeds (dots: seeds)"
+    fig.suptitle(what, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -161,8 +179,15 @@ def write_report(
         ("versions", ", ".join(f"{k} {v}" for k, v in meta["versions"].items())),
     ]
     trust = str(meta.get("trust", "not recorded"))
-    md = [
-        f"# {meta['title']}",
+    asked = [line for line in meta.get("question", []) if not line.startswith("trust: ")]
+    ranked = meta.get("ranking")
+    if ranked:  # the answer to "which policy", on the metric asked, first
+        sections = [(f"Ranking: {ranked['lines'][-1]}", ranked["headers"], ranked["rows"]),
+                    *sections]  # fmt: skip
+    md = [f"# {meta['title']}", ""]
+    md += [f"{line}  " for line in asked]
+    md += [f"- {line}" for line in (ranked or {}).get("lines", [])[:-1]]
+    md += [
         "",
         f"**Trust:** {trust}",
         "",
@@ -179,6 +204,8 @@ def write_report(
     png = base64.b64encode(figure.read_bytes()).decode("ascii")
     page = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(meta['title'])}"
             f"</title><style>{STYLE}</style></head><body><h1>{html.escape(meta['title'])}</h1>",
+            *(f"<p>{html.escape(line)}</p>" for line in asked),
+            *(f"<p>{html.escape(line)}</p>" for line in (ranked or {}).get("lines", [])[:-1]),
             f"<p><b>Trust:</b> {html.escape(trust)}</p>",
             f"<img alt='headline figure' src='data:image/png;base64,{png}'>"]  # fmt: skip
     for heading, headers, body in sections:

@@ -27,12 +27,21 @@ import numpy as np
 from rich.console import Console
 
 from cachepilot_sim.config import RunConfig, SimConfig, TraceFormat
+from cachepilot_sim.config.question import markdown_lines, question_lines, serving_setup
 from cachepilot_sim.cost.gpu_scaling import hardware_derivation, hardware_note
 from cachepilot_sim.experiment import outdir
-from cachepilot_sim.experiment.answer import answer_tables, bench_block, markdown_answer
+from cachepilot_sim.experiment.answer import (
+    answer_tables,
+    bench_block,
+    markdown_answer,
+    markdown_ranking,
+    ranking_table,
+)
+from cachepilot_sim.experiment.copies import COPY_OF, copy_cell_files
 from cachepilot_sim.experiment.lifecycle import check_inputs, stop_workers
 from cachepilot_sim.experiment.live import LivePublisher, init_worker, process_metrics
 from cachepilot_sim.experiment.progress import ProgressRelay, progress_hook
+from cachepilot_sim.experiment.ranking import cannot_differ, rank, ranking_cells, ranking_lines
 from cachepilot_sim.experiment.report import results_frame, run_meta, write_report
 from cachepilot_sim.experiment.serving import baseline_policy, policy_rows, serving_stats
 from cachepilot_sim.experiment.telemetry import RunMonitor
@@ -102,6 +111,8 @@ def run_cells(
     out_dir: Path | None,
     monitor: RunMonitor | None = None,
     serving: list[dict[str, float]] | None = None,
+    policies: Sequence[str] | None = None,
+    first_index: int = 0,
 ) -> list[dict[str, Any]]:
     """Every (policy, seed) cell, in a fixed order, on `cfg.jobs` worker processes.
 
@@ -110,20 +121,23 @@ def run_cells(
     when the cells run on workers and someone watches live (a terminal bar or a served Prometheus
     port); workers nobody watches do not report (their progress gauges stay out of metrics.prom).
     Each cell's serving statistics (experiment/serving.py) are appended to `serving` when given.
+    `policies` (default: the run's) runs a part of the matrix, its cells numbered from
+    `first_index` (the monitor hears of the whole matrix on the call with first_index 0).
     """
-    policies = cfg.policy_names()
-    sims = [
-        cfg.sim_for(p, seed) for p in policies for seed in range(cfg.seed, cfg.seed + cfg.seeds)
-    ]
+    seeds = range(cfg.seed, cfg.seed + cfg.seeds)
+    if monitor is not None and first_index == 0:
+        every_cell = [cfg.sim_for(p, seed) for p in cfg.policy_names() for seed in seeds]
+        monitor.add_cells([(s.policy.name, s.seed, s.workload.num_requests) for s in every_cell])
+    policies = cfg.policy_names() if policies is None else list(policies)
+    sims = [cfg.sim_for(p, seed) for p in policies for seed in seeds]
     jobs = min(cfg.jobs or os.cpu_count() or 1, len(sims))
     every = cfg.telemetry.progress_every_events
-    if monitor is not None:
-        monitor.add_cells([(s.policy.name, s.seed, s.workload.num_requests) for s in sims])
     if jobs <= 1:
         cells = [
-            run_cell(s, out_dir, cfg.write_requests, cfg.offline_bound, monitor, every, index=i)
+            run_cell(s, out_dir, cfg.write_requests, cfg.offline_bound, monitor, every,
+                     index=first_index + i)
             for i, s in enumerate(sims)
-        ]
+        ]  # fmt: skip
     else:
         # spawn, not fork: polars keeps a thread pool, and a forked child can deadlock on it.
         context = multiprocessing.get_context("spawn")
@@ -135,7 +149,7 @@ def run_cells(
             with ProcessPoolExecutor(jobs, context, init_worker, (live_dir, os.getpid())) as pool:
                 futures = [
                     pool.submit(run_cell, s, out_dir, cfg.write_requests, cfg.offline_bound,
-                                None, every, queue, i, live_us)
+                                None, every, queue, first_index + i, live_us)
                     for i, s in enumerate(sims)
                 ]  # fmt: skip
                 try:
@@ -222,8 +236,14 @@ def _run_staged(
     started, t0 = clock
     monitor = RunMonitor(cfg.telemetry, console)
     serving: list[dict[str, float]] = []
+    trust = trust_for(cfg).as_dict()  # how far to trust every number below (trust.py)
+    asked = question_lines(cfg, trust["label"])
+    # First, as unwrapped lines: a wrapped label would not survive grep or a log reader.
+    for line in asked:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    baseline = baseline_policy(cfg.policy_names())
     try:
-        cells = run_cells(cfg, stage, monitor, serving)
+        cells, identical, why = _run_matrix(cfg, stage, monitor, serving, baseline)
     except BaseException:
         monitor.close([], None)  # stop the bar and the server; no exposition of a failed run
         raise
@@ -234,25 +254,73 @@ def _run_staged(
     report = {"title": title, "run_id": rid, "cells": cells, "summary": summary} | skipped
     if derived := hardware_derivation(cfg):  # not one measured H200: say what was derived
         report["hardware"] = derived
-    trust = trust_for(cfg).as_dict()  # how far to trust every number below (trust.py)
     report["trust"] = trust
+    # Cells copied from the baseline (identical by construction) count in metrics.json, not twice
+    # on screen: the ranking lists them as such and the tables show the cells that ran.
+    ran = [i for i, c in enumerate(cells) if COPY_OF not in c]
+    ran_cells, ran_serving = [cells[i] for i in ran], [serving[i] for i in ran]
+    gpus = cfg.tp * cfg.cluster.num_gpus
+    ranking = rank(ran_cells, ran_serving, baseline, cfg.objective, gpus)
+    ranking.identical, ranking.identical_reason = identical, why
+    report["question"] = asked
+    report["ranking"] = ranking.as_dict()
     outdir.write_json(stage / "metrics.json", report)
-    baseline = baseline_policy(cfg.policy_names())
-    rows = policy_rows(cells, serving, baseline)
+    rows = policy_rows(ran_cells, ran_serving, baseline)
     shown = title.replace("; mean ± σ [min, max]", "")
-    md = f"{shown}\n\nTrust: {trust['label']}\n\n{markdown_answer(rows, baseline)}"
+    answer = [markdown_ranking(ranking), markdown_answer(rows, baseline)]
+    md = "\n".join([shown, "", *markdown_lines(asked), *answer])
     _write_atomic(stage / "summary.md", lambda p: p.write_text(md))
-    # First, as its own unwrapped line: a wrapped label would not survive grep or a log reader.
-    console.print(f"trust: {trust['label']}", markup=False, highlight=False, soft_wrap=True)
+    console.print(ranking_table(ranking, console.width))
+    for line in ranking_lines(ranking):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     for t in answer_tables(rows, baseline, shown, console.width):
         console.print(t)
-    if len(cells) == 1:
+    if len(ran_cells) == 1:
         console.print(bench_block(rows[0]), markup=False, highlight=False)
     if cfg.write_report:
         meta = run_meta(_config_text(cfg, out_dir), shown, time.perf_counter() - t0, started)
         meta["trust"] = trust["label"]
+        meta["question"] = asked
+        headers, body = ranking_cells(ranking)  # the report's first table: the ranking
+        meta["ranking"] = {"headers": headers, "rows": body, "lines": ranking_lines(ranking)}
         write_report(stage, rows, baseline, results_frame(cells, serving), meta)
     return report, serving
+
+
+def _run_matrix(
+    cfg: RunConfig,
+    stage: Path,
+    monitor: RunMonitor,
+    serving: list[dict[str, float]],
+    baseline: str,
+) -> tuple[list[dict[str, Any]], list[str], str]:
+    """The run's cells (in the run's policy order), the policies not run and why. With several
+    policies the baseline runs first: when its cells show that no eviction order can matter
+    (ranking.cannot_differ), the others are identical by construction: not run, their cells
+    copies of the baseline's marked COPY_OF."""
+    policies = cfg.policy_names()
+    if len(policies) == 1:
+        return run_cells(cfg, stage, monitor, serving), [], ""
+    base_serving: list[dict[str, float]] = []
+    first = run_cells(cfg, stage, monitor, base_serving, [baseline])
+    others = [p for p in policies if p != baseline]
+    if why := cannot_differ(first):
+        # Every other policy's cells are the baseline's, marked as copies: metrics.json and the
+        # sweep tables keep one row per (policy, seed) without simulating the same steps again.
+        rest = [c | {"policy": p, COPY_OF: 1} for p in others for c in first]
+        rest_serving = [dict(s) for _ in others for s in base_serving]
+        for c in rest:
+            copy_cell_files(stage, baseline, c["policy"], c["seed"])
+    else:
+        why, rest_serving = "", []
+        rest = run_cells(cfg, stage, monitor, rest_serving, others, first_index=len(first))
+    pairs = list(zip(first + rest, base_serving + rest_serving, strict=True))
+    order = {p: i for i, p in enumerate(policies)}
+    pairs.sort(key=lambda cs: (order[cs[0]["policy"]], cs[0]["seed"]))
+    cells = [c for c, _ in pairs]
+    serving.extend(s for _, s in pairs)
+    _add_vs_lru(cells)
+    return cells, (others if why else []), why
 
 
 def claim_output(cfg: RunConfig, out_dir: Path) -> tuple[str, Path]:
@@ -292,6 +360,8 @@ def run_title(cfg: RunConfig, cells: Sequence[dict[str, Any]]) -> str:
         )
     gpu = hardware_note(cfg).get("hardware_profile")
     on = f" [{gpu}]" if gpu else ""
+    if cfg.cluster.num_gpus > 1 or cfg.cluster.disaggregated:  # not one GPU: say which cluster
+        return f"{workload}, {serving_setup(cfg)}{on}, {seeds}; mean ± σ [min, max]"
     memory = f"{cfg.vram_gb:g} GB VRAM"
     if blocks := cfg.engine.kv_pool_blocks:  # the engine's own pool: vram_gb does not size it
         memory = f"the engine's KV pool of {blocks} x {cfg.kv.block_tokens}-token blocks"

@@ -20,6 +20,7 @@ from typing import Any
 import polars as pl
 import yaml
 
+from cachepilot_sim.experiment.intervals import nonnegative_interval
 from cachepilot_sim.experiment.outdir import hidden
 from cachepilot_sim.experiment.report import mean_ci
 from cachepilot_sim.inputs import InputError
@@ -27,7 +28,16 @@ from cachepilot_sim.inputs import InputError
 # Keys that never change what a run simulates (or that the cells carry themselves: the seed, the
 # compared policies). `policy.*` is handled apart: see differing_keys.
 NOT_CONFIG = frozenset(
-    {"seed", "seeds", "jobs", "compare_policies", "write_requests", "write_report", "offline_bound"}
+    {
+        "seed",
+        "seeds",
+        "jobs",
+        "compare_policies",
+        "write_requests",
+        "write_report",
+        "offline_bound",
+        "objective",
+    }
 )
 NOT_CONFIG_PREFIXES = ("telemetry.", "trace.", "hydra.")
 # Metrics of the headline figure and the sweep report: (column, label, higher is better).
@@ -237,15 +247,19 @@ def check_no_pooling(frame: pl.DataFrame, group: Sequence[str], candidates: Sequ
 
 
 def group_stats(frame: pl.DataFrame, group: Sequence[str], metrics: Sequence[str]) -> pl.DataFrame:
-    """Per group: `n` (seeds pooled) and, per metric, `<m>_mean` and `<m>_ci` (half-width of the
-    95 % t interval over seeds, scipy; 0 for one seed). Groups keep first-seen order."""
+    """Per group: `n` (seeds pooled) and, per metric, `<m>_mean`, `<m>_ci` (half-width of the
+    95 % t interval over seeds, scipy; 0 for one seed; the figures' whiskers) and `<m>_low`,
+    `<m>_high` (the percentile bootstrap interval of a non-negative metric, intervals.py: NaN
+    under three seeds). Groups keep first-seen order."""
     rows = []
     for key, part in frame.group_by(list(group), maintain_order=True):
         row: dict[str, Any] = dict(zip(group, key, strict=True)) | {"n": part.height}
         for m in metrics:
             values = part[m].drop_nulls().cast(pl.Float64).to_numpy()
             mean, half = mean_ci(values) if values.size else (math.nan, math.nan)
-            row |= {f"{m}_mean": mean, f"{m}_ci": half}
+            span = nonnegative_interval(values)  # the report's tables: never below 0
+            row |= {f"{m}_mean": mean, f"{m}_ci": half, f"{m}_low": span.low,
+                    f"{m}_high": span.high}  # fmt: skip
         rows.append(row)
     return pl.DataFrame(rows, strict=False)
 
@@ -263,13 +277,17 @@ def paired_vs_lru(frame: pl.DataFrame, metric: str = "realized_restore_s") -> pl
     for (config, policy), part in joined.group_by(CONFIG, "policy", maintain_order=True):
         ratios = part["ratio"].drop_nulls().to_numpy()
         mean, half = mean_ci(ratios) if ratios.size else (math.nan, math.nan)
+        span = nonnegative_interval(ratios)
         rows.append(
             {
                 CONFIG: config,
                 "policy": policy,
                 "ratio_mean": mean,
                 "ratio_ci": half,
+                "ratio_low": span.low,
+                "ratio_high": span.high,
                 "ratio_n": int(ratios.size),
             }
         )
-    return pl.DataFrame(rows, schema_overrides={"ratio_mean": pl.Float64, "ratio_ci": pl.Float64})
+    floats = {k: pl.Float64 for k in ("ratio_mean", "ratio_ci", "ratio_low", "ratio_high")}
+    return pl.DataFrame(rows, schema_overrides=floats)

@@ -1,6 +1,7 @@
 """What a serving engineer reads off a run: latency (TTFT, TPOT, ITL, E2E) in ms with mean, median
 and p99, request and output-token throughput, per cell; per policy, the mean over seeds and the
-paired ratio of realized restore time to a baseline policy with a 95 % t interval over seeds.
+paired ratio of realized restore time to a baseline policy with a 95 % interval over seeds
+(intervals.py: never below zero; none under three seeds).
 
 These numbers come from the per-request table (`metrics.REQUEST_SCHEMA`) and are kept apart from
 `metrics.json` (whose cells stay as they were); they go to the terminal table, `results.csv` and
@@ -24,7 +25,8 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-from scipy import stats
+
+from cachepilot_sim.experiment.intervals import nonnegative_interval
 
 # (prefix, column of the request table, scale to ms)
 LATENCIES: tuple[tuple[str, str, float], ...] = (
@@ -108,7 +110,9 @@ def gap_stats(gaps: dict[int, int]) -> list[float]:
 
 @dataclass(frozen=True, slots=True)
 class PairedRatio:
-    """Mean over seeds of policy / baseline on the same seed, with a 95 % t interval (n >= 2)."""
+    """Mean over seeds of policy / baseline on the same seed, with a 95 % percentile bootstrap
+    interval (NaN under intervals.MIN_SEEDS seeds): a ratio of non-negative times is never
+    below 0, and neither is its interval."""
 
     mean: float
     low: float
@@ -120,22 +124,13 @@ def paired_ratio(
     cells: Sequence[dict[str, Any]], policy: str, baseline: str, key: str
 ) -> PairedRatio:
     """`key` of `policy` over `key` of `baseline`, paired by seed (seeds where both ran and the
-    baseline is non-zero); the interval is scipy's Student t interval of the mean ratio."""
+    baseline is non-zero); the interval is intervals.nonnegative_interval's."""
     base = {c["seed"]: c[key] for c in cells if c["policy"] == baseline}
-    ratios = np.array(
-        [c[key] / base[c["seed"]] for c in cells if c["policy"] == policy and base.get(c["seed"])],
-        dtype=np.float64,
-    )
-    if ratios.size == 0:
-        return PairedRatio(math.nan, math.nan, math.nan, 0)
-    mean = float(np.mean(ratios))
-    if ratios.size < 2:
-        return PairedRatio(mean, math.nan, math.nan, 1)
-    sem = float(stats.sem(ratios))
-    if sem == 0.0:
-        return PairedRatio(mean, mean, mean, int(ratios.size))
-    low, high = stats.t.interval(0.95, ratios.size - 1, loc=mean, scale=sem)
-    return PairedRatio(mean, float(low), float(high), int(ratios.size))
+    ratios = [
+        c[key] / base[c["seed"]] for c in cells if c["policy"] == policy and base.get(c["seed"])
+    ]
+    i = nonnegative_interval(ratios)
+    return PairedRatio(i.mean, i.low, i.high, i.n)
 
 
 def baseline_policy(policies: Sequence[str]) -> str:

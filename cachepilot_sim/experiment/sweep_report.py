@@ -23,6 +23,7 @@ from typing import Any
 import polars as pl
 import yaml
 
+from cachepilot_sim.experiment.intervals import MIN_SEEDS
 from cachepilot_sim.experiment.report import STYLE, _html_table, git_commit, versions
 from cachepilot_sim.experiment.runset import (
     CONFIG,
@@ -36,6 +37,7 @@ from cachepilot_sim.experiment.runset import (
     paired_vs_lru,
     wrapped,
 )
+from cachepilot_sim.plotting import policy_colour
 
 FIGURE = "headline_by_config"
 METRICS = [m for m, _, _ in HEADLINE]
@@ -91,10 +93,12 @@ def headline_figure(frame: pl.DataFrame, data: pl.DataFrame) -> Any:
                 if hit.height == 0:
                     continue
                 mean, half = hit["mean"][0], hit["ci95"][0]
-                ax.bar(i, mean, color=f"C{i}", alpha=0.35, width=0.6)
-                ax.errorbar(i, mean, yerr=half, color="black", capsize=4, linewidth=1.1)
+                ax.bar(i, mean, color=policy_colour(policy), alpha=0.35, width=0.6)
+                # The metrics drawn are non-negative: a whisker stops at 0, not below it.
+                yerr = [[min(half, max(mean, 0.0))], [half]]
+                ax.errorbar(i, mean, yerr=yerr, color="black", capsize=4, linewidth=1.1)
                 seeds = cells.filter(pl.col("policy") == policy)[metric].to_numpy()
-                ax.scatter([i] * seeds.size, seeds, color=f"C{i}", s=12, zorder=3)
+                ax.scatter([i] * seeds.size, seeds, color=policy_colour(policy), s=12, zorder=3)
             ax.set_xticks(range(len(policies)), policies, rotation=30, ha="right", fontsize=8)
             ax.grid(axis="y", alpha=0.3)
             if col == 0:
@@ -110,10 +114,13 @@ def headline_figure(frame: pl.DataFrame, data: pl.DataFrame) -> Any:
     return fig
 
 
-def _fmt(mean: float, half: float, n: int) -> str:
+def _fmt(mean: float, low: float, high: float, n: int) -> str:
+    """`mean [low, high]` (the non-negative interval), or the mean alone under MIN_SEEDS seeds."""
     if mean is None or math.isnan(mean):
         return "n/a"
-    return f"{mean:.4g}" if n < 2 else f"{mean:.4g} ± {half:.2g}"
+    if n < MIN_SEEDS or low is None or math.isnan(low):
+        return f"{mean:.4g} (n={n})"
+    return f"{mean:.4g} [{low:.4g}, {high:.4g}]"
 
 
 def table_rows(frame: pl.DataFrame, keys: Sequence[str]) -> tuple[list[str], list[list[str]]]:
@@ -125,14 +132,14 @@ def table_rows(frame: pl.DataFrame, keys: Sequence[str]) -> tuple[list[str], lis
         *keys,
         "policy",
         "seeds",
-        *(f"{label} (± 95 %)" for _, label, _ in HEADLINE),
+        *(f"{label} [95 % CI]" for _, label, _ in HEADLINE),
         "restore / LRU (paired)",
     ]
     rows = []
     for r in stats.iter_rows(named=True):
         cells = [str(r[k]) for k in keys] + [r["policy"], str(r["n"])]
-        cells += [_fmt(r[f"{m}_mean"], r[f"{m}_ci"], r["n"]) for m in METRICS]
-        cells.append(_fmt(r["ratio_mean"], r["ratio_ci"], r["ratio_n"] or 0))
+        cells += [_fmt(r[f"{m}_mean"], r[f"{m}_low"], r[f"{m}_high"], r["n"]) for m in METRICS]
+        cells.append(_fmt(r["ratio_mean"], r["ratio_low"], r["ratio_high"], r["ratio_n"] or 0))
         rows.append(cells)
     return headers, rows
 
@@ -168,6 +175,10 @@ def sweep_meta(root: Path, runs: Sequence[Run], keys: Sequence[str]) -> dict[str
         "versions": versions(),
         # Every engine label among the runs: how far each configuration's numbers can be trusted.
         "trust": sorted({r.trust or "not recorded (a run from before trust labels)" for r in runs}),
+        # What the jobs simulated (traffic, serving setup, SLA), each distinct line once.
+        "question": list(
+            dict.fromkeys(line for r in runs for line in r.meta.get("question", [])[:3])
+        ),  # fmt: skip
         "jobs_wall_s": round(wall, 3),
         "span_s": round(max(ends) - min(starts), 3) if starts else None,
     }
@@ -226,19 +237,23 @@ def _pages(
         ("versions", ", ".join(f"{k} {v}" for k, v in meta["versions"].items())),
     ]
     note = (
-        "Seeds of one configuration are pooled (mean ± half-width of the 95 % t interval, scipy); "
-        "configurations are never pooled. One seed gives no interval. The paired ratio divides "
-        "each seed's realized restore by LRU's on the same configuration and seed (n/a without "
-        "LRU or when LRU restored nothing)."
+        "Seeds of one configuration are pooled: the table gives the mean [95 % percentile "
+        "bootstrap interval] (never below 0; the figure's whiskers are the t interval, stopped "
+        "at 0); configurations are never pooled. The paired ratio divides each seed's realized "
+        "restore by LRU's on the same configuration and seed (n/a without LRU or when LRU "
+        "restored nothing)."
     )
     seeds = [int(r[headers.index("seeds")]) for r in rows]
-    if seeds and min(seeds) < 3:
+    if seeds and min(seeds) < MIN_SEEDS:
         note += (
-            f" Weak: some configurations have {min(seeds)} seed(s); with 2 the t factor is 12.7, "
-            "so their intervals are wide by construction. Run more seeds before ranking them."
+            f" n too small for an interval: some configurations have {min(seeds)} seed(s) "
+            f"(marked n=...), under the {MIN_SEEDS} an interval needs; run more seeds before "
+            "ranking them."
         )
     trust = [f"Trust: {t}" for t in meta.get("trust", [])]
-    md = [f"# {title}", "", *trust, "", f"![headline by configuration]({FIGURE}.png)", "", note]
+    asked = [f"{line}  " for line in meta.get("question", [])]
+    md = [f"# {title}", "", *asked, "", *trust, "", f"![headline by configuration]({FIGURE}.png)"]
+    md += ["", note]
     md.append("")
     md += ["| " + " | ".join(headers) + " |", "|---" * len(headers) + "|"]
     md += ["| " + " | ".join(r) + " |" for r in rows] + [""]
@@ -248,6 +263,7 @@ def _pages(
     page = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
+        *(f"<p>{html.escape(line)}</p>" for line in meta.get("question", [])),
         *(f"<p><b>Trust:</b> {html.escape(t.removeprefix('Trust: '))}</p>" for t in trust),
         f"<img alt='headline by configuration' src='data:image/png;base64,{png}'>",
         f"<p>{html.escape(note)}</p>",

@@ -37,6 +37,8 @@ from cachepilot_sim.experiment.progress import CellProgress, progress_hook
 PREFIX = "cachepilot_"
 LABELS = ("policy", "seed")
 PROM_FILE = "metrics.prom"
+# Off a terminal (a log, CI, `| tee`), a plain progress line at most this often (wall seconds).
+PLAIN_EVERY_S = 10.0
 # Live progress of the cell being simulated: (name, help).
 PROGRESS = (
     ("progress_sim_seconds", "simulated time reached, seconds"),
@@ -139,18 +141,27 @@ class RunMonitor:
                 Progress,
                 TextColumn,
                 TimeElapsedColumn,
+                TimeRemainingColumn,
             )
 
+            # Requests done of all, simulated seconds reached, requests per wall second, ETA.
             self.bar = Progress(
                 TextColumn("{task.description}"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                TextColumn("sim {task.fields[sim_s]:,.0f} s"),
-                TextColumn("{task.fields[eps]:,.0f} events/s"),
+                TextColumn("requests, sim {task.fields[sim_s]:,.0f} s"),
+                TextColumn("{task.fields[rate]:,.0f} req/s"),
                 TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
                 console=self.console,
             )
             self.bar.start()
+        # Not a terminal: a plain line now and then instead of a bar (`plain_line`).
+        self.plain = bool(cfg.progress) and self.bar is None
+        self._t0 = time.perf_counter()
+        self._last_plain = self._t0
+        self._sim_s: dict[int, float] = {}
         self._overall: Any = None
         self._cells: list[tuple[str, int, int]] = []
         self._tasks: dict[int, Any] = {}
@@ -172,30 +183,56 @@ class RunMonitor:
         if self.bar is not None and self._overall is None:
             total = sum(n for _, _, n in cells)
             self._overall = self.bar.add_task(
-                f"all {len(cells)} cells", total=total, sim_s=0.0, eps=0.0
+                f"all {len(cells)} cells", total=total, sim_s=0.0, rate=0.0
             )
 
     def report(self, p: CellProgress) -> None:
         """One cell's progress (from this process or a worker): gauges, its bar, the overall bar."""
         start = self._started.setdefault(p.index, time.perf_counter())
-        eps = self.telemetry.progress(
+        self.telemetry.progress(
             p.policy, p.seed, p.sim_us, p.done, p.total, p.events, started=start
         )
+        self._done[p.index] = p.done
+        self._totals[p.index] = p.total
+        self._sim_s[p.index] = p.sim_us / 1e6
         if self.bar is None:
+            if self.plain:
+                self._plain_report()
             return
         task = self._tasks.get(p.index)
         if task is None:
-            task = self.bar.add_task(f"{p.policy} seed {p.seed}", total=p.total, sim_s=0.0, eps=0.0)
+            task = self.bar.add_task(
+                f"{p.policy} seed {p.seed}", total=p.total, sim_s=0.0, rate=0.0
+            )
             self._tasks[p.index] = task
         # With the overall bar, a finished cell's own bar goes away: only running cells show.
         visible = p.done < p.total or self._overall is None
-        self.bar.update(task, completed=p.done, sim_s=p.sim_us / 1e6, eps=eps, visible=visible)
-        self._done[p.index] = p.done
-        self._totals[p.index] = p.total
+        rate = p.done / max(time.perf_counter() - start, 1e-9)
+        self.bar.update(task, completed=p.done, sim_s=p.sim_us / 1e6, rate=rate, visible=visible)
         if self._overall is not None:
             # A replay's cell knows its request count once built: the bar's total follows.
-            total = sum(self._totals.get(i, n) for i, (_, _, n) in enumerate(self._cells))
-            self.bar.update(self._overall, completed=sum(self._done.values()), total=total)
+            done, total = self._progress_totals()
+            rate = done / max(time.perf_counter() - self._t0, 1e-9)
+            sim_s = sum(self._sim_s.values())
+            self.bar.update(self._overall, completed=done, total=total, sim_s=sim_s, rate=rate)
+
+    def _progress_totals(self) -> tuple[int, int]:
+        """Requests done and requests in all announced cells (a cell's own count once known)."""
+        total = sum(self._totals.get(i, n) for i, (_, _, n) in enumerate(self._cells))
+        return sum(self._done.values()), max(total, sum(self._totals.values()))
+
+    def _plain_report(self) -> None:
+        """At most every PLAIN_EVERY_S: one line with cells, requests, simulated time, rate, ETA."""
+        now = time.perf_counter()
+        if now - self._last_plain < PLAIN_EVERY_S:
+            return
+        self._last_plain = now
+        self.console.print(
+            plain_line(self._progress_totals(), len(self._cells), self._sim_s, now - self._t0),
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
 
     @property
     def publishes(self) -> bool:
@@ -244,6 +281,26 @@ class RunMonitor:
             shutil.rmtree(self._multiprocess_dir, ignore_errors=True)
             self._multiprocess_dir = None
         return path
+
+
+def plain_line(
+    requests: tuple[int, int], num_cells: int, sim_s: dict[int, float], wall_s: float
+) -> str:
+    """`progress: 12,000/60,000 requests (20 %) in 5 cells, sim 1,234 s, 410 req/s, elapsed
+    0:00:29, ETA 0:01:57`: the plain-text progress line (no ETA before a request is done)."""
+    done, total = requests
+    rate = done / max(wall_s, 1e-9)
+    eta = _clock((total - done) / rate) if done and rate > 0 else "unknown"
+    share = f" ({done / total:.0%})" if total else ""
+    return (
+        f"progress: {done:,}/{total:,} requests{share} in {num_cells} cells, sim "
+        f"{sum(sim_s.values()):,.0f} s, {rate:,.0f} req/s, elapsed {_clock(wall_s)}, ETA {eta}"
+    )
+
+
+def _clock(seconds: float) -> str:
+    s = int(round(max(seconds, 0.0)))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
 def main(argv: list[str] | None = None) -> int:

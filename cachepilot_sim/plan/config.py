@@ -10,12 +10,22 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from cachepilot_sim.conf import CONF_DIR
-from cachepilot_sim.config import POLICIES, ConfigError, Sealed, bounded, known_routers, require
+from cachepilot_sim.config import (
+    POLICIES,
+    ConfigError,
+    Objective,
+    Sealed,
+    bounded,
+    known_routers,
+    require,
+)
 from cachepilot_sim.inputs import parse_overrides, read_yaml
 
 PRICES_FILE = CONF_DIR / "plan" / "prices.yaml"
 MAX_USD_PER_GPU_HOUR = 1e4  # a finite, physical price: an infinite one makes every cost equal
 PD_SPLIT = re.compile(r"^(colocated|[1-9][0-9]*:[1-9][0-9]*)$")
+# What the planner can rank the configurations meeting the SLA on (it records no E2E or restore).
+PLAN_OBJECTIVES = (Objective.cost, Objective.ttft_p99, Objective.goodput)
 
 
 class Launcher(StrEnum):
@@ -102,6 +112,15 @@ class PlanConfig(Sealed):
     jobs: int = bounded(0, ge=0, integer=True)  # 0: one worker per core
     launcher: Launcher = Launcher.JOBLIB
     ray_address: str = ""  # with launcher=ray: "" starts a local Ray instance
+    # How the configurations meeting the SLA are ranked (plan.md's "Best"): a capacity plan asks
+    # for the cheapest by default; ttft_p99 or goodput pick the fastest or the most within SLO.
+    objective: Objective = Objective.cost
+
+    def validate(self, prefix: str) -> None:
+        super().validate(prefix)
+        allowed = [str(o) for o in PLAN_OBJECTIVES]
+        ok = self.objective in PLAN_OBJECTIVES
+        require(ok, "objective", str(self.objective), f"the planner ranks on one of {allowed}")
 
 
 @dataclass(frozen=True, slots=True)

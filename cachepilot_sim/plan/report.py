@@ -9,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from cachepilot_sim.config import Objective
 from cachepilot_sim.plan.config import GpuPrice, PlanConfig
 from cachepilot_sim.plan.search import CellResult, Evaluation
 
@@ -56,13 +57,54 @@ def pareto_front(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return front
 
 
+def question_of(plan: PlanConfig, run: Any) -> list[str]:
+    """What the plan simulates, in words (plan.md's and the screen's first lines), from the
+    RunConfig of its first cell: traffic, model, SLA, objective; a plan that replays a slice of
+    its trace or a compressed clock says that it does not answer the trace as recorded."""
+    from cachepilot_sim.config import TraceFormat
+    from cachepilot_sim.config.question import traffic
+
+    sla = plan.sla
+    lines = [
+        f"Simulated: {traffic(run)}.",
+        f"Model: {run.model.name}; each replica a whole GPU of the search space.",
+        f"SLA (all three must hold over the whole run): TTFT p99 <= {sla.ttft_p99_s:g} s, TPOT "
+        f"p99 <= {sla.tpot_p99_ms:g} ms, and at least {sla.goodput_fraction:.0%} of requests "
+        f"within their own SLOs (TTFT <= {run.replay.ttft_slo_ms:g} ms, TPOT <= "
+        f"{run.replay.tpot_slo_ms:g} ms).",
+        f"Ranked on: {plan.objective} (objective=cost|ttft_p99|goodput).",
+    ]
+    rc = run.replay
+    if rc.format != TraceFormat.NONE and (rc.limit or rc.time_scale != 1):
+        lines.insert(
+            0,
+            "NOTE: this plan does not answer the trace as recorded: it simulates "
+            + (f"only its first {rc.limit:,} requests" if rc.limit else "every request")
+            + (f", replayed {1 / rc.time_scale:g}x faster" if rc.time_scale < 1 else "")
+            + (f", replayed {rc.time_scale:g}x slower" if rc.time_scale > 1 else "")
+            + ".",
+        )
+    return lines
+
+
+RANK_KEYS = {
+    Objective.cost: lambda r: (r["usd_per_hour"], r["ttft_p99_s"], r["config"]),
+    Objective.ttft_p99: lambda r: (r["ttft_p99_s"], r["usd_per_hour"], r["config"]),
+    Objective.goodput: lambda r: (-r["goodput_fraction"], r["usd_per_hour"], r["config"]),
+}
+
+
 def build_answer(
-    plan: PlanConfig, results: list[CellResult], prices: dict[str, GpuPrice]
+    plan: PlanConfig,
+    results: list[CellResult],
+    prices: dict[str, GpuPrice],
+    question: list[str] | None = None,
 ) -> dict[str, Any]:
     """Everything plan.json holds (no wall-clock figures: a rerun writes the same bytes)."""
     evals = [e for r in results for e in r.evaluations]
     feasible = [_row(e, prices) for e in evals if e.meets]
-    feasible.sort(key=lambda r: (r["usd_per_hour"], r["ttft_p99_s"], r["config"]))
+    feasible.sort(key=RANK_KEYS[Objective.cost])
+    best = min(feasible, key=RANK_KEYS[plan.objective]) if feasible else None
     rejected = [_row(e, prices) | {"why": _why(e)} for e in evals if not e.meets]
     pruned = []
     for r in results:
@@ -76,6 +118,9 @@ def build_answer(
     grid = len(results) * plan.space.max_replicas
     return {
         "plan": plan.name,
+        "question": question or [],
+        "objective": str(plan.objective),
+        "best": best,
         "sla": asdict(plan.sla),
         "approximation": APPROXIMATION,
         "cheapest": feasible[0] if feasible else None,
@@ -106,8 +151,10 @@ def _table(rows: list[dict[str, Any]], cols: list[str]) -> str:
 def markdown(answer: dict[str, Any]) -> str:
     """plan.md: the answer first, then the front, then every rejection with its reason."""
     sla = answer["sla"]
-    lines = [
-        f"# Capacity plan: {answer['plan']}\n",
+    lines = [f"# Capacity plan: {answer['plan']}\n"]
+    lines += [f"{line}  " for line in answer.get("question", [])]
+    lines += [
+        "",
         f"SLA: TTFT p99 <= {sla['ttft_p99_s']:g} s, TPOT p99 <= {sla['tpot_p99_ms']:g} ms, "
         f"goodput >= {sla['goodput_fraction']:.0%} of requests within their SLOs.\n",
     ]
@@ -121,6 +168,13 @@ def markdown(answer: dict[str, Any]) -> str:
             f"**Cheapest: {best['config']} x {best['scale']} ({best['gpus']} GPUs), "
             f"${best['usd_per_hour']:.2f}/hour**: TTFT p99 {best['ttft_p99_s']:.3f} s, TPOT p99 "
             f"{best['tpot_p99_ms']:.1f} ms, goodput {best['goodput_fraction']:.1%}.\n"
+        )
+    top = answer.get("best")
+    if top is not None and answer.get("objective", "cost") != "cost":
+        lines.append(
+            f"**Best on {answer['objective']}: {top['config']} x {top['scale']} ({top['gpus']} "
+            f"GPUs), ${top['usd_per_hour']:.2f}/hour**: TTFT p99 {top['ttft_p99_s']:.3f} s, "
+            f"goodput {top['goodput_fraction']:.1%}.\n"
         )
     lines.append(
         f"{answer['num_simulated']} configurations simulated over {answer['num_cells']} cells "
@@ -145,6 +199,12 @@ def markdown(answer: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pareto_label(row: dict[str, Any]) -> str:
+    """A front point's label: `mi300x tp1 1:1 x1 (2 GPUs)` (GPU, TP, split, scale, GPUs)."""
+    words = row["config"].split()
+    return f"{words[0]} {words[1]} {words[-1]} x{row['scale']} ({row['gpus']} GPUs)"
+
+
 def figure(answer: dict[str, Any], path: Path) -> None:
     """pareto.png: every feasible configuration, cost against TTFT p99, the front joined."""
     import matplotlib
@@ -154,14 +214,25 @@ def figure(answer: dict[str, Any], path: Path) -> None:
     import polars as pl
     import seaborn as sns
 
+    from cachepilot_sim.plotting import seaborn_data
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
     if answer["feasible"]:
         frame = pl.DataFrame(answer["feasible"]).with_columns(
             pl.col("config").str.split(" ").list.first().alias("gpu")
         )
-        sns.scatterplot(data=frame.to_pandas(), x="usd_per_hour", y="ttft_p99_s", hue="gpu", ax=ax)
+        data = seaborn_data(frame.select("usd_per_hour", "ttft_p99_s", "gpu"))
+        sns.scatterplot(data=data, x="usd_per_hour", y="ttft_p99_s", hue="gpu", ax=ax)
         front = answer["pareto"]
         ax.plot([r["usd_per_hour"] for r in front], [r["ttft_p99_s"] for r in front], "k--", lw=1)
+        for r in front:  # each point of the front named: which configuration, how many GPUs
+            ax.annotate(
+                pareto_label(r),
+                (r["usd_per_hour"], r["ttft_p99_s"]),
+                textcoords="offset points",
+                xytext=(4, 4),
+                fontsize=7,
+            )
     ax.axhline(answer["sla"]["ttft_p99_s"], color="grey", lw=0.8, ls=":")
     ax.set(
         xlabel="cost (USD per hour)", ylabel="TTFT p99 (s)", title=f"{answer['plan']}: Pareto front"

@@ -3,13 +3,18 @@
 `cachepilot-sim [overrides]` is exactly `python -m cachepilot_sim [overrides]` (Hydra parses the
 command line, so `key=value`, `+experiment=...`, `--multirun`, `--help` and `-sc` work as there).
 `cachepilot-sim TOOL [args]` runs a tool's `main(args)`. A Hydra override always holds `=` or
-starts with `-`, so a bare first word that names a tool can never be mistaken for one.
+starts with `-` or `~`, so a bare first word that names a tool can never be mistaken for one, and a
+bare word that names none is a mistyped tool: "no tool X; did you mean Y", exit 2 (not Hydra's
+grammar error). `--help` alone prints the app help without starting Hydra or importing the
+simulator (conf.app_help), so it answers in a fraction of a second.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
+import re
 import sys
 from collections.abc import Sequence
 
@@ -54,11 +59,34 @@ def run_tool(name: str, argv: Sequence[str]) -> int:
     return int(status or 0)
 
 
+# A bare word: what a tool name looks like and no Hydra override can be (no `=`, `-`, `+`, `~`).
+BARE_WORD = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
+
+
+def unknown_tool(word: str) -> str:
+    """The one-line error for a bare first word that names no tool, with the closest names."""
+    tools = sorted(available_tools())
+    close = difflib.get_close_matches(word, tools, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return (
+        f"cachepilot-sim: no tool {word!r}{hint} (tools: {', '.join(tools)}; an experiment "
+        "override is key=value, e.g. +experiment=smoke)"
+    )
+
+
 def main() -> None:
     """Console entry point (`[project.scripts] cachepilot-sim`)."""
     args = sys.argv[1:]
     if args and args[0] in available_tools():
         sys.exit(run_tool(args[0], args[1:]))
+    if args and BARE_WORD.match(args[0]):
+        print(unknown_tool(args[0]), file=sys.stderr)
+        sys.exit(2)
+    if args in (["--help"], ["-h"]):  # the app help alone: no Hydra start-up, no simulator
+        from cachepilot_sim.conf import app_help
+
+        print(app_help())
+        return
     from cachepilot_sim.__main__ import main as run_experiment_app
 
     run_experiment_app()

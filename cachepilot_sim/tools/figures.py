@@ -31,13 +31,13 @@ from cachepilot_sim.experiment.runset import (
     run_labels,
     wrapped,
 )
+from cachepilot_sim.plotting import GREY, lowest_ttft_p99, policy_palette, seaborn_data, style
 from cachepilot_sim.trace.derive import TraceError, load_trace, request_results
 from cachepilot_sim.trace.recorder import META_FILE
 
 K = pl.col("kind")
-STYLES = ("-", "--", "-.", ":")
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 TRACES_PER_PAGE = 6  # rows of the VRAM figure per file; more traces make more pages
+TOP_K = 6  # CDFs of more policies colour the k with the lowest TTFT p99, the rest thin and grey
 
 
 class TraceRun(NamedTuple):
@@ -48,6 +48,7 @@ class TraceRun(NamedTuple):
     config: str
     policy: str
     seed: int
+    kv_pool_gb: float = float("nan")  # the GPU KV pool's capacity (meta.json), drawn as a line
 
 
 def find_traces(root: Path) -> list[Path]:
@@ -59,11 +60,6 @@ def find_traces(root: Path) -> list[Path]:
     return sorted(
         p.parent for p in found if p.parent.parent.name == "trace" and not hidden(p, root)
     )
-
-
-def style(i: int) -> dict[str, object]:
-    """Line style, marker and colour of the i-th policy: distinct even in greyscale."""
-    return {"color": f"C{i}", "linestyle": STYLES[i % 4], "marker": MARKERS[i % len(MARKERS)]}
 
 
 def tier_timeline(trace: pl.LazyFrame) -> pl.DataFrame:
@@ -151,6 +147,8 @@ def vram_figure(traces: Sequence[TraceRun]) -> tuple[plt.Figure, pl.DataFrame]:
                 ax.step(t["time_s"], t["GB"], where="post", linestyle=ls, label=tier, lw=1.1)
             ax.set_ylabel("GB")
             ax.set_ylim(bottom=0)
+        if np.isfinite(run.kv_pool_gb):  # the pool's capacity: how close to full it ran
+            gpu_ax.axhline(run.kv_pool_gb, color="black", lw=0.8, ls=":", label="KV pool capacity")
         gpu_ax.plot(
             ev["time_s"],
             np.zeros(ev.height),
@@ -221,6 +219,7 @@ def latency_cdfs(requests: pl.DataFrame) -> tuple[plt.Figure, pl.DataFrame]:
     data = latency_cdf_data(requests)
     configs = _configs(requests)
     policies = list(dict.fromkeys(requests["policy"].to_list()))
+    shown = set(policies) if len(policies) <= TOP_K else set(lowest_ttft_p99(requests, TOP_K))
     fig, axes = plt.subplots(2, len(configs), figsize=(1 + 5 * len(configs), 7.5), squeeze=False)
     for col, config in enumerate(configs):
         for row, metric in enumerate(("TTFT s", "TPOT ms")):
@@ -234,6 +233,9 @@ def latency_cdfs(requests: pl.DataFrame) -> tuple[plt.Figure, pl.DataFrame]:
                 if d.height == 0:
                     continue
                 label = f"{policy} (n={d['n_seeds'][0]} seeds, {d['n_requests'][0]} req)"
+                if policy not in shown:  # beyond the top k: context, not a curve to read
+                    ax.step(d["value"], d["ecdf"], where="post", lw=0.7, color=GREY, alpha=0.6)
+                    continue
                 ax.step(
                     d["value"],
                     d["ecdf"],
@@ -242,8 +244,10 @@ def latency_cdfs(requests: pl.DataFrame) -> tuple[plt.Figure, pl.DataFrame]:
                     lw=1.3,
                     markevery=max(d.height // 8, 1),
                     ms=5,
-                    **style(i),
+                    **style(i, policy),
                 )  # type: ignore[arg-type]
+            if len(shown) < len(policies):
+                ax.plot([], [], color=GREY, lw=0.7, label=f"{len(policies) - len(shown)} others")
             ax.set_xscale("log")
             ax.set_xlabel(f"{metric} (log)")
             ax.set_ylabel("fraction of completed requests")
@@ -288,7 +292,7 @@ def restore_by_class(requests: pl.DataFrame) -> tuple[plt.Figure, pl.DataFrame]:
                 yerr=d["restore_s_ci"],
                 capsize=3,
                 label=policy,
-                color=f"C{i}",
+                color=style(i, policy)["color"],
                 hatch=("", "//", "..", "xx")[i % 4],
             )
             n |= set(d["n"].to_list())
@@ -318,11 +322,12 @@ def gap_estimates(gaps: pl.DataFrame) -> tuple[plt.Figure, pl.DataFrame]:
         d = gaps.filter(pl.col(CONFIG) == config) if gaps.height else gaps
         if d.height:
             sns.scatterplot(
-                data=d.to_pandas(),
+                data=seaborn_data(d),
                 x="true gap s",
                 y="predicted gap s",
                 hue="policy",
                 style="policy",
+                palette=policy_palette(d["policy"].unique(maintain_order=True).to_list()),
                 s=14,
                 alpha=0.6,
                 ax=ax,
@@ -365,7 +370,8 @@ def load_runs(
                 for k, v in ((CONFIG, config), ("policy", policy), ("seed", seed))
             ]
             label = f"{config} · {policy} s{seed}" if len(labels) > 1 else f"{policy} s{seed}"
-            traces.append(TraceRun(label, lf, config, policy, seed))
+            pool_gb = float(meta.get("kv_pool_bytes", float("nan"))) / 1e9
+            traces.append(TraceRun(label, lf, config, policy, seed, pool_gb))
             requests.append(request_results(lf, meta).with_columns(tag))
             gaps.append(
                 lf.filter(K == "reuse_gap")

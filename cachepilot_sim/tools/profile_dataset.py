@@ -160,8 +160,9 @@ def profile(
     path: Path, fmt: str, tokenizer: str, out: Path, name: str, max_records: int
 ) -> dict[str, Any]:
     """Measure, then write profile.json, tokens.svg and workload/<name>.yaml under `out`."""
-    counter = make_counter(tokenizer)
+    # The file first: a missing dataset is named as such, whatever the tokenizer.
     messages, used, skipped = read_messages(path, DatasetFormat(fmt), max_records)
+    counter = make_counter(tokenizer)
     reqs = requests_of(messages, counter)
     if reqs.height == 0:
         raise DatasetError(f"{path}: no conversation has an assistant answer to profile")

@@ -321,7 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(a["model"])
     gpus = load_gpus(a["gpus"])
     scores = [score(g, model, a["context_tokens"], a["batch"], a["reserve_bytes"]) for g in gpus]
-    render(scores, model, a["context_tokens"], Console(width=140), a["reserve_bytes"])
+    # markup=False: GPU and model names from YAML are printed as written, brackets included.
+    console = Console(width=140, markup=False)
+    render(scores, model, a["context_tokens"], console, a["reserve_bytes"])
     return 0
 
 

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 import polars as pl
 
 from cachepilot_sim.experiment.runset import check_no_pooling, config_label, group_stats, wrapped
-from cachepilot_sim.tools.figures import style
+from cachepilot_sim.plotting import style
 
 FACET = "facet"  # column of the data: the panel's label (`key=value, ...` of the facet keys)
 
@@ -91,7 +91,7 @@ def metric_vs_param_figure(
                 lw=1.3,
                 ms=5,
                 label=f"{value} (n={n} seeds)",
-                **style(i),
+                **style(i, str(value)),
             )  # type: ignore[arg-type]
         ax.set_xlabel(param)
         ax.set_ylabel(metric)

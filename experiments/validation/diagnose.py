@@ -169,12 +169,11 @@ def itl_tail(folder: Path, above: list[float], at: int | None) -> None:
     steps: list[tuple[int, float, int, list[tuple[int, int]]]] = []
     raw = Batcher._raw_duration_us
 
-    def record(
-        self: Batcher, decode: np.ndarray, chunk_idx: np.ndarray, chunks: np.ndarray
-    ) -> float:
+    # The batcher passes plain lists (columns and chunk sizes) since its small-batch fast path.
+    def record(self: Batcher, decode: list[int], chunk_idx: list[int], chunks: list[int]) -> float:
         us = raw(self, decode, chunk_idx, chunks)
-        if chunks.size:
-            n_dec = decode.size + self.ghost.shape[1]
+        if len(chunks):
+            n_dec = len(decode) + self.ghost.shape[1]
             parts = [(int(self.order[i]), int(c)) for i, c in zip(chunk_idx, chunks, strict=True)]
             steps.append((self.env.now, us, n_dec, parts))
         return us

@@ -77,3 +77,46 @@ def test_bash_completion_completes_groups_and_options(tmp_path: Path) -> None:
     assert {"policy=lru", "policy=lfu"} <= set(lines)
     assert "workload=" in lines
     assert "hydra_bash_completion cachepilot-sim" in out.stdout
+
+
+def test_help_alone_is_hydras_help_without_starting_hydra(tmp_path: Path) -> None:
+    fast = run(str(cli(tmp_path)), "--help")
+    hydra_help = run(sys.executable, "-m", "cachepilot_sim", "--help", "seed=0")  # through Hydra
+    assert fast.returncode == 0 and fast.stdout == hydra_help.stdout
+    probe = (
+        "import sys; sys.argv = ['cachepilot-sim', '--help']\n"
+        "from cachepilot_sim.tools.cli import main; main()\n"
+        "heavy = [m for m in ('hydra', 'scipy', 'cachepilot_sim.experiment.runner', "
+        "'cachepilot_sim.sim') if m in sys.modules]\n"
+        "print('HEAVY', heavy)\n"
+    )
+    out = run(sys.executable, "-c", probe)
+    assert out.returncode == 0 and "HEAVY []" in out.stdout, out.stdout[-300:]
+
+
+def test_a_config_error_does_not_import_the_runner() -> None:
+    probe = (
+        "import sys, atexit\n"
+        "atexit.register(lambda: print('RUNNER', 'cachepilot_sim.experiment.runner' in "
+        "sys.modules))\n"
+        "sys.argv = ['cachepilot-sim', 'vram_gb=-1']\n"
+        "from cachepilot_sim.tools.cli import main; main()\n"
+    )
+    out = run(sys.executable, "-c", probe)
+    assert out.returncode == 2 and "vram_gb" in out.stderr and "RUNNER False" in out.stdout
+
+
+@pytest.mark.parametrize(("word", "hint"), [("plann", "'plan'"), ("scorecrd", "'scorecard'")])
+def test_a_mistyped_tool_name_says_which_tool_was_meant(
+    tmp_path: Path, word: str, hint: str
+) -> None:
+    out = run(str(cli(tmp_path)), word, "--out", "x")
+    assert out.returncode == 2 and out.stdout == ""
+    [line] = out.stderr.strip().splitlines()
+    assert f"no tool '{word}'; did you mean {hint}?" in line
+
+
+def test_a_word_like_no_tool_lists_the_tools(tmp_path: Path) -> None:
+    out = run(str(cli(tmp_path)), "xyzzy")
+    assert out.returncode == 2 and "did you mean" not in out.stderr
+    assert "no tool 'xyzzy'" in out.stderr and "plan" in out.stderr

@@ -116,6 +116,20 @@ def test_the_plan_answers_and_gives_the_same_answer_on_rerun(tmp_path: Path) -> 
         "hardware l40s (the H200 calibration scaled by datasheet" in t for t in answer["trust"]
     )
     assert "Trust: engine default (roofline step cost), hardware h200" in md.split("## ")[0]
+    # the question first: a slice replayed faster is said to be not the trace as recorded
+    head = md.split("## ")[0]
+    assert "does not answer the trace as recorded" in head.splitlines()[2]
+    assert "first 120 requests" in head and "20x faster" in head and "Ranked on: cost" in head
+    assert answer["best"] == best and answer["objective"] == "cost"
+
+
+def test_the_plan_ranks_on_the_objective_asked(tmp_path: Path) -> None:
+    path = write_plan(tmp_path)
+    out = tmp_path / "fast"
+    assert plan_tool.main(["--config", str(path), "--out", str(out), "objective=ttft_p99"]) == 0
+    answer = json.loads((out / "plan.json").read_text())
+    assert answer["best"]["ttft_p99_s"] == min(r["ttft_p99_s"] for r in answer["feasible"])
+    assert "Best on ttft_p99" in (out / "plan.md").read_text()
 
 
 def test_a_model_that_does_not_fit_is_refused_naming_the_key(tmp_path: Path) -> None:
@@ -144,6 +158,7 @@ def test_a_model_that_does_not_fit_is_refused_naming_the_key(tmp_path: Path) -> 
         ("sla.goodput_fraction=1.5", "sla.goodput_fraction"),
         ("space.max_replicas=0", "space.max_replicas"),
         ("nonsense=1", "nonsense"),
+        ("objective=e2e_p99", "objective"),
     ],
 )
 def test_a_bad_plan_is_one_line_naming_the_key(

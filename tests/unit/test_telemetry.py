@@ -14,9 +14,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from cachepilot_sim.config import ConfigError, RunConfig, TelemetryConfig
+from cachepilot_sim.experiment import telemetry as telemetry_mod
 from cachepilot_sim.experiment.grafana import grafana_dashboard, panel_metric_names
 from cachepilot_sim.experiment.runner import run_experiment
-from cachepilot_sim.experiment.telemetry import RunMonitor, Telemetry, metric_name
+from cachepilot_sim.experiment.telemetry import RunMonitor, Telemetry, metric_name, plain_line
 from cachepilot_sim.sim import build
 from tests.conftest import make_sim_config, make_workload
 
@@ -142,3 +143,24 @@ def test_progress_moves_for_every_cell_on_worker_processes(tmp_path: Path) -> No
     assert 400 in counts and len(counts - {0, 400}) >= 2, sorted(counts)
     done = exposed(tmp_path / "metrics.prom")["cachepilot_progress_requests_done"]
     assert done == {("perc", "0"): 200, ("lru", "0"): 200}
+
+
+def test_the_plain_progress_line_has_requests_sim_time_rate_and_eta() -> None:
+    line = plain_line((12_000, 60_000), 5, {0: 1000.0, 1: 234.0}, 30.0)
+    assert line == (
+        "progress: 12,000/60,000 requests (20%) in 5 cells, sim 1,234 s, 400 req/s, "
+        "elapsed 0:00:30, ETA 0:02:00"
+    )
+    assert plain_line((0, 100), 1, {}, 3.0).endswith("ETA unknown")
+
+
+def test_off_a_terminal_progress_is_plain_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(telemetry_mod, "PLAIN_EVERY_S", 0.0)  # every report a line
+    buf = io.StringIO()
+    run_experiment(tiny_config(progress_every_events=200), tmp_path, Console(file=buf, width=120))
+    lines = [x for x in buf.getvalue().splitlines() if x.startswith("progress: ")]
+    assert len(lines) >= 2 and "\x1b" not in buf.getvalue()  # plain text, no bar escapes
+    shape = r"/400 requests .* in 10 cells, sim [0-9,]+ s, [0-9,]+ req/s, elapsed \d:\d\d:\d\d, ETA"
+    assert all(re.search(shape, x) for x in lines)
