@@ -7,12 +7,12 @@ from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from cachepilot_sim.config import trust_registry
 from cachepilot_sim.config.admission import AdmissionConfig
 from cachepilot_sim.config.base import GB, ConfigError, Sealed, bounded, require
 from cachepilot_sim.config.cluster import ROUTERS, ClusterConfig, RouterConfig
-from cachepilot_sim.config.engine import BatcherConfig, BatchMode, KVConfig, SchedulerConfig
-from cachepilot_sim.config.engine_profile import EngineConfig, StepCost
+from cachepilot_sim.config.engine import BatcherConfig, KVConfig, SchedulerConfig
+from cachepilot_sim.config.engine_profile import EngineConfig
+from cachepilot_sim.config.engine_rules import check_captured_engine
 from cachepilot_sim.config.hardware import GpuSpecConfig, HardwareConfig
 from cachepilot_sim.config.model import ModelConfig
 from cachepilot_sim.config.policy import ALL_POLICIES, POLICIES, PolicyConfig
@@ -191,50 +191,8 @@ class SimConfig(Sealed):
             self.vram_gb,
             f"more than gpu {self.gpu.name!r} has ({self.gpu.hbm_gb:g} GB, gpu.hbm_gb)",
         )
-        measuring = self.replay.measuring  # validate: the replay is the measurement
-        if self.engine.step_cost != StepCost.ROOFLINE:
-            # A captured engine batches by one token budget (docs/validation.md, "Engine
-            # rules"): another batching mode is a rule its step cost and errors never saw.
-            require(
-                self.batcher.mode == BatchMode.MAX_THROUGHPUT,
-                "batcher.mode",
-                str(self.batcher.mode),
-                f"engine {self.engine.name} schedules every step within one token budget "
-                "(batcher=max_throughput, as captured); another mode is engine=default's",
-            )
-            if not measuring:  # one GPU's times
-                self._check_fitted_gpu()
-
-    def _check_fitted_gpu(self) -> None:
-        """A fitted step cost has no hardware terms: it runs unchanged only on a GPU whose
-        captures it was replayed against (conf/trust.json: the GPU it was fitted on, or one it
-        was transferred to with its errors committed); elsewhere it is refused."""
-        e = self.engine
-        require(
-            self.tp == 1,
-            "tp",
-            self.tp,
-            f"engine {e.name}'s fitted step cost was measured on one GPU: use tp=1 or "
-            "engine=default (unvalidated)",
-        )
-        hit = trust_registry.measurement_for(e.name, self.gpu)
-        if hit is not None and hit.fitted_on == e.fitted_on:
-            return
-        never_validated = not trust_registry.measured_gpus(e.name)
-        if never_validated and self.gpu.figures() == GpuSpecConfig().figures():
-            return  # a new fit, before its errors are committed: the H200 only, as before
-        floor = trust_registry.transfer_floor(e.name)
-        bound = f"at least ±{100 * floor:.1f} % (its measured transfer)" if floor else "unknown"
-        measured = ", ".join(trust_registry.measured_gpus(e.name)) or "none"
-        require(
-            False,
-            "gpu",
-            self.gpu.name,
-            f"engine {e.name}'s step cost was fitted on {e.fitted_on or 'an unnamed GPU'} and has "
-            f"real-engine errors on gpu {measured} only (conf/trust.json); here it would be "
-            f"datasheet only, error {bound}: use one of those GPUs, capture this one, or "
-            "engine=default (unvalidated)",
-        )
+        # a fitted or physical step cost: the rules and GPUs its errors were measured with
+        check_captured_engine(self.engine, self.batcher, self.gpu, self.tp, self.replay.measuring)
 
     def _check_fits(self) -> None:
         if self.engine.kv_pool_blocks:

@@ -35,9 +35,8 @@ from cachepilot_sim.validation.ground_truth import (
     GroundTruthError,
     find_runs,
     load_ground_truth,
-    request_latencies,
-    summarize,
 )
+from cachepilot_sim.validation.gt_stats import request_latencies, summarize
 from cachepilot_sim.validation.prefix_hits import compare_prefix_hits
 from cachepilot_sim.validation.replay import simulate
 

@@ -32,8 +32,8 @@ from cachepilot_sim.validation.ground_truth import (
     GroundTruthError,
     find_runs,
     load_ground_truth,
-    summarize,
 )
+from cachepilot_sim.validation.gt_stats import summarize
 from cachepilot_sim.validation.replay import replay_order
 
 BASELINES = ("mru", "lru")  # the engine's own order (as hooked), then the common default

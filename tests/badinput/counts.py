@@ -20,7 +20,7 @@ SURFACES: dict[str, tuple[str, ...]] = {
     "run command (config, trace file, run folder, reruns, signals)": (
         "test_config_values.py", "test_entry_point.py", "test_atomic_rerun.py",
         "test_output_folders.py", "test_required_keys.py", "test_context_window.py",
-        "test_signals.py",
+        "test_signals.py", "test_engine_batching_rule.py",
     ),
     "trace readers (Mooncake, Azure, ShareGPT)": (
         "test_trace_rows.py", "test_trace_keys.py", "test_time_scale.py",
@@ -28,7 +28,8 @@ SURFACES: dict[str, tuple[str, ...]] = {
     "sweeps (`--multirun`)": ("test_sweep_paths.py", "test_sweep_repeats.py",
                               "test_signals_sweep.py"),
     "`validate` and its ground truth": ("test_ground_truth_inputs.py", "test_engine_settings.py",
-                                        "test_ground_truth_hashes.py"),
+                                        "test_ground_truth_hashes.py",
+                                        "test_vllm_engine_settings.py"),
     "vLLM/SGLang converters": ("test_converter_inputs.py",),
     "`plan`": ("test_plan_inputs.py", "test_signals_plan.py"),
     "`fit-engine`": ("test_fit_engine_inputs.py",),

@@ -16,7 +16,8 @@ from cachepilot_sim.validation.convert import (
     sglang_to_ground_truth,
     vllm_to_ground_truth,
 )
-from cachepilot_sim.validation.ground_truth import load_ground_truth, summarize
+from cachepilot_sim.validation.ground_truth import load_ground_truth
+from cachepilot_sim.validation.gt_stats import summarize
 
 
 def make_vllm(**overrides: Any) -> dict[str, Any]:

@@ -23,7 +23,8 @@ import vllm_gt  # noqa: E402
 from capture_common import REQUEST_TYPES, STEP_TYPES, write_table  # noqa: E402
 from vllm_common import LLAMA3_8B  # noqa: E402
 
-from cachepilot_sim.validation.ground_truth import load_ground_truth, summarize  # noqa: E402
+from cachepilot_sim.validation.ground_truth import load_ground_truth  # noqa: E402
+from cachepilot_sim.validation.gt_stats import summarize  # noqa: E402
 
 RESOLVED = {k: 0 for k in vllm_gt.SETTING_KEYS} | {"block_size": 16, "num_gpu_blocks": 30000}
 
