@@ -11,13 +11,8 @@ from typing import Any
 import polars as pl
 import pytest
 
-from cachepilot_sim.validation.ground_truth import (
-    GroundTruthError,
-    find_runs,
-    load_ground_truth,
-    request_latencies,
-    summarize,
-)
+from cachepilot_sim.validation.ground_truth import GroundTruthError, find_runs, load_ground_truth
+from cachepilot_sim.validation.gt_stats import request_latencies, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 CAPTURED = ROOT / "experiments" / "validation" / "hf_cb" / "2026-12-01"
