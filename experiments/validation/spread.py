@@ -21,7 +21,8 @@ import json
 import sys
 from pathlib import Path
 
-from cachepilot_sim.validation.ground_truth import GroundTruthError, load_ground_truth, summarize
+from cachepilot_sim.validation.ground_truth import GroundTruthError, load_ground_truth
+from cachepilot_sim.validation.gt_stats import summarize
 
 METRICS = (
     ("ttft_ms_mean", "TTFT mean (ms)"),

@@ -1,0 +1,30 @@
+"""The committed policy_effects.json is what its command computes from the committed captures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cachepilot_sim.tools.validate import main
+
+ROOT = Path(__file__).resolve().parents[2]
+CAPTURES = ROOT / "experiments/validation/hf_cb/2026-12-06-h100-policy_ab"
+COMMITTED = ROOT / "experiments/validation/policy_effects.json"
+
+
+def test_the_committed_policy_effects_regenerate(tmp_path: Path) -> None:
+    out = tmp_path / "policy_effects.json"
+    args = [str(CAPTURES), "--compare-policies", "--engine", "hf_cb_physical", "--json", str(out)]
+    assert main(args) in (None, 0)
+    fresh, kept = json.loads(out.read_text()), json.loads(COMMITTED.read_text())
+    assert fresh["pairs"] == kept["pairs"] and fresh["rankings"] == kept["rankings"]
+    assert fresh["engine"] == "hf_cb_physical" and len(fresh["pairs"]) == 50
+    # the finding the README states: PERC gets fewer prefix hits than LRU, in both
+    lru_perc = {
+        (p["workload"], p["metric"]): p
+        for p in fresh["pairs"]
+        if (p["a"], p["b"]) == ("lru", "perc")
+    }
+    for w in ("ab_sessions", "ab_sessions_swap"):
+        hit = lru_perc[(w, "prefix_hit_tokens")]
+        assert hit["measured"] < 0 and hit["predicted"] < 0
