@@ -220,13 +220,27 @@ class PhysicalStepModel:
         return out
 
 
-def fit_physical(terms: np.ndarray, step_us: np.ndarray) -> tuple[PhysicalFit, np.ndarray]:
+def fit_physical(
+    terms: np.ndarray, step_us: np.ndarray, fixed: dict[str, float] | None = None
+) -> tuple[PhysicalFit, np.ndarray]:
     """Non-negative least squares of relative error over the basis `terms` (physical_terms);
-    returns the fit and each step's relative residual (model - measured) / measured."""
+    returns the fit and each step's relative residual (model - measured) / measured. `fixed`
+    holds coefficients not fitted (TERMS names): a term whose rate the profile measured (bytes
+    over the measured copy rate) can be held at 1 instead of absorbing what the data cannot
+    separate."""
     y = np.asarray(step_us, dtype=np.float64)
-    if y.size < terms.shape[1] or (y <= 0).any():
-        raise ValueError(f"need at least {terms.shape[1]} steps with positive times")
-    coef, _ = nnls(terms / y[:, None], np.ones_like(y))
+    fixed = dict(fixed or {})
+    unknown = sorted(set(fixed) - set(TERMS))
+    if unknown:
+        raise ValueError(f"no physical term {unknown[0]!r} (terms: {', '.join(TERMS)})")
+    free = [i for i, name in enumerate(TERMS) if name not in fixed]
+    if y.size < len(free) or (y <= 0).any():
+        raise ValueError(f"need at least {len(free)} steps with positive times")
+    rest = y - sum(v * terms[:, TERMS.index(k)] for k, v in fixed.items())
+    coef = np.zeros(terms.shape[1])
+    coef[free], _ = nnls(terms[:, free] / y[:, None], rest / y)
+    for name, value in fixed.items():
+        coef[TERMS.index(name)] = value
     fit = PhysicalFit(*(float(c) for c in coef))
     return fit, (terms @ coef - y) / y
 

@@ -165,6 +165,12 @@ def main(argv: list[str] | None = None) -> None:
         help="physical: fit steps of <= this many queries",
     )
     ap.add_argument("--predict", type=Path, nargs="*", help="physical: steps files only predicted")
+    ap.add_argument(
+        "--fix",
+        action="append",
+        metavar="TERM=VALUE",
+        help="physical: hold a coefficient instead of fitting it (e.g. elementwise_scale=1)",
+    )
     args = ap.parse_args(argv)
     if args.json:
         check_file(args.json)

@@ -138,11 +138,15 @@ def by_size(steps: pl.DataFrame, resid: np.ndarray) -> list[dict[str, Any]]:
 
 
 def fit_and_predict(
-    profile: GpuProfile, fit_steps: pl.DataFrame, predict: dict[str, pl.DataFrame]
+    profile: GpuProfile,
+    fit_steps: pl.DataFrame,
+    predict: dict[str, pl.DataFrame],
+    fixed: dict[str, float] | None = None,
 ) -> tuple[PhysicalFit, dict[str, Any]]:
-    """Fit on `fit_steps`, predict each frame of `predict`; the report of both."""
+    """Fit on `fit_steps` (`fixed`: coefficients held, not fitted), predict each frame of
+    `predict`; the report of both."""
     x = physical_terms(profile, NUM_LAYERS, recorded_shapes(fit_steps))
-    fit, resid = fit_physical(x, fit_steps["gpu_us"].to_numpy())
+    fit, resid = fit_physical(x, fit_steps["gpu_us"].to_numpy(), fixed)
     out: dict[str, Any] = {
         "in_range": error_summary(resid) | {"by_size": by_size(fit_steps, resid)}
     }
@@ -157,6 +161,21 @@ def fit_and_predict(
     return fit, out
 
 
+def parse_fixed(items: list[str]) -> dict[str, float]:
+    """`--fix NAME=VALUE` items as coefficients held in the fit (ValueError naming the item)."""
+    out: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = float("nan")
+        if not sep or not np.isfinite(number) or number < 0:
+            raise ValueError(f"--fix {item!r}: expected TERM=VALUE with a finite value >= 0")
+        out[name] = number
+    return out
+
+
 def run(args: Any) -> dict[str, Any]:
     """`fit_engine --form physical`: fit, predict, report (and write `--json`)."""
     profile = profile_for(args.gpu_profile)
@@ -165,7 +184,8 @@ def run(args: Any) -> dict[str, Any]:
     predict = {"out_of_range": steps.filter(pl.col("q_tokens") > args.max_tokens)}
     if args.predict:
         predict["predict_files"] = load_physical_steps(list(args.predict))
-    fit, errors = fit_and_predict(profile, inside, predict)
+    fixed = parse_fixed(getattr(args, "fix", None) or [])
+    fit, errors = fit_and_predict(profile, inside, predict, fixed)
     out = {
         "form": "physical",
         "gpu_profile": profile.path,
@@ -174,6 +194,7 @@ def run(args: Any) -> dict[str, Any]:
         "predict_data": [str(p) for p in args.predict or []],
         "target": "gpu_us (device time of the step's forward)",
         "max_tokens": args.max_tokens,
+        "fixed": fixed,
         "fit": {name: getattr(fit, name) for name in TERMS},
         **errors,
     }

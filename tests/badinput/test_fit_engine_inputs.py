@@ -96,3 +96,22 @@ def test_json_path_that_is_a_folder_is_refused_before_the_fit(
 ) -> None:
     assert_refused(main, [str(MICRO / "steps.parquet"), "--json", str(tmp_path)], capsys,
                    str(tmp_path), "is a folder")  # fmt: skip
+
+
+H100 = Path(__file__).resolve().parents[2] / "experiments/validation/hf_cb/2026-12-06-h100"
+
+
+@pytest.mark.parametrize(
+    ("fix", "named"),
+    [
+        ("bogus=1", "no physical term 'bogus'"),
+        ("elementwise_scale", "--fix 'elementwise_scale'"),
+        ("elementwise_scale=nan", "--fix 'elementwise_scale=nan'"),
+        ("kv_copy_scale=-1", "--fix 'kv_copy_scale=-1'"),
+    ],
+)
+def test_a_bad_held_term_is_one_line_naming_it(
+    capsys: pytest.CaptureFixture[str], fix: str, named: str
+) -> None:
+    argv = ["--form", "physical", "--gpu-profile", str(H100 / "gpu_profile.json"), "--fix", fix]
+    assert_refused(main, [*argv, str(H100 / "microbench_8k/steps.parquet")], capsys, named)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import polars as pl
 import pytest
 import yaml
 
@@ -195,8 +196,11 @@ def test_datasheet_profile_prices_gemms_at_peak(profile: GpuProfile) -> None:
 
 ROOT = Path(__file__).resolve().parents[2]
 H100 = ROOT / "experiments/validation/hf_cb/2026-12-06-h100"
-# The fitted configuration's serving steps (256-token padding, 2048 budget): the fit's data.
+# The fitted configuration's serving steps (256-token padding, 2048 budget) and the cost
+# micro-runs up to 2048 queries (64-token padding): the shipped profile's data.
 FIT_256 = [H100 / w / "run1/steps.parquet" for w in ("closed_b64", "poisson_r6", "multiturn")]
+MICRO_8K = H100 / "microbench_8k/steps.parquet"
+MEASURED_RATES = {"elementwise_scale": 1.0, "kv_copy_scale": 1.0}  # held, not fitted
 # The engine's defaults (64-token padding, 8192 budget, lazy graphs): held out.
 DEFAULTS_64 = sorted(H100.glob("defaults/*/run*/steps.parquet"))
 
@@ -239,11 +243,16 @@ def test_recorded_padding_is_the_engines_rule() -> None:
         assert (s.kv_read_padded == steps["kv_read_padded"].to_numpy()).all()
 
 
-def test_hf_cb_physical_profile_holds_the_fit_of_its_comment(
-    h100_fit: tuple[GpuProfile, PhysicalFit],
-) -> None:
+def test_hf_cb_physical_profile_holds_the_fit_of_its_comment() -> None:
     engine = yaml.safe_load((CONF_DIR / "engine/hf_cb_physical.yaml").read_text())["engine"]
-    _, fit = h100_fit
+    profile = load_gpu_profile(H100 / "gpu_profile.json")
+    steps = load_physical_steps([MICRO_8K, *FIT_256]).filter(pl.col("q_tokens") <= 2048)
+    x = physical_terms(profile, NUM_LAYERS, recorded_shapes(steps))
+    fit, _ = fit_physical(x, steps["gpu_us"].to_numpy(), MEASURED_RATES)
+    held = load_physical_steps(DEFAULTS_64)  # the 64-padded defaults, held out: 3.1 % measured
+    xh = physical_terms(profile, NUM_LAYERS, recorded_shapes(held))
+    yh = held["gpu_us"].to_numpy().astype(np.float64)
+    assert np.abs((xh @ fit.coefficients() - yh) / yh).mean() < 0.05
     for name in TERMS:
         assert engine[f"physical_{name}"] == pytest.approx(getattr(fit, name), rel=1e-9, abs=1e-9)
     cfg = EngineConfig(
@@ -264,3 +273,15 @@ def test_hf_cb_physical_replays_a_run_to_completion() -> None:
     out, _ = validate_runs(H100 / "closed_b64", "hf_cb_physical")
     row = out["closed_b64"]
     assert row["finished_sim"] == row["requests"] == 64
+
+
+def test_a_held_term_keeps_its_value_and_an_unknown_one_is_refused() -> None:
+    rng = np.random.default_rng(3)
+    x = rng.uniform(1.0, 100.0, size=(60, len(TERMS)))
+    y = x @ np.arange(1.0, len(TERMS) + 1.0)
+    fit, resid = fit_physical(x, y, {"elementwise_scale": 6.0})  # its true value
+    assert fit.elementwise_scale == 6.0 and np.abs(resid).max() < 1e-9
+    held, _ = fit_physical(x, y, {"elementwise_scale": 0.0})  # a wrong value: the rest absorb it
+    assert held.elementwise_scale == 0.0
+    with pytest.raises(ValueError, match="no physical term 'bogus'"):
+        fit_physical(x, y, {"bogus": 1.0})
