@@ -97,7 +97,8 @@ STEP_TYPES = {
 def write_table(
     rows: list[dict], types: dict[str, str], path: Path, extra: dict | None = None
 ) -> None:
-    """Parquet with pyarrow (explicit types) where available, else JSON lines (converted later)."""
+    """Parquet with explicit types: through pyarrow (the GPU machine has it), else polars (the
+    simulator's own dependency: tests on a plain install), else JSON lines (converted later)."""
     cols = {name: [row.get(name) for row in rows] for name in types}
     for k, v in (extra or {}).items():
         cols[k] = [v] * len(rows)
@@ -116,9 +117,30 @@ def write_table(
         arrays = {k: pa.array(v, type=pa_type(types.get(k, "string"))) for k, v in cols.items()}
         pq.write_table(pa.table(arrays), path.with_suffix(".parquet"), compression="zstd")
     except ImportError:
+        if _write_with_polars(cols, types, path):
+            return
         with open(path.with_suffix(".jsonl"), "w") as f:
             for i in range(len(rows)):
                 f.write(json.dumps({k: v[i] for k, v in cols.items()}) + "\n")
+
+
+def _write_with_polars(cols: dict[str, list], types: dict[str, str], path: Path) -> bool:
+    """The same typed Parquet through polars; False where polars is absent too."""
+    try:
+        import polars as pl
+    except ImportError:
+        return False
+    kinds = {
+        "string": pl.Utf8,
+        "int32": pl.Int32,
+        "int64": pl.Int64,
+        "list_int64": pl.List(pl.Int64),
+    }
+    series = [
+        pl.Series(k, v, dtype=kinds.get(types.get(k, "string"), pl.Utf8)) for k, v in cols.items()
+    ]
+    pl.DataFrame(series).write_parquet(path.with_suffix(".parquet"), compression="zstd")
+    return True
 
 
 def pack(stage: Path, out: Path, name: str) -> None:
