@@ -46,6 +46,14 @@ def sla(cfg: RunConfig) -> str:
     return "; ".join(terms) if terms else "each class's TTFT and TPOT SLOs"
 
 
+def kv_memory(cfg: RunConfig) -> str:
+    """What sizes the KV pool, in words: `vram_gb`, or the engine profile's own pool, which
+    `vram_gb` does not size (engine.kv_pool_blocks)."""
+    if blocks := cfg.engine.kv_pool_blocks:
+        return f"the engine's KV pool of {blocks} x {cfg.kv.block_tokens}-token blocks"
+    return f"{cfg.vram_gb:g} GB VRAM"
+
+
 def serving_setup(cfg: RunConfig) -> str:
     """Model, memory and GPUs: one GPU, or the cluster's replicas and split."""
     gpu = cfg.gpu.name + (f" x tp{cfg.tp}" if cfg.tp > 1 else "")
@@ -59,7 +67,7 @@ def serving_setup(cfg: RunConfig) -> str:
         where = f"a cluster of {cluster.replicas} replicas ({gpu} each, router {cfg.router.name})"
     else:
         where = f"one {gpu}"
-    return f"{cfg.model.name} on {where}, {cfg.vram_gb:g} GB VRAM per replica"
+    return f"{cfg.model.name} on {where}, {kv_memory(cfg)} per replica"
 
 
 def question_lines(cfg: RunConfig, trust_label: str) -> list[str]:

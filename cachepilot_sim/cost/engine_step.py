@@ -32,17 +32,10 @@ from dataclasses import dataclass, fields
 import numpy as np
 from scipy.optimize import nnls
 
+from cachepilot_sim.config.engine_profile import FITTED_COST_KEYS
+
 # Order of the features, of `EngineStepFit`'s coefficients and of `step_features`' columns.
-FEATURES = (
-    "const_us",
-    "q_padded_token_us",
-    "kv_read_token_us",
-    "kv_read_token2_us",
-    "seqlen_us",
-    "seqlen_per_sqrt_request_us",
-    "prefill_seqlen_us",
-    "request_us",
-)
+FEATURES = FITTED_COST_KEYS  # the engine profile's coefficient keys, in this order
 # Scales that keep the fitted numbers readable: kv_read_token2_us is per (10^3 tokens)^2 and
 # prefill_seqlen_us per 10^3 (prefill token x sequence token) pairs.
 _KV2_SCALE = 1e6

@@ -27,7 +27,12 @@ import numpy as np
 from rich.console import Console
 
 from cachepilot_sim.config import RunConfig, SimConfig, TraceFormat
-from cachepilot_sim.config.question import markdown_lines, question_lines, serving_setup
+from cachepilot_sim.config.question import (
+    kv_memory,
+    markdown_lines,
+    question_lines,
+    serving_setup,
+)
 from cachepilot_sim.cost.gpu_scaling import hardware_derivation, hardware_note
 from cachepilot_sim.experiment import outdir
 from cachepilot_sim.experiment.answer import (
@@ -362,7 +367,4 @@ def run_title(cfg: RunConfig, cells: Sequence[dict[str, Any]]) -> str:
     on = f" [{gpu}]" if gpu else ""
     if cfg.cluster.num_gpus > 1 or cfg.cluster.disaggregated:  # not one GPU: say which cluster
         return f"{workload}, {serving_setup(cfg)}{on}, {seeds}; mean ± σ [min, max]"
-    memory = f"{cfg.vram_gb:g} GB VRAM"
-    if blocks := cfg.engine.kv_pool_blocks:  # the engine's own pool: vram_gb does not size it
-        memory = f"the engine's KV pool of {blocks} x {cfg.kv.block_tokens}-token blocks"
-    return f"{workload}, {memory}{on}, {cfg.model.name}, {seeds}; mean ± σ [min, max]"
+    return f"{workload}, {kv_memory(cfg)}{on}, {cfg.model.name}, {seeds}; mean ± σ [min, max]"

@@ -48,21 +48,19 @@ import numpy as np
 import torch
 from capture_client import REQUEST_TYPES, STEP_TYPES, Session, pack, run_requests, write_table
 from capture_workloads import (
-    MIXED,
+    NAMED_WORKLOADS,
     PRESSURE_LEN,
     Req,
+    azure_workload,
     lognormal_lengths,
     microbench_mixed_plan,
     microbench_plan,
     microbench_small_plan,
     rename,
-    w_azure,
-    w_burst,
     w_closed,
     w_multiturn,
     w_poisson,
     w_sessions_shared,
-    w_shared_prompt,
 )
 from hf_engine import EngineSpec, destroy_engine, engine_config, make_engine
 from hf_instrument import Recorder, resolve_gpu_times
@@ -120,75 +118,23 @@ PRESSURE_BLOCKS = 40
 
 
 def main_plan(args: argparse.Namespace) -> list[tuple[str, list[Req], dict]]:
-    azure = json.loads(args.azure.read_text())
-    rows = azure["rows"][: args.azure_num]
-    window_rate = (len(rows) - 1) / (rows[-1][0] - rows[0][0])
-    stretch = window_rate / args.azure_rate
-    plan: list[tuple[str, list[Req], dict]] = [
-        (
-            "closed_b16",
-            w_closed("closed_b16", 16, 1024, 128),
-            {"kind": "closed", "batch": 16, "prompt": 1024, "output": 128},
-        ),
-        (
-            "closed_b64",
-            w_closed("closed_b64", 64, 512, 128),
-            {"kind": "closed", "batch": 64, "prompt": 512, "output": 128},
-        ),
-        (
-            "poisson_r3",
-            w_poisson("poisson_r3", 75, 3.0, seed=31),
-            {"kind": "poisson", "rate_rps": 3.0, **MIXED},
-        ),
-        (
-            "poisson_r6",
-            w_poisson("poisson_r6", 150, 6.0, seed=32),
-            {"kind": "poisson", "rate_rps": 6.0, **MIXED},
-        ),
-        (
-            "poisson_r9",
-            w_poisson("poisson_r9", 220, 9.0, seed=33),
-            {"kind": "poisson", "rate_rps": 9.0, **MIXED},
-        ),
-        (
-            "multiturn",
-            w_multiturn("multiturn", 24, 4, 1.5, 1.5, seed=41),
-            {
-                "kind": "multiturn",
-                "sessions": 24,
-                "turns": 4,
-                "session_rate_rps": 1.5,
-                "think_mean_s": 1.5,
-                "first_prompt": [384, 768],
-                "new_tokens_per_turn": [64, 256],
-                "output": [64, 192],
-            },
-        ),
-        (
-            "burst_4x",
-            w_burst("burst_4x", 2.5, seed=51),
-            {
-                "kind": "burst",
-                "base_rate_rps": 2.5,
-                "phases_s_mult": [[10, 1], [5, 4], [10, 1]],
-                **MIXED,
-            },
-        ),
-        (
-            "azure_conv_sample",
-            w_azure("azure_conv_sample", rows, stretch),
-            {
-                "kind": "trace",
-                **azure["meta"],
-                "num": len(rows),
-                "window_rate_rps": window_rate,
-                "time_stretch": stretch,
-                "target_rate_rps": args.azure_rate,
-            },
-        ),
-    ]
+    """The validation workloads (capture_workloads.NAMED_WORKLOADS, in order) and the Azure
+    conversation window at --azure-rate."""
+    names = (
+        "closed_b16",
+        "closed_b64",
+        "poisson_r3",
+        "poisson_r6",
+        "poisson_r9",
+        "multiturn",
+        "burst_4x",
+    )
+    plan = [(name, *NAMED_WORKLOADS[name]()) for name in names]
+    reqs, meta = azure_workload(args.azure, args.azure_num, args.azure_rate)
+    plan.append(("azure_conv_sample", reqs, meta))
     print(
-        f"[main] capacity {args.capacity_rps} req/s (explore); azure gaps x{stretch:.2f}",
+        f"[main] capacity {args.capacity_rps} req/s (explore); azure gaps "
+        f"x{meta['time_stretch']:.2f}",
         flush=True,
     )
     return plan
@@ -539,8 +485,7 @@ def phase_portable(s: Session, args: argparse.Namespace) -> None:
                         run_ids=(run,),
                     )
         elif part == "shared":
-            reqs = w_shared_prompt("shared_prompt", 120, 6.0, seed=71)
-            meta = {"kind": "shared_prompt", "rate_rps": 6.0, "system_tokens": 1024, **MIXED}
+            reqs, meta = NAMED_WORKLOADS["shared_prompt"]()
             for run in runs:
                 _capture_fresh(
                     s,

@@ -20,6 +20,19 @@ TOKEN_LOW, TOKEN_HIGH = 1000, 120000
 SMOKE_VOCAB = 4096  # hf_model.TINY["vocab_size"]: the CPU smoke model's vocabulary
 
 
+# The captures' model: Llama-3-8B's geometry (random weights, bf16), for transformers and vLLM.
+LLAMA3_8B = dict(
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=128256,
+    max_position_embeddings=131072,
+    rope_theta=500000.0,
+)
+
+
 def token_ids(seed: int, key: str, n: int, smoke: bool) -> list[int]:
     h = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
     rng = np.random.default_rng([seed, h])

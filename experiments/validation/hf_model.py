@@ -10,17 +10,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from capture_common import LLAMA3_8B
 
-LLAMA3_8B = dict(
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    vocab_size=128256,
-    max_position_embeddings=131072,
-    rope_theta=500000.0,
-)
 TINY = dict(
     hidden_size=64,
     intermediate_size=128,

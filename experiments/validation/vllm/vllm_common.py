@@ -6,9 +6,13 @@ Imports neither torch nor vllm at module level, so the CPU tests can read the se
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/validation
+from capture_common import LLAMA3_8B  # noqa: E402  (the transformers captures' model)
 
 # Offline, no usage report, and the PyTorch top-k/top-p sampler (the FlashInfer one imports
 # flashinfer, which is not carried).
@@ -19,18 +23,6 @@ ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "VLLM_DO_NOT_TRACK": "1",
 }
-
-# The transformers captures' model (experiments/validation/hf_model.py LLAMA3_8B), bf16.
-LLAMA3_8B = dict(
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    vocab_size=128256,
-    max_position_embeddings=131072,
-    rope_theta=500000.0,
-)
 
 
 def apply_env(extra: dict[str, str] | None = None) -> dict[str, str]:

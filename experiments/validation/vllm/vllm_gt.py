@@ -8,7 +8,6 @@ core process on one host), written as integer microseconds from the run's start.
 from __future__ import annotations
 
 import heapq
-import json
 import sys
 from collections import defaultdict
 from collections.abc import Callable
@@ -20,16 +19,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # experiments/validation: the transformers captures' modules
 from capture_common import block_hashes, token_ids  # noqa: E402
 from capture_workloads import (  # noqa: E402
-    MIXED,
+    NAMED_WORKLOADS,
     Req,
+    azure_workload,
     microbench_mixed_plan,
     microbench_plan,
-    w_azure,
-    w_burst,
-    w_closed,
-    w_multiturn,
-    w_poisson,
-    w_shared_prompt,
 )
 
 ENGINE_NAME = "vllm_v1"
@@ -37,71 +31,9 @@ SEED = 1234  # capture_client.Session.seed: the same prompt token ids as the HF 
 AZURE = HERE.parent / "azure_conv_window.json"
 
 
-def _azure(num: int = 80, rate: float = 2.4) -> tuple[list[Req], dict]:
-    azure = json.loads(AZURE.read_text())
-    rows = azure["rows"][:num]
-    window_rate = (len(rows) - 1) / (rows[-1][0] - rows[0][0])
-    stretch = window_rate / rate
-    meta = {
-        "kind": "trace",
-        **azure["meta"],
-        "num": len(rows),
-        "window_rate_rps": window_rate,
-        "time_stretch": stretch,
-        "target_rate_rps": rate,
-    }
-    return w_azure("azure_conv_sample", rows, stretch), meta
-
-
-# The request lists of capture.py's main_plan and its portable `shared` part, by name.
 WORKLOADS: dict[str, Callable[[], tuple[list[Req], dict]]] = {
-    "closed_b16": lambda: (
-        w_closed("closed_b16", 16, 1024, 128),
-        {"kind": "closed", "batch": 16, "prompt": 1024, "output": 128},
-    ),
-    "closed_b64": lambda: (
-        w_closed("closed_b64", 64, 512, 128),
-        {"kind": "closed", "batch": 64, "prompt": 512, "output": 128},
-    ),
-    "poisson_r3": lambda: (
-        w_poisson("poisson_r3", 75, 3.0, seed=31),
-        {"kind": "poisson", "rate_rps": 3.0, **MIXED},
-    ),
-    "poisson_r6": lambda: (
-        w_poisson("poisson_r6", 150, 6.0, seed=32),
-        {"kind": "poisson", "rate_rps": 6.0, **MIXED},
-    ),
-    "poisson_r9": lambda: (
-        w_poisson("poisson_r9", 220, 9.0, seed=33),
-        {"kind": "poisson", "rate_rps": 9.0, **MIXED},
-    ),
-    "multiturn": lambda: (
-        w_multiturn("multiturn", 24, 4, 1.5, 1.5, seed=41),
-        {
-            "kind": "multiturn",
-            "sessions": 24,
-            "turns": 4,
-            "session_rate_rps": 1.5,
-            "think_mean_s": 1.5,
-            "first_prompt": [384, 768],
-            "new_tokens_per_turn": [64, 256],
-            "output": [64, 192],
-        },
-    ),
-    "burst_4x": lambda: (
-        w_burst("burst_4x", 2.5, seed=51),
-        {
-            "kind": "burst",
-            "base_rate_rps": 2.5,
-            "phases_s_mult": [[10, 1], [5, 4], [10, 1]],
-            **MIXED,
-        },
-    ),
-    "shared_prompt": lambda: (
-        w_shared_prompt("shared_prompt", 120, 6.0, seed=71),
-        {"kind": "shared_prompt", "rate_rps": 6.0, "system_tokens": 1024, **MIXED},
-    ),
-    "azure_conv_sample": _azure,
+    **NAMED_WORKLOADS,
+    "azure_conv_sample": lambda: azure_workload(AZURE),
 }
 MICRO_PLANS = {"microbench": microbench_plan, "microbench_mixed": microbench_mixed_plan}
 
