@@ -30,10 +30,9 @@ from cachepilot_sim.components.graph_capture import make_graph_captures
 from cachepilot_sim.components.growth import DecodeGrowth
 from cachepilot_sim.components.kv import Admit
 from cachepilot_sim.components.ports import EnginePorts
+from cachepilot_sim.components.read_budget import NONE_HELD, ReadBudget
 from cachepilot_sim.components.request import Outcome, Request
 from cachepilot_sim.config import BatchMode, Preemption, SimConfig
-
-NONE_HELD = 1 << 62  # `held_from` when no column sits out the step
 
 # Rows of the packed per-sequence state array.
 CTX, PREFILL_LEFT, DECODE_LEFT, BLOCKS, BLOCK_BYTES, TOKEN_BYTES, MODEL, ORDER, PRIO, GENERATED = (
@@ -41,7 +40,7 @@ CTX, PREFILL_LEFT, DECODE_LEFT, BLOCKS, BLOCK_BYTES, TOKEN_BYTES, MODEL, ORDER, 
 )
 
 
-class Batcher(DecodeRuns, DecodeGrowth, EngineStalls):
+class Batcher(DecodeRuns, DecodeGrowth, EngineStalls, ReadBudget):
     """The engine loop: admission at iteration boundaries, one timeout per iteration or run."""
 
     def __init__(self, cfg: SimConfig, ports: EnginePorts) -> None:
@@ -94,6 +93,8 @@ class Batcher(DecodeRuns, DecodeGrowth, EngineStalls):
         # Compute-stream stalls (engine_stalls.py): lazy graph captures, CPU swap copies.
         pool_tokens = self.pool.capacity_bytes // int(self.kv.block_bytes[0]) * self.block_tokens
         self.graphs = make_graph_captures(cfg, pool_tokens)
+        self.read_budget = pool_tokens if cfg.engine.kv_read_cap else 0  # read_budget.py
+        self._passed_over: dict[int, int] = {}
         self.swap = ports.swap
         self.stall_us = 0
         # Admission control of new sessions under pressure; None (`all`): every request admitted.
@@ -215,6 +216,7 @@ class Batcher(DecodeRuns, DecodeGrowth, EngineStalls):
             self.slot_req[i] = self.slot_req[last]
         self.slot_req[last] = None
         self.n = last
+        self._passed_over.pop(req.req_id, None)
         return req
 
     def reject(self, req: Request, reason: str) -> None:
@@ -244,7 +246,7 @@ class Batcher(DecodeRuns, DecodeGrowth, EngineStalls):
                 continue
             if self.async_scheduling:  # otherwise nothing is held (held_from stays at its max)
                 self._hold_new(first_new)
-            if any(prefill_left[: self.n].tolist()):
+            if any(prefill_left[: self.n].tolist()) or self._reads_bind():
                 yield from self._mixed_iteration(budget)
             else:
                 yield from self._decode_run()
@@ -264,8 +266,11 @@ class Batcher(DecodeRuns, DecodeGrowth, EngineStalls):
             return
         n = self.n
         decoding = self.prefill_left[:n] == 0
-        decode = decoding.nonzero()[0].tolist()
-        chunk_idx, chunks = self._plan_prefill(budget - len(decode))
+        decode, allowed = self._capped(decoding.nonzero()[0].tolist())
+        if allowed is not None:  # the read cap may pass decoding columns over
+            decoding = np.zeros(n, dtype=bool)
+            decoding[decode] = True
+        chunk_idx, chunks = self._plan_prefill(budget - len(decode), allowed)
         duration = ceil_us(self._raw_duration_us(decode, chunk_idx, chunks))
         if self.graphs is not None:
             duration += self._step_graph_stall(self.graphs, decode, chunk_idx, chunks)
@@ -277,27 +282,6 @@ class Batcher(DecodeRuns, DecodeGrowth, EngineStalls):
         self.step_start_us = self.env.now
         yield self.env.timeout(duration)
         self._advance(decoding, len(decode), chunk_idx, chunks)
-
-    def _plan_prefill(self, tokens_left: int) -> tuple[list[int], list[int]]:
-        """Chunked prefill: sequences in admission order share what is left of the token budget;
-        the columns that get a chunk, and their chunks."""
-        n = self.n
-        left = self.prefill_left[:n]  # never negative: nonzero is > 0
-        if self.held_from == NONE_HELD:
-            idx = left.nonzero()[0]
-        else:
-            idx = ((left > 0) & (self.order[:n] < self.held_from)).nonzero()[0]
-        if idx.size == 0 or tokens_left <= 0:
-            return [], []
-        if idx.size == 1:  # the common case: one prompt in prefill
-            i = int(idx[0])
-            return [i], [min(int(left[i]), tokens_left)]
-        idx = idx[np.argsort(self.order[idx], kind="stable")]
-        want = self.prefill_left[idx]
-        before = np.cumsum(want) - want
-        chunks = np.minimum(np.maximum(tokens_left - before, 0), want)
-        keep = chunks > 0
-        return idx[keep].tolist(), chunks[keep].tolist()
 
     def _raw_duration_us(self, decode: list[int], chunk_idx: list[int], chunks: list[int]) -> float:
         """Cost-model time of one iteration (before rounding up to whole microseconds): one token
@@ -347,7 +331,8 @@ class Batcher(DecodeRuns, DecodeGrowth, EngineStalls):
         whose prefill it finished."""
         now = self.env.now
         n = decoding.size
-        self.stats.add_gaps(now - self.step_start_us, num_decode)
+        late = self._passed_over_gaps(decoding, now)  # columns that sat out steps
+        self.stats.add_gaps(now - self.step_start_us, num_decode - late)
         # Whole-row arithmetic with the mask: faster than scattering into the decoding columns.
         if num_decode:
             self.ctx[:n] += decoding

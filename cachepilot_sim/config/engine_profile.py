@@ -145,6 +145,11 @@ class EngineConfig(Sealed):
     # (transformers and vLLM check before they reclaim cached blocks); False: eviction starts for
     # a request that still has to wait (the default engine, which offloads ahead of admission).
     atomic_admission: bool = False
+    # A step reads at most the pool's tokens of cached KV, each request its whole past (a shared
+    # prefix once per request): one that does not fit sits the step out, the waiting ones
+    # included (transformers CB: `cache_budget = num_pages` in Scheduler._process_candidates;
+    # components/read_budget.py); False: a step reads any amount (vLLM's paged attention).
+    kv_read_cap: bool = False
 
     def validate(self, prefix: str) -> None:
         super().validate(prefix)

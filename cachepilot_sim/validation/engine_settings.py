@@ -51,7 +51,6 @@ HF_RECORDS = frozenset(
     {
         "engine",
         "engine_spec",
-        "num_pages",  # num_blocks x block_size
         "max_memory_percent",  # how the engine sized num_blocks, which is read
         "versions",
         "engine_init_s",
@@ -84,6 +83,7 @@ def _hf(r: Reader) -> None:
     physical = str(cfg.engine.step_cost) == "physical"  # takes any padding
     fitted = cfg.engine.step_cost != StepCost.ROOFLINE
     read_pool(r)
+    _read_cap(r)
     if (v := r.positive("max_batch_tokens")) is not None:
         r.honour("max_batch_tokens", v, f"batcher.throughput_token_budget={v}")
     if (v := r.positive("max_requests_per_batch")) is not None:
@@ -138,6 +138,17 @@ def _hf(r: Reader) -> None:
     for key in e:
         if key not in known:
             raise r.fail(key, "not a setting this reader knows; it cannot be replayed or ignored")
+
+
+def _read_cap(r: Reader) -> None:
+    """`num_pages` (num_blocks x block_size) is also each step's KV read cap (cache_budget)."""
+    pages = r.positive("num_pages")
+    if pages is None:
+        return
+    blocks, size = r.engine.get("num_blocks"), r.engine.get("block_size")
+    if isinstance(blocks, int) and isinstance(size, int) and pages != blocks * size:
+        raise r.fail("num_pages", f"must be num_blocks x block_size = {blocks * size}")
+    r.honour("num_pages", pages, "engine.kv_read_cap=true")
 
 
 def _graphs(r: Reader, fitted: bool) -> None:

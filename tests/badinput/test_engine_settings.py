@@ -40,13 +40,14 @@ def _engine(**changes: Any) -> dict[str, Any]:
 
 def test_the_capture_settings_become_overrides(hf_cb: Any) -> None:
     engine = _engine(max_batch_tokens=8192, max_requests_per_batch=64, safety_margin=0.0)
-    engine |= {"num_blocks": 3446, "use_async_batching": False}
+    engine |= {"num_blocks": 3446, "num_pages": 3446 * 256, "use_async_batching": False}
     out = resolve(CAPTURE, engine, hf_cb)
     assert "batcher.throughput_token_budget=8192" in out.overrides
     assert "batcher.throughput_max_seqs=64" in out.overrides
     assert "engine.kv_pool_blocks=3446" in out.overrides
     assert "engine.prefill_margin_fraction=0.0" in out.overrides
     assert "engine.async_scheduling=false" in out.overrides
+    assert "engine.kv_read_cap=true" in out.overrides
     assert "engine.graph_mode=PRECAPTURED" in out.overrides
     # the composed config takes every override
     cfg = sim_config("hf_cb", out.overrides)
@@ -68,6 +69,7 @@ def test_the_capture_settings_become_overrides(hf_cb: Any) -> None:
         ({"decode_fast_path": True}, "decode_fast_path"),
         ({"compile": True}, "compile"),
         ({"max_batch_tokens": 0}, "max_batch_tokens"),
+        ({"num_pages": 1000}, "num_pages"),  # not num_blocks x block_size: the read cap
         ({"max_batch_tokens": "2048"}, "max_batch_tokens"),
         ({"safety_margin": 1.5}, "safety_margin"),
         ({"kv_bytes_per_token": 65536}, "kv_bytes_per_token"),
