@@ -13,12 +13,12 @@ from typing import Protocol
 
 import numpy as np
 
-from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config import SimConfig, StepCost
 from cachepilot_sim.config.base import ConfigError
 from cachepilot_sim.cost import ComputeFit, batch_iteration_us, decode_step_slope_us, iteration_us
 from cachepilot_sim.cost.engine_step import EngineStepFit, decode_run_us, engine_step_us
-from cachepilot_sim.cost.gpu_profile import check_model, load_gpu_profile, resolve_profile_path
+from cachepilot_sim.cost.gpu_profile import check_model
+from cachepilot_sim.cost.profile_scaling import engine_hardware_profile
 from cachepilot_sim.cost.step_physical import (
     PaddingRules,
     PhysicalFit,
@@ -154,10 +154,6 @@ class PhysicalStepCost:
         return self.model.steps_us(decode_shapes(self.model.rules, ctx, num_steps))
 
 
-# Where a relative engine.gpu_profile is looked up: the package's conf/, then the repository.
-PROFILE_ROOTS = (CONF_DIR, CONF_DIR.parents[1])
-
-
 def physical_step_model(cfg: SimConfig) -> PhysicalStepModel:
     """The physical step model of `cfg`'s engine profile: reads engine.gpu_profile (the only
     file read) and refuses a profile measured for another model geometry."""
@@ -167,7 +163,7 @@ def physical_step_model(cfg: SimConfig) -> PhysicalStepModel:
             f"config key 'extra_models' = {len(cfg.models) - 1} extra model(s): "
             "step_cost=physical prices one model's engine"
         )
-    profile = load_gpu_profile(resolve_profile_path(e.gpu_profile, PROFILE_ROOTS))
+    profile, _ = engine_hardware_profile(e.gpu_profile, cfg.gpu)  # on the run's GPU
     m = cfg.model
     check_model(profile, m.num_kv_heads, m.head_dim, m.num_attention_heads)
     rules = PaddingRules(

@@ -22,6 +22,7 @@ from cachepilot_sim.config import (
     StepCost,
 )
 from cachepilot_sim.cost.model import ComputeFit, compute_fit
+from cachepilot_sim.cost.profile_scaling import engine_hardware_profile
 
 # The part the calibration was measured on: GpuSpecConfig's defaults are the H200 SXM datasheet
 # (equal to conf/gpu/h200.yaml; tests/unit/test_gpu_scaling.py checks).
@@ -202,7 +203,8 @@ def _basis(cfg: SimConfig) -> str:
             f"host link {DERIVED_NOTE} (datasheet)"
         )
     if e.step_cost == StepCost.PHYSICAL:
-        return f"step cost from GPU profile {e.gpu_profile}; host link {DERIVED_NOTE} (datasheet)"
+        _, how = engine_hardware_profile(e.gpu_profile, cfg.gpu)
+        return f"step cost from {how}; host link {DERIVED_NOTE} (datasheet)"
     if is_measured(cfg.gpu):
         return "measured"
     return f"{DERIVED_NOTE} (H200 calibration x datasheet ratios)"

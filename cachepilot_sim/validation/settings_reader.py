@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from cachepilot_sim.config import RunConfig
+from cachepilot_sim.cost.profile_scaling import DEVICE_PRESETS  # noqa: F401 (re-exported)
 from cachepilot_sim.inputs import InputError
 
 ENGINE_FILE = "engine.json"
 MAX_SETTING = 2**31 - 1  # the largest count (blocks, tokens, requests) a setting may hold
 # The conf/gpu preset of each GPU a capture names (engine.json `gpu`), and its memory in GB: the
 # replay runs on the capture's GPU (a fitted step cost is checked against it, config/run.py).
-DEVICE_PRESETS = {"NVIDIA H200": "h200", "NVIDIA H100 80GB HBM3": "h100_sxm"}
 PRESET_VRAM_GB = {"h200": 141, "h100_sxm": 80}
 
 # A step-cost setting next to a profile whose cost is the idealised roofline (no padding, no
