@@ -46,7 +46,8 @@ class Simulation:
         self.recorder = make_recorder(trace_dir, t.enabled, t.chunk_rows, t.session_every)
         events = TraceEvents(self.recorder)
         # The engine (cluster/replica.py) is built first, the clients then, and the processes are
-        # started in the diagram's order: clients, scheduler, batcher.
+        # started in the diagram's order: clients, batcher (the scheduler queues each arrival
+        # as it is put, without a process).
         engine = Replica(env, cfg, events)
         self.engine = engine
         self.pool, self.link, self.estimator = engine.pool, engine.link, engine.estimator
@@ -56,13 +57,13 @@ class Simulation:
         self.clients: Clients | ReplayClients
         if cfg.replay.format == TraceFormat.NONE:
             factory = SessionFactory(cfg, streams)
-            self.clients = Clients(env, cfg, streams, factory, self.scheduler.inbox, events)
+            self.clients = Clients(env, cfg, streams, factory, self.scheduler, events)
             # A session that will not come back: its KV record may go (memory, not results).
             if isinstance(self.kv, SessionKvManager):
                 self.clients.on_session_end.append(self.kv.close_session)
         else:  # trace replay: requests at trace times, KV shared by prefix hash
             self.replay = replay if replay is not None else load_replay(cfg, streams.arrivals)
-            self.clients = ReplayClients(env, cfg, self.replay, self.scheduler.inbox)
+            self.clients = ReplayClients(env, cfg, self.replay, self.scheduler)
         self.events = events
         # The per-request table, written to `requests_path` as requests end (request_log.py).
         self.log = request_log(self.clients, self.replay, requests_path)

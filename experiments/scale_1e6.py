@@ -2,7 +2,7 @@
 (mixed_spike config, PERC, one seed, per-request table and trace written), measured from outside
 by `/usr/bin/time -v`, with the load average before and after (the machine is shared).
 
-    python experiments/scale_1e6.py 100000 1000000 [--out experiments/scale_1e6.json]
+    python experiments/scale_1e6.py 100000 1000000 [--out experiments/scale_1e6.json] [--no-nice]
 
 Each N adds (or replaces) its entry in the JSON file; experiments/scale_1e6.md reads them.
 """
@@ -45,13 +45,14 @@ def _clock_s(text: str) -> float:
     return seconds
 
 
-def measure(num_requests: int) -> dict[str, Any]:
-    """Run one case under `/usr/bin/time -v` (niced) and read its figures."""
+def measure(num_requests: int, niced: bool = True) -> dict[str, Any]:
+    """Run one case under `/usr/bin/time -v` (niced unless told not to) and read its figures."""
     before = list(os.getloadavg())
+    uptime_before = _uptime()
     with tempfile.TemporaryDirectory() as tmp:
         out_dir = Path(tmp) / "run"
         proc = subprocess.run(
-            ["nice", "/usr/bin/time", "-v", *command(num_requests, out_dir)],
+            [*(["nice"] if niced else []), "/usr/bin/time", "-v", *command(num_requests, out_dir)],
             capture_output=True,
             text=True,
             check=True,
@@ -74,6 +75,9 @@ def measure(num_requests: int) -> dict[str, Any]:
         "cpu_us_per_request": cpu / num_requests * 1e6,
         "load_avg_before": before,
         "load_avg_after": list(os.getloadavg()),
+        "uptime_before": uptime_before,
+        "uptime_after": _uptime(),
+        "niced": niced,
         "completed": cell["completed"],
         "events": cell["events"],
         "simulated_s": cell["duration_s"],
@@ -81,16 +85,23 @@ def measure(num_requests: int) -> dict[str, Any]:
     }
 
 
+def _uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("num_requests", type=int, nargs="+")
     parser.add_argument("--out", type=Path, default=None, help="add the figures to this JSON")
+    parser.add_argument(
+        "--no-nice", action="store_true", help="not niced (a machine busy with others' jobs)"
+    )
     args = parser.parse_args()
     record: dict[str, Any] = {"runs": {}}
     if args.out is not None and args.out.is_file():
         record = json.loads(args.out.read_text())
     for n in args.num_requests:
-        figures = run_meta() | measure(n)
+        figures = run_meta() | measure(n, niced=not args.no_nice)
         print(json.dumps(figures, indent=1), flush=True)
         record["runs"][str(n)] = figures
         if args.out is not None:

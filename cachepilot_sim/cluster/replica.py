@@ -17,7 +17,7 @@ from cachepilot_sim.components.kv import KvDeps, make_kv_manager
 from cachepilot_sim.components.kv.remote import RemoteKv
 from cachepilot_sim.components.pcie_link import PcieLink
 from cachepilot_sim.components.ports import EnginePorts
-from cachepilot_sim.components.request import Request
+from cachepilot_sim.components.request import Request, RequestSink
 from cachepilot_sim.components.scheduler import RequestQueue, Scheduler
 from cachepilot_sim.components.signal import Signal
 from cachepilot_sim.components.step_cost import make_step_cost
@@ -33,7 +33,7 @@ from cachepilot_sim.trace.events import TraceEvents
 class Replica:
     """The engine's components, built in the order of the process diagram (docs/architecture.md):
     each gets the ports it talks through, nothing is wired afterwards. Requests enter through
-    `scheduler.inbox`; `processes()` are started by the owner, after its clients."""
+    the scheduler (`inbox`, `submit`); `processes()` are started by the owner, after its clients."""
 
     def __init__(
         self,
@@ -71,18 +71,18 @@ class Replica:
         self.batcher = Batcher(cfg, ports)
 
     @property
-    def inbox(self) -> simpy.Store:
+    def inbox(self) -> RequestSink:
         """Where requests for this engine are put."""
-        return self.scheduler.inbox
+        return self.scheduler
 
     def submit(self, req: Request) -> simpy.Event:
         """Put `req` in this engine's inbox; the returned event fires when it is done."""
-        self.scheduler.inbox.put(req)  # unbounded Store: succeeds at once
+        self.scheduler.put(req)  # queued at once
         return req.done
 
     def processes(self) -> list[Generator[simpy.Event, Any, None]]:
-        """The engine's processes (scheduler, batcher), to be started in this order."""
-        return [self.scheduler.run(), self.batcher.run()]
+        """The engine's processes (the batcher: the scheduler takes arrivals without one)."""
+        return [self.batcher.run()]
 
     def kv_load(self) -> float:
         """(Used + in-flight KV bytes) / pool bytes."""

@@ -1,9 +1,9 @@
-"""The router process: takes each client request from its inbox and puts it, at the same instant,
-into the scheduler inbox of the replica its strategy (cluster/routers.py) chooses."""
+"""The router: puts each client request, at the instant it arrives, into the scheduler of the
+replica its strategy (cluster/routers.py) chooses."""
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import Protocol
 
@@ -25,7 +25,7 @@ class ReplicaPort(Protocol):
 
 
 class RequestRouter:
-    """Process: one inbox get per request, then one put into the chosen replica's inbox.
+    """Clients put requests here (a `RequestSink`); each goes to the chosen replica at once.
 
     It counts each replica's outstanding requests (routed, its part not yet done: the event
     `submit` returns fires on completion and on rejection alike) and records where every
@@ -36,7 +36,6 @@ class RequestRouter:
         self, env: SimEnvironment, strategy: Router, replicas: Sequence[ReplicaPort]
     ) -> None:
         self.env, self.strategy, self.replicas = env, strategy, list(replicas)
-        self.inbox: simpy.Store = simpy.Store(env)
         self.num_routed = [0] * len(self.replicas)
         self._outstanding = [0] * len(self.replicas)
         self.placement: dict[int, int] = {}  # req_id -> replica
@@ -53,11 +52,9 @@ class RequestRouter:
         """The replica's KV pool load."""
         return self.replicas[replica].kv_load()
 
-    def run(self) -> Generator[simpy.Event, Request, None]:
-        """Yields one inbox get per request; never holds a resource."""
-        while True:
-            req = yield self.inbox.get()
-            self.dispatch(req)
+    def put(self, req: Request) -> None:
+        """A client's request: placed now (`dispatch`)."""
+        self.dispatch(req)
 
     def dispatch(self, req: Request) -> int:
         """Place `req` on the strategy's replica now; returns the replica."""

@@ -76,16 +76,15 @@ class ClusterSimulation:
             factory = SessionFactory(cfg, streams)
             # Kept: the cluster's tests read every request after the run.
             self.clients = Clients(
-                env, cfg, streams, factory, self.router.inbox, self.events, keep_requests=True
+                env, cfg, streams, factory, self.router, self.events, keep_requests=True
             )
         else:
             self.replay = replay if replay is not None else load_replay(cfg, streams.arrivals)
-            self.clients = ReplayClients(env, cfg, self.replay, self.router.inbox)
+            self.clients = ReplayClients(env, cfg, self.replay, self.router)
         where = self.router.placement  # the per-request table's `replica`: where it was placed
         placed: ExtraColumn = (pl.Int32(), lambda r: where.get(r.req_id, -1))
         self.log = request_log(self.clients, self.replay, requests_path, {"replica": placed})
         env.process(self.clients.arrivals())
-        env.process(self.router.run())
         for replica in self.replicas:
             for process in replica.processes():
                 env.process(process)

@@ -61,8 +61,6 @@ class Batcher(DecodeRuns, DecodeGrowth, EngineStalls, ReadBudget):
         # runs: a sequence takes its next block one step ahead.
         self.grow_ahead = int(self.async_scheduling)
         self.held_from = NONE_HELD  # columns with order >= this sit out the current step
-        # Uncut decode runs as one plain timeout (see _decode_run); False: always timer + wake.
-        self.fast_decode_runs = True
         self.step_start_us = -1  # when the last step started
         self.ghost = np.zeros((3, 0), dtype=np.int64)  # context, KV bytes per token, model
         self.trace_every = cfg.trace.iteration_every
@@ -88,7 +86,7 @@ class Batcher(DecodeRuns, DecodeGrowth, EngineStalls, ReadBudget):
         self.slot_req: list[Request | None] = [None] * cap
         self.n = 0  # running sequences occupy columns 0..n-1
         self._admit_seq = 0
-        self._run_id = 0
+        self._run, self._cut_steps = None, 0  # the decode run in progress (DecodeRuns)
         self.stats = EngineStats()
         # Compute-stream stalls (engine_stalls.py): lazy graph captures, CPU swap copies.
         pool_tokens = self.pool.capacity_bytes // int(self.kv.block_bytes[0]) * self.block_tokens
@@ -236,6 +234,7 @@ class Batcher(DecodeRuns, DecodeGrowth, EngineStalls, ReadBudget):
         it finishes the step in progress, so admission still happens at iteration boundaries.
         """
         limits, admit, prefill_left = self.limits, self.admit, self.prefill_left
+        self._process = self.env.active_process  # its resumption is what a cut moves
         while True:
             budget, max_seqs = limits()
             first_new = self._admit_seq

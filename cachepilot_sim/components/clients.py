@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import simpy
 
 from cachepilot_sim.clock import SimEnvironment, ms_to_us, s_to_us
-from cachepilot_sim.components.request import Outcome, Request
+from cachepilot_sim.components.request import Outcome, Request, RequestSink
 from cachepilot_sim.config import SimConfig
 from cachepilot_sim.rng import RngStreams
 from cachepilot_sim.trace.events import TraceEvents
@@ -42,7 +42,7 @@ class Clients:
         cfg: SimConfig,
         streams: RngStreams,
         factory: SessionFactory,
-        inbox: simpy.Store,
+        inbox: RequestSink,
         events: TraceEvents | None = None,
         keep_requests: bool = False,
     ) -> None:
@@ -167,7 +167,7 @@ class Clients:
             self._open[req.req_id] = req
             if self._kept is not None:
                 self._kept.append(req)
-            self.inbox.put(req)  # unbounded Store: succeeds at once, no need to wait
+            self.inbox.put(req)  # queued at once
             yield req.done
             self._ended(req)
             if req.outcome != Outcome.COMPLETED:

@@ -7,6 +7,7 @@ steps it took, on the batcher's packed state.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Generator
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from cachepilot_sim.clock import SimEnvironment
     from cachepilot_sim.components.engine_stats import EngineStats
     from cachepilot_sim.components.graph_capture import GraphCaptures, GraphKey
+    from cachepilot_sim.components.scheduler import RequestQueue
     from cachepilot_sim.components.signal import Signal
     from cachepilot_sim.components.step_cost import StepCostModel
 
@@ -36,9 +38,12 @@ class DecodeRuns:
     step_cost: StepCostModel
     stats: EngineStats
     max_decode_run: int
-    fast_decode_runs: bool
     step_start_us: int
-    _run_id: int
+    block_new: bool
+    queue: RequestQueue  # a cut is worth making only while it holds a request
+    _process: simpy.Process | None  # the engine's own process, whose resumption a cut moves
+    _run: tuple[int, list[int], simpy.Timeout] | None  # the run in progress: start, ends, timeout
+    _cut_steps: int  # steps the run in progress will have taken when it ends
 
     graphs: GraphCaptures | None
     stall_us: int
@@ -83,40 +88,55 @@ class DecodeRuns:
             self.ghost = self.ghost[:, :0]
         if self.stall_us:  # copies enqueued before the run delay its first step
             raw[0] += self._take_stall()
-        ends = np.cumsum(np.maximum(1.0, np.ceil(raw))).astype(np.int64)  # step j's end, in us
+        ends = np.cumsum(np.maximum(1.0, np.ceil(raw))).astype(np.int64).tolist()  # step ends
         env = self.env
-        start, total = env.now, int(ends[-1])
-        if env.peek() > start + total and self.fast_decode_runs:
-            # Nothing is scheduled before the run ends, so nothing can cut it short (every event
-            # that could wake the engine follows from one already scheduled): one plain timeout
-            # resumes the engine at the same point of the event order as the timer-and-wake pair.
-            yield env.timeout(total)
-            steps = k
-        else:
-            # The run's end and any wake-up (arrival, landed copy) both trigger the wake event;
-            # a stale timer from an interrupted run finds its run id changed and does nothing.
-            self._run_id += 1
-            run_id = self._run_id
-            timer = env.timeout(total)
-            timer.callbacks.append(lambda _: self._end_run(run_id))
-            yield self.wake.wait()
-            steps = k
-            elapsed = env.now - start
-            if elapsed < total:
-                steps = int(ends.searchsorted(elapsed)) + 1  # the step in progress at the wake
-                if ends[steps - 1] > elapsed:
-                    yield env.timeout(int(ends[steps - 1]) - elapsed)
+        start, total = env.now, ends[-1]
+        # One event per run: the timeout to its end. A notify during the run (an arrival, a
+        # landed copy) that can change the batch moves the engine's resumption to the end of
+        # the step in progress (`_cut_run`); the engine admits only at step boundaries anyway.
+        timer = env.timeout(total)
+        self._run = (start, ends, timer)
+        self._cut_steps = k
+        self.wake.listen(self._cut_run)
+        yield timer
+        self.wake.listen(None)
+        self._run = None
+        steps = self._cut_steps
+        if steps == k and env.peek() == env.now:
+            # Events already due now go first, as they did when the run's end was a timer whose
+            # callback triggered the wake event: that event's place in the order, exactly.
+            yield env.timeout(0)
         if graphs is not None:
             self._launched(graphs, keys[:steps])
-        done = ends[:steps].tolist()
+        done = ends[:steps]
         self._account(done[-1], steps)
         self.step_start_us = start + (done[-2] if steps > 1 else 0)
         self._advance_decode(n, done, finished=steps == k)
 
-    def _end_run(self, run_id: int) -> None:
-        """Timer callback of a decode run: wake the engine unless that run was already cut short."""
-        if run_id == self._run_id:
-            self.wake.notify()
+    def _cut_run(self) -> None:
+        """Wake-up during a decode run: end it with the step in progress when a request waits
+        to be admitted and admission is open (nothing else changes a running batch between
+        steps; `block_new`: the engine admits nothing until a running request finishes, which
+        ends the run anyway), by moving the
+        engine's resumption from the run's timeout to one at that step's end (what SimPy's own
+        `Interruption` does with a process's target). A run whose step in progress is its last
+        ends as planned; later notifies of a cut run are dropped."""
+        if self._run is None or not len(self.queue) or self.block_new:
+            return
+        start, ends, timer = self._run
+        elapsed = self.env.now - start
+        steps = bisect_left(ends, elapsed) + 1  # the step in progress (or just ended) now
+        self._run = None
+        self.wake.listen(None)
+        if steps >= len(ends):
+            return
+        self._cut_steps = steps
+        process = self._process
+        assert process is not None and process.target is timer
+        timer.callbacks.remove(process._resume)  # type: ignore[union-attr]
+        cut = self.env.timeout(ends[steps - 1] - elapsed)
+        cut.callbacks.append(process._resume)  # type: ignore[union-attr]
+        process._target = cut
 
     def _advance_decode(self, n: int, ends: list[int], finished: bool) -> None:
         """Decode steps of all n sequences, step j ending `ends[j]` us into the run; only a full

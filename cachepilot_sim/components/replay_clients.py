@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import simpy
 
 from cachepilot_sim.clock import SimEnvironment, ms_to_us
-from cachepilot_sim.components.request import Outcome, Request
+from cachepilot_sim.components.request import Outcome, Request, RequestSink
 from cachepilot_sim.config import SimConfig
 
 if TYPE_CHECKING:  # the workload is built by sim.py and handed in; no component reads files
@@ -25,7 +25,7 @@ class ReplayClients:
     """Open-loop replay of a trace's requests at their (scaled) recorded times."""
 
     def __init__(
-        self, env: SimEnvironment, cfg: SimConfig, workload: ReplayWorkload, inbox: simpy.Store
+        self, env: SimEnvironment, cfg: SimConfig, workload: ReplayWorkload, inbox: RequestSink
     ) -> None:
         self.env = env
         self.workload = workload
@@ -104,6 +104,6 @@ class ReplayClients:
         req.parent = self._slots[parent] if parent >= 0 else None
         self._slots[i] = req
         req.done.callbacks.append(lambda _event: self._ended(req))
-        self.inbox.put(req)  # unbounded Store: succeeds at once
+        self.inbox.put(req)  # queued at once
         for child in self._children.get(i, ()):
             self.env.process(self._after_parent(child, req))

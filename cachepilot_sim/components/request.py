@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Protocol
 
 from cachepilot_sim.clock import SimEnvironment
 
@@ -119,3 +120,11 @@ class Request:
     def total_tokens(self) -> int:
         """Tokens of KV this turn holds when it finishes."""
         return self.context_tokens + self.prompt_tokens + self.output_tokens
+
+
+class RequestSink(Protocol):
+    """Where clients put requests: one engine's scheduler, or a cluster's router. A put takes
+    effect at once, at the current instant (no event of its own)."""
+
+    def put(self, req: Request) -> None:
+        """Hand `req` over now."""

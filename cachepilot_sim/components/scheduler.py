@@ -5,17 +5,14 @@ within `promote_slack_ms` of their TTFT deadline, earliest deadline first; then 
 (higher first), arrival time, and request id. Removed entries are deleted lazily from both heaps.
 
 `RequestQueue` is the queue (the port the KV manager, the batcher and the admission gate are
-given); `Scheduler` is the process that takes arrivals from its inbox into the queue.
+given); `Scheduler` takes each arrival into the queue at the instant a client puts it.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Generator
 from typing import Protocol
-
-import simpy
 
 from cachepilot_sim.clock import SimEnvironment, ms_to_us, s_to_us
 from cachepilot_sim.components.request import Request
@@ -146,7 +143,11 @@ class RequestQueue:
 
 
 class Scheduler:
-    """Process: take arrivals from the inbox Store, tell the arrival listener, queue them."""
+    """Arrivals: tell the arrival listener and queue each request at the instant it is put.
+
+    No event of its own: a put used to go through a `simpy.Store` and a process (two events and
+    a resume per request, at the same instant); the wake-up it sends the engine is the one event
+    an arrival causes."""
 
     def __init__(
         self,
@@ -156,15 +157,12 @@ class Scheduler:
         events: TraceEvents,
     ) -> None:
         self.env = env
-        self.inbox: simpy.Store = simpy.Store(env)
         self.queue = queue
         self.arrivals = arrivals
         self.events = events
 
-    def run(self) -> Generator[simpy.Event, Request, None]:
-        """Yields one inbox get per arrival; wakes the engine after queueing each request."""
-        while True:
-            req = yield self.inbox.get()
-            self.events.arrive(self.env.now, req)
-            self.arrivals.on_arrival(req)
-            self.queue.requeue(req)
+    def put(self, req: Request) -> None:
+        """`req` arrives now: traced, told to the arrival listener, queued; the engine wakes."""
+        self.events.arrive(self.env.now, req)
+        self.arrivals.on_arrival(req)
+        self.queue.requeue(req)

@@ -1,6 +1,9 @@
-"""A wake-up signal between processes: wait() returns an event that the next notify() triggers."""
+"""A wake-up signal between processes: wait() returns an event that the next notify() triggers;
+a listener, while one is set, hears the notify instead (the engine during a decode run)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import simpy
 
@@ -13,13 +16,21 @@ class Signal:
     def __init__(self, env: SimEnvironment) -> None:
         self.env = env
         self._event = env.event()
+        self._listener: Callable[[], None] | None = None
 
     def wait(self) -> simpy.Event:
         """The event the next notify() triggers."""
         return self._event
 
+    def listen(self, listener: Callable[[], None] | None) -> None:
+        """Call `listener` at each notify instead of triggering the event, until listen(None)."""
+        self._listener = listener
+
     def notify(self) -> None:
-        """Wake whoever waits; a notify with no waiter is dropped (waiters re-check state first)."""
-        if not self._event.triggered:
+        """Tell the listener, else wake whoever waits. A notify with neither is dropped without
+        scheduling anything (waiters re-check state first, so nothing is lost)."""
+        if self._listener is not None:
+            self._listener()
+        elif self._event.callbacks and not self._event.triggered:
             self._event.succeed()
             self._event = self.env.event()

@@ -1,102 +1,38 @@
-"""The engine loop's shortcuts give the results of the long way round, exactly.
+"""The engine loop's shortcuts, and what they must keep.
 
-* An uncut decode run is one plain timeout (`Batcher.fast_decode_runs`, on by default) instead of
-  a timer and a wake-up: runs with it on and off give the same per-request table, trace rows,
-  metrics and engine counters, on synthetic workloads (roofline step cost, several batching modes,
-  block reservation on and off, memory tight enough to preempt) and on the transformers profile
-  (fitted step cost, async scheduling, its preemption rule).
+* A decode run is one timeout; a wake-up during it (an arrival, a landed copy) ends it at the end of
+  the step in progress when a request waits to be admitted, and leaves it alone otherwise: an
+  arrival is admitted at the first step boundary after it, as the engine admits.
 * The roofline step cost from plain-int sums (`iteration_us_ints`) is the float that the array
   path gives.
-* Operation count, not time: the shortcut schedules fewer SimPy events per request.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import polars as pl
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cachepilot_sim.components.step_cost import RooflineStepCost
-from cachepilot_sim.config import BatcherConfig, BatchMode, SimConfig
 from cachepilot_sim.cost import compute_fit
-from cachepilot_sim.sim import build
+from cachepilot_sim.sim import Simulation, build
 from cachepilot_sim.tools.validate import sim_config
 from cachepilot_sim.validation.ground_truth import GroundTruth
 from cachepilot_sim.validation.replay import workload_from_ground_truth
-from tests.conftest import make_sim_config, make_workload
+from tests.conftest import make_sim_config
 
 
-def _run(cfg: SimConfig, fast: bool, replay: Any = None) -> dict[str, Any]:
-    """One run; its outputs and the number of SimPy events it processed."""
-    sim = build(cfg, None, replay)
-    sim.batcher.fast_decode_runs = fast
-    events = [0]
-
-    def count(num_events: int) -> None:
-        events[0] = num_events
-
-    result = sim.run(on_progress=count, every_events=1)
-    return {
-        "requests": result.requests,
-        "trace": result.trace,
-        "metrics": result.metrics,
-        "stats": sim.batcher.stats,
-        "events": events[0],
-        "now": sim.env.now,
-    }
-
-
-def _assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
-    assert a["requests"].equals(b["requests"], null_equal=True)
-    assert a["trace"].equals(b["trace"], null_equal=True)
-    assert a["metrics"] == b["metrics"]
-    sa, sb = a["stats"], b["stats"]
-    assert (sa.iterations, sa.busy_us, sa.tokens_decoded, sa.kv_peak_bytes) == (
-        sb.iterations,
-        sb.busy_us,
-        sb.tokens_decoded,
-        sb.kv_peak_bytes,
-    )
-    assert sa.itl_gaps == sb.itl_gaps
-    assert a["now"] == b["now"]
-
-
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    seed=st.integers(0, 2**16),
-    mode=st.sampled_from(list(BatchMode)),
-    max_run=st.sampled_from([1, 7, 64, 256]),
-    reserve=st.booleans(),
-    vram_gb=st.sampled_from([9.5, 10.0, 16.0]),
-    rate=st.sampled_from([0.2, 2.0]),
-)
-def test_plain_timeout_runs_give_the_timer_and_wake_results(
-    seed: int, mode: BatchMode, max_run: int, reserve: bool, vram_gb: float, rate: float
-) -> None:
-    cfg = make_sim_config(
-        seed=seed,
-        vram_gb=vram_gb,
-        workload=make_workload(num_requests=40, session_rate_per_s=rate),
-        batcher=BatcherConfig(mode=mode, max_decode_run=max_run, reserve_run_blocks=reserve),
-    )
-    fast, slow = _run(cfg, True), _run(cfg, False)
-    _assert_same(fast, slow)
-    assert fast["events"] <= slow["events"]
-
-
-def _pressure_replay() -> GroundTruth:
-    """Long replies into a small pool, sent 40 ms apart: decodes preempt under the hf_cb rules."""
-    n = 24
+def _replay(sends_us: list[int], prompts: list[int], outputs: list[int]) -> GroundTruth:
+    n = len(sends_us)
     frame = pl.DataFrame(
         {
             "request_id": [f"r{i:03d}" for i in range(n)],
-            "send_us": [i * 40_000 for i in range(n)],
-            "prompt_tokens": [300 + 37 * (i % 7) for i in range(n)],
-            "output_tokens": [200 + 53 * (i % 5) for i in range(n)],
+            "send_us": sends_us,
+            "prompt_tokens": prompts,
+            "output_tokens": outputs,
             "first_token_us": [0] * n,
             "end_us": [0] * n,
             "status": ["finished"] * n,
@@ -105,24 +41,74 @@ def _pressure_replay() -> GroundTruth:
     return GroundTruth(Path("synthetic"), frame, None, {})
 
 
-def test_the_transformers_profile_gives_the_same_results_either_way() -> None:
+def _hf_cb_sim(truth: GroundTruth) -> Simulation:
     run_cfg = sim_config("hf_cb", ["trace.enabled=true", "trace.iteration_every=1"])
     cfg = run_cfg.sim_for(run_cfg.policy.name, 0)
-    workload, _ = workload_from_ground_truth(_pressure_replay(), cfg.replay.hash_block_tokens)
-    fast, slow = _run(cfg, True, workload), _run(cfg, False, workload)
-    _assert_same(fast, slow)
-    assert fast["events"] <= slow["events"]
+    workload, _ = workload_from_ground_truth(truth, cfg.replay.hash_block_tokens)
+    return build(cfg, None, workload)
 
 
-def test_an_uncut_decode_run_takes_fewer_events() -> None:
-    """Sessions far apart: most runs end before the next arrival, and each such run saves the
-    wake-up event (two events become one)."""
-    cfg = make_sim_config(workload=make_workload(num_requests=30, session_rate_per_s=0.05))
-    fast, slow = _run(cfg, True), _run(cfg, False)
-    _assert_same(fast, slow)
-    assert fast["events"] < slow["events"]
-    # Each finished request had at least one uncut run in a workload this sparse.
-    assert slow["events"] - fast["events"] >= len(fast["requests"]) // 2
+def _run_until_decoding(sim: Simulation) -> tuple[int, list[int]]:
+    """Step the simulation until its engine is inside a decode run; the run's start and step
+    ends (µs after the start)."""
+    env, batcher = sim.env, sim.batcher
+    while batcher._run is None:
+        env.step()
+    start, ends, _timer = batcher._run
+    return start, ends
+
+
+@settings(max_examples=10, deadline=None)
+@given(offset=st.floats(0.05, 0.95), step=st.integers(2, 40))
+def test_an_arrival_joins_at_the_end_of_the_step_in_progress(offset: float, step: int) -> None:
+    """A decodes alone; B arrives inside step `step` of A's run (at `offset` of it): B is
+    admitted exactly at that step's end, not at the run's planned end nor at its arrival."""
+    probe = _hf_cb_sim(_replay([0], [200], [600]))
+    start, ends = _run_until_decoding(probe)
+    assert len(ends) > step
+    before = ends[step - 1]
+    send = start + before + max(1, int(offset * (ends[step] - before)))
+    assert send < start + ends[step]
+    sim = _hf_cb_sim(_replay([0, send], [200, 100], [600, 20]))
+    requests = sim.run().requests.sort("request")
+    assert requests["outcome"].to_list() == ["completed", "completed"]
+    assert requests["arrival_us"][1] == send
+    assert requests["admitted_us"][1] == start + ends[step]
+    assert requests["first_token_us"][1] > start + ends[step]  # its prefill: a later step
+
+
+def test_a_wake_up_with_nothing_queued_leaves_the_run_alone() -> None:
+    """A landed copy (or any notify) with no request queued does not end a decode run: the
+    engine still waits on the run's own timeout, and resumes at its planned end."""
+    sim = _hf_cb_sim(_replay([0], [200], [600]))
+    start, ends = _run_until_decoding(sim)
+    batcher, env = sim.batcher, sim.env
+    assert batcher._run is not None
+    timer = batcher._run[2]
+    env.run(until=start + ends[0] + 1)  # inside the run's second step
+    batcher.wake.notify()
+    assert batcher._run is not None and batcher._process.target is timer
+    env.run(until=start + ends[-1])
+    assert batcher._run is not None and batcher._run[2] is timer  # not resumed before its end
+    while batcher._run is not None and batcher._run[2] is timer:
+        env.step()
+    assert env.now == start + ends[-1]  # it ended as planned
+    assert batcher.stats.tokens_decoded >= len(ends)
+
+
+def test_a_run_cut_by_an_arrival_keeps_every_request_accounted() -> None:
+    """Replies long enough to preempt under the hf_cb rules, requests 40 ms apart: every
+    request completes, and the same run twice gives the same table and trace."""
+    n = 24
+    truth = _replay(
+        [i * 40_000 for i in range(n)],
+        [300 + 37 * (i % 7) for i in range(n)],
+        [200 + 53 * (i % 5) for i in range(n)],
+    )
+    a, b = _hf_cb_sim(truth).run(), _hf_cb_sim(truth).run()
+    assert a.requests.equals(b.requests, null_equal=True)
+    assert a.trace.equals(b.trace, null_equal=True)
+    assert a.metrics["completed"] == n
 
 
 @settings(max_examples=300, deadline=None)

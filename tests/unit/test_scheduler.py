@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+from collections.abc import Generator
+
+import simpy
+
 from cachepilot_sim.clock import SimEnvironment
 from cachepilot_sim.components.request import Request
 from cachepilot_sim.components.scheduler import RequestQueue
@@ -66,6 +70,39 @@ def test_requeue_wakes_the_engine() -> None:
     env = SimEnvironment()
     wake = Signal(env)
     s = RequestQueue(env, SchedulerConfig(), wake)
+    woken: list[int] = []
+
+    def engine() -> Generator[simpy.Event, object, None]:
+        yield wake.wait()
+        woken.append(int(env.now))
+
+    env.process(engine())
+    env.run(until=5)  # the engine waits
     waiting = wake.wait()
     s.requeue(make_request(env, 0, 1, 0, 10**9))
     assert waiting.triggered and len(s) == 1
+    env.run()
+    assert woken == [5]
+
+
+def test_a_wake_up_nobody_waits_for_schedules_nothing() -> None:
+    env = SimEnvironment()
+    wake = Signal(env)
+    s = RequestQueue(env, SchedulerConfig(), wake)
+    waiting = wake.wait()
+    s.requeue(make_request(env, 0, 1, 0, 10**9))
+    assert not waiting.triggered and len(s) == 1
+    assert env.peek() == float("inf")  # no event was scheduled
+
+
+def test_a_listener_hears_the_wake_up_instead_of_the_waiters() -> None:
+    env = SimEnvironment()
+    wake = Signal(env)
+    heard: list[int] = []
+    wake.listen(lambda: heard.append(int(env.now)))
+    wake.notify()
+    wake.notify()
+    assert heard == [0, 0] and env.peek() == float("inf")
+    wake.listen(None)
+    wake.notify()
+    assert heard == [0, 0]
