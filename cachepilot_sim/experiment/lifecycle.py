@@ -100,7 +100,7 @@ def checked_config(task_cfg: DictConfig, overrides: list[str], choices: Any) -> 
         run_cfg = to_config(task_cfg)
     except ConfigError as err:
         message = str(err)
-        for group in ("model", "gpu", "engine"):  # the file a required key is missing from
+        for group in ("model", "gpu", "hardware", "engine"):  # the file a required key is from
             chosen = str(choices.get(group, "<name>"))
             message = message.replace(f"{group}/<name>.yaml", f"{group}/{chosen}.yaml")
         refuse(f"invalid configuration: {message}")
