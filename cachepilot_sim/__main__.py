@@ -74,7 +74,7 @@ def app(cfg: DictConfig) -> None:
         sys.exit(2)
     except KeyboardInterrupt as err:  # SIGINT, SIGTERM, SIGHUP: workers stopped, files whole
         print(
-            f"cachepilot_sim: {err or 'stopped by SIGINT'}; {out_dir} keeps the earlier run's "
+            f"cachepilot_sim: {str(err) or 'stopped by SIGINT'}; {out_dir} keeps the earlier run's "
             "results, if any",
             file=sys.stderr,
         )
@@ -142,8 +142,8 @@ def main() -> None:
         _run_app()
     except KeyboardInterrupt as err:  # a sweep (a single run reports its own, naming its folder)
         print(
-            f"cachepilot_sim: {err or 'stopped by SIGINT'}; rerun the same command with the same "
-            "hydra.sweep.dir: complete jobs are skipped, the others run again",
+            f"cachepilot_sim: {str(err) or 'stopped by SIGINT'}; rerun the same command with "
+            "the same hydra.sweep.dir: complete jobs are skipped, the others run again",
             file=sys.stderr,
         )
         sys.exit(exit_status(err))

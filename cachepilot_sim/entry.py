@@ -5,12 +5,13 @@ stopped, staging folders deleted), never a traceback unless CACHEPILOT_TRACEBACK
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 from typing import Any
 
@@ -20,7 +21,13 @@ from cachepilot_sim.inputs import InputError, one_line
 TRACEBACK_HINT = "(CACHEPILOT_TRACEBACK=1 shows the traceback)"
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+# What a worker leaves to its parent: a Ctrl-C or a closed terminal reaches the whole process
+# group; SIGTERM stays, the parent stops its workers with it.
+WORKER_DEAF = {signal.SIGINT, signal.SIGHUP}
 PARENT_POLL_S = 0.5  # how often a worker checks that its parent is still there
+# The pid of the process that launches a `--multirun` sweep (set before its launcher starts
+# workers, which inherit it): a job that runs in another process is in a launcher worker.
+SWEEP_PARENT_ENV = "CACHEPILOT_SWEEP_PARENT"
 _watching = False
 
 
@@ -72,9 +79,60 @@ def worker_setup(parent: int) -> None:
     reaches the whole process group, and a worker's own KeyboardInterrupt printed a traceback per
     worker; the parent stops its workers itself. Idempotent."""
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        for signum in WORKER_DEAF:
+            signal.signal(signum, signal.SIG_IGN)
+        # Started inside workers_starting(): a Ctrl-C that came while this worker was still
+        # starting waits, blocked, and is discarded here, being ignored now.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, WORKER_DEAF)
     exit_with_parent(parent)
+
+
+@contextlib.contextmanager
+def workers_starting() -> Iterator[None]:
+    """Wrap the start of a pool's worker processes (in the main thread): SIGINT and SIGHUP are
+    blocked inside, so a process started here inherits them blocked (the mask survives fork and
+    exec) until its worker_setup ignores them: a Ctrl-C that reached a worker still importing
+    raised there and printed its traceback. In this process they are delivered at the end."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    # Started inside, multiprocessing's resource tracker would unblock SIGINT on its way out
+    # (resource_tracker.ensure_running: SIG_UNBLOCK, not the earlier mask): start it first.
+    start_mp_tracker()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_DEAF)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def start_loky_tracker() -> None:
+    """Start joblib's loky resource tracker immune to SIGHUP (start_resource_tracker)."""
+    from joblib.externals.loky.backend import resource_tracker
+
+    start_resource_tracker(resource_tracker.ensure_running)
+
+
+def start_mp_tracker() -> None:
+    """Start multiprocessing's resource tracker (spawn pools) immune to SIGHUP."""
+    from multiprocessing import resource_tracker
+
+    start_resource_tracker(resource_tracker.ensure_running)
+
+
+def start_resource_tracker(ensure_running: Callable[[], None]) -> None:
+    """Start a resource tracker (multiprocessing's or loky's) with SIGHUP ignored (the
+    disposition survives its exec), before a pool starts it: it ignores SIGINT and SIGTERM
+    itself, but a closed terminal's SIGHUP reached it as a member of the tool's process group,
+    killed it, and its relaunch printed a KeyError traceback per shared-memory segment."""
+    if threading.current_thread() is not threading.main_thread():
+        ensure_running()
+        return
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        ensure_running()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 def entry_point(prog: str) -> Callable[[Callable[..., Any]], Callable[..., int]]:

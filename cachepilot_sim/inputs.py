@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import stat
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,27 @@ def one_line(text: object) -> str:
     return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
+def refuse_special_file(
+    path: Path, what: str = "file", error: type[InputError] = InputError
+) -> None:
+    """`error` naming `path` when it exists but is neither a regular file nor a folder: a FIFO
+    (reading blocks until a writer comes, in polars' and numpy's readers past any signal), a
+    device (`/dev/zero` never ends) or a socket. A missing path is left to the caller."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise error(
+            f"{path}: not a regular file (a FIFO, device or socket): the {what} is refused, "
+            "reading it could block or never end"
+        )
+
+
 def read_text(path: Path, what: str = "file") -> str:
-    """The text of `path`, UTF-8; missing, unreadable or not UTF-8 is an InputError naming it."""
+    """The text of `path`, UTF-8; missing, unreadable, not a regular file or not UTF-8 is an
+    InputError naming it."""
+    refuse_special_file(path, what)
     try:
         data = path.read_bytes()
     except OSError as err:

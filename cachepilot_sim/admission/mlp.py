@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cachepilot_sim.inputs import InputError
+from cachepilot_sim.inputs import InputError, refuse_special_file
 
 NUM_ACTIONS = 3  # admit, defer, reject (Decision order)
 ARRAYS = ("w1", "b1", "w2", "b2")
@@ -81,6 +81,8 @@ class Mlp:
         """Load `path` (.npz) and its `.json` feature spec; WeightsError naming the file when
         either is missing, malformed, or trained on other features."""
         spec_path = path.with_suffix(".json")
+        refuse_special_file(path, "admission weights", WeightsError)
+        refuse_special_file(spec_path, "admission weights' spec", WeightsError)
         try:
             with np.load(path, allow_pickle=False) as f:
                 arrays = [np.asarray(f[k], dtype=np.float64) for k in ARRAYS]

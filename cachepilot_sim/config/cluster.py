@@ -40,6 +40,9 @@ class TierLoad(StrEnum):
     CHEAPER = "cheaper"  # load only when the modelled transfer beats recomputing those tokens
 
 
+MAX_REPLICAS = 16_384  # engines in one cluster (a plan reaches 1,024 x its P:D ratio)
+
+
 @dataclass
 class SharedTierConfig(Sealed):
     """A KV store shared by every replica (Mooncake Store, LMCache's remote backend): prefix blocks
@@ -101,9 +104,10 @@ class ClusterConfig(Sealed):
     """
 
     section: ClassVar[str | None] = "cluster"
-    replicas: int = bounded(1, ge=1, integer=True)
-    prefill_replicas: int = bounded(0, ge=0, integer=True)
-    decode_replicas: int = bounded(0, ge=0, integer=True)
+    # At most MAX_REPLICAS engines of each kind: 10^6 replicas hung the run while it built them.
+    replicas: int = bounded(1, ge=1, le=MAX_REPLICAS, integer=True)
+    prefill_replicas: int = bounded(0, ge=0, le=MAX_REPLICAS, integer=True)
+    decode_replicas: int = bounded(0, ge=0, le=MAX_REPLICAS, integer=True)
     # GPUs of one node: replicas i and j share a node when i // gpus_per_node == j // gpus_per_node
     # (prefill replicas are numbered first, then decode replicas); a handover between them uses
     # NVLink, across nodes `cross_node_link`.

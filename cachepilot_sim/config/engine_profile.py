@@ -23,6 +23,7 @@ class StepCost(StrEnum):
 
 
 # The coefficients of a fitted step cost (cost/engine_step.py): at least one must be positive.
+# Each is bounded by MAX_COST_US: beyond 10^9 us (a quarter hour per token) a figure is a typo.
 FITTED_COST_KEYS = (
     "const_us",
     "q_padded_token_us",
@@ -33,6 +34,58 @@ FITTED_COST_KEYS = (
     "prefill_seqlen_us",
     "request_us",
 )
+
+
+MAX_COST_US = 1e9
+MAX_INT = 2**31 - 1  # token and block counts: beyond it, a typo (and int32 engine indices overflow)
+
+# What an engine file must state (config/store.py refuses a file that omits one, naming it): the
+# rules the batcher, the KV pool and the scheduler read for every engine, then the terms of its
+# step cost and of its graph captures. A key an engine does not read (a fitted coefficient of a
+# roofline engine) may be omitted; a key it reads never takes the project's own engine's value.
+ENGINE_RULE_KEYS = (
+    "name",
+    "step_cost",
+    "graph_mode",
+    "kv_pool_blocks",
+    "cpu_swap_blocks",
+    "async_scheduling",
+    "async_finish_slot",
+    "admit_after_preemption",
+    "prefill_margin_fraction",
+    "preemption",
+    "admit_past_blocked",
+    "grow_before_admit",
+    "prompt_room_tokens",
+    "atomic_admission",
+)
+PHYSICAL_COST_KEYS = (
+    "gpu_profile",
+    "physical_overhead_us",
+    "physical_request_us",
+    "physical_gemm_scale",
+    "physical_kv_copy_scale",
+    "physical_attention_scale",
+    "physical_elementwise_scale",
+    "physical_grid_block_ns",
+)
+# A measured step cost says where and at which padding it was measured.
+MEASURED_COST_KEYS = ("q_pad_tokens", "kv_pad_tokens", "fitted_on", "fitted_settings")
+LAZY_GRAPH_KEYS = ("q_pad_tokens", "kv_pad_tokens", "graph_capture_us", "graph_captures_per_shape")
+
+
+def required_engine_keys(step_cost: str, graph_mode: str) -> tuple[str, ...]:
+    """The EngineConfig keys an engine file with this step cost and graph mode must state
+    (`step_cost`, `graph_mode`: the enum names or values as a YAML file spells them)."""
+    cost, graphs = step_cost.lower(), graph_mode.lower()
+    keys = list(ENGINE_RULE_KEYS)
+    if cost == StepCost.FITTED:
+        keys += [*FITTED_COST_KEYS, "q_shape_us", *MEASURED_COST_KEYS]
+    if cost == StepCost.PHYSICAL:
+        keys += [*PHYSICAL_COST_KEYS, *MEASURED_COST_KEYS]
+    if graphs == GraphMode.LAZY:
+        keys += list(LAZY_GRAPH_KEYS)
+    return tuple(dict.fromkeys(keys))
 
 
 class GraphMode(StrEnum):
@@ -68,26 +121,34 @@ class EngineConfig(Sealed):
     name: str = bounded("default", nonempty=True)
     step_cost: StepCost = StepCost.ROOFLINE
     # FITTED: step time = sum of coefficient x feature (cost.engine_step.EngineStepFit).
-    const_us: float = bounded(0.0, ge=0)
-    q_padded_token_us: float = bounded(0.0, ge=0)
-    kv_read_token_us: float = bounded(0.0, ge=0)
-    kv_read_token2_us: float = bounded(0.0, ge=0)  # per (10^3 KV tokens read)^2
-    seqlen_us: float = bounded(0.0, ge=0)  # per token of the longest sequence
-    seqlen_per_sqrt_request_us: float = bounded(0.0, ge=0)  # longest sequence / sqrt(requests)
-    prefill_seqlen_us: float = bounded(0.0, ge=0)  # per 10^3 (prefill x longest sequence) pairs
-    request_us: float = bounded(0.0, ge=0)
-    q_pad_tokens: int = bounded(256, gt=0, integer=True)  # queries padded to a multiple of this
+    const_us: float = bounded(0.0, ge=0, le=MAX_COST_US)
+    q_padded_token_us: float = bounded(0.0, ge=0, le=MAX_COST_US)
+    kv_read_token_us: float = bounded(0.0, ge=0, le=MAX_COST_US)
+    kv_read_token2_us: float = bounded(0.0, ge=0, le=MAX_COST_US)  # per (10^3 KV tokens read)^2
+    seqlen_us: float = bounded(0.0, ge=0, le=MAX_COST_US)  # per token of the longest sequence
+    # per unit of longest sequence / sqrt(requests)
+    seqlen_per_sqrt_request_us: float = bounded(0.0, ge=0, le=MAX_COST_US)
+    # per 10^3 (prefill x longest sequence) pairs
+    prefill_seqlen_us: float = bounded(0.0, ge=0, le=MAX_COST_US)
+    request_us: float = bounded(0.0, ge=0, le=MAX_COST_US)
+    q_pad_tokens: int = bounded(
+        256, gt=0, le=MAX_INT, integer=True
+    )  # queries padded to a multiple of this
     # KV tokens a step reads padded to a multiple of this (transformers: kv_padding_interval_size
     # under CUDA graphs); 0: unpadded.
-    kv_pad_tokens: int = bounded(0, ge=0, integer=True)
+    kv_pad_tokens: int = bounded(0, ge=0, le=MAX_INT, integer=True)
     graph_mode: GraphMode = GraphMode.NONE
-    graph_capture_us: int = bounded(0, ge=0, integer=True)  # one lazy capture's stall (LAZY)
-    graph_captures_per_shape: int = bounded(1, gt=0, integer=True)  # LAZY: IO buffer sets
+    graph_capture_us: int = bounded(
+        0, ge=0, le=MAX_COST_US, integer=True
+    )  # one lazy capture's stall (LAZY)
+    graph_captures_per_shape: int = bounded(
+        1, gt=0, le=MAX_INT, integer=True
+    )  # LAZY: IO buffer sets
     # Pinned CPU swap space of the engine, in KV blocks of kv.block_tokens (transformers:
     # cpu_offload_space): a preempted request's blocks are copied out over the PCIe link and
     # back on resume instead of recomputed, while they fit; 0: recompute (soft reset)
     # (components/cpu_swap.py).
-    cpu_swap_blocks: int = bounded(0, ge=0, integer=True)
+    cpu_swap_blocks: int = bounded(0, ge=0, le=MAX_INT, integer=True)
     # The GPU this profile's step cost was measured on (the engine.json `gpu` of its captures);
     # empty: not tied to one GPU (the roofline engine, which scales by the hardware section).
     fitted_on: str = ""
@@ -104,15 +165,15 @@ class EngineConfig(Sealed):
     # PHYSICAL: the engine's constants over the physical terms (cost.step_physical.PhysicalFit):
     # per-step and per-request overhead (us), a scale of each kernel time on the profile, and
     # ns per attention query tile launched (padding slots included).
-    physical_overhead_us: float = bounded(0.0, ge=0)
-    physical_request_us: float = bounded(0.0, ge=0)
-    physical_gemm_scale: float = bounded(0.0, ge=0)
-    physical_kv_copy_scale: float = bounded(0.0, ge=0)
-    physical_attention_scale: float = bounded(0.0, ge=0)
-    physical_elementwise_scale: float = bounded(0.0, ge=0)
-    physical_grid_block_ns: float = bounded(0.0, ge=0)
+    physical_overhead_us: float = bounded(0.0, ge=0, le=MAX_COST_US)
+    physical_request_us: float = bounded(0.0, ge=0, le=MAX_COST_US)
+    physical_gemm_scale: float = bounded(0.0, ge=0, le=MAX_COST_US)
+    physical_kv_copy_scale: float = bounded(0.0, ge=0, le=MAX_COST_US)
+    physical_attention_scale: float = bounded(0.0, ge=0, le=MAX_COST_US)
+    physical_elementwise_scale: float = bounded(0.0, ge=0, le=MAX_COST_US)
+    physical_grid_block_ns: float = bounded(0.0, ge=0, le=MAX_COST_US)
     # KV pool in blocks of kv.block_tokens, as the engine allocated it; 0: from vram_gb.
-    kv_pool_blocks: int = bounded(0, ge=0, integer=True)
+    kv_pool_blocks: int = bounded(0, ge=0, le=MAX_INT, integer=True)
     # Async batching: step n+1 is scheduled while step n runs, so a request that arrived during a
     # step sits out the next one, and a finished request still takes a decode slot (and its KV
     # read) in the step after its last token.
@@ -140,7 +201,7 @@ class EngineConfig(Sealed):
     # KV room a prompt is given beyond its tokens at admission: transformers allocates
     # (n + 1) // block + 1 blocks for n new tokens, room for n + 2 (the first decode step's
     # token, and the next one's, composed while the first runs under async batching); 0: n.
-    prompt_room_tokens: int = bounded(0, ge=0, integer=True)
+    prompt_room_tokens: int = bounded(0, ge=0, le=MAX_INT, integer=True)
     # An admission that cannot get all its blocks, even by evicting every idle one, evicts none
     # (transformers and vLLM check before they reclaim cached blocks); False: eviction starts for
     # a request that still has to wait (the default engine, which offloads ahead of admission).
@@ -154,10 +215,11 @@ class EngineConfig(Sealed):
     def validate(self, prefix: str) -> None:
         super().validate(prefix)
         require(
-            all(v > 0 for v in self.q_shape_us),
+            all(0 < v <= MAX_COST_US for v in self.q_shape_us),
             join_key(prefix, "q_shape_us"),
             list(self.q_shape_us),
-            "must hold positive step times (us), one per padded query shape",
+            f"must hold positive step times (us, at most {MAX_COST_US:g}), one per padded "
+            "query shape",
         )
         if self.step_cost == StepCost.FITTED:
             costs = [getattr(self, k) for k in FITTED_COST_KEYS] + list(self.q_shape_us)
@@ -168,6 +230,12 @@ class EngineConfig(Sealed):
                 f"a fitted step cost needs a positive coefficient ({', '.join(FITTED_COST_KEYS)} "
                 "or q_shape_us): with every one 0 each request finishes in 0 us",
             )
+        require(
+            self.graph_mode != GraphMode.LAZY or self.graph_capture_us > 0,
+            join_key(prefix, "graph_capture_us"),
+            self.graph_capture_us,
+            "graph_mode=lazy needs the stall one capture adds (us, > 0): 0 makes captures free",
+        )
         if self.step_cost == StepCost.PHYSICAL:
             require(
                 bool(self.gpu_profile),
@@ -180,4 +248,18 @@ class EngineConfig(Sealed):
                 join_key(prefix, "physical_gemm_scale"),
                 self.physical_gemm_scale,
                 "must be > 0 for step_cost=physical (a step without its GEMMs is no fit)",
+            )
+            require(
+                self.physical_attention_scale > 0,
+                join_key(prefix, "physical_attention_scale"),
+                self.physical_attention_scale,
+                "must be > 0 for step_cost=physical (attention over a long context is not free)",
+            )
+        if self.step_cost != StepCost.ROOFLINE:
+            require(
+                bool(self.fitted_on),
+                join_key(prefix, "fitted_on"),
+                self.fitted_on,
+                f"step_cost={self.step_cost.value} was measured on a GPU: name it (the `gpu` of "
+                "the captures' engine.json)",
             )

@@ -217,7 +217,9 @@ class SimConfig(Sealed):
 class RunConfig(SimConfig):
     """Top-level Hydra config: a SimConfig plus what to compare (policies x seeds)."""
 
-    seeds: int = bounded(5, ge=1)  # single-seed comparisons of eviction policies mislead
+    # Single-seed comparisons of eviction policies mislead; past 1,000 a run only builds its
+    # cells (policies x seeds) for minutes before it prints anything (it hung at 10^9).
+    seeds: int = bounded(5, ge=1, le=1000, integer=True)
     # Policies run side by side, each with its registered config: `policy`'s own fields apply to
     # the policy it names, the others get their defaults; the shared fields apply to all.
     compare_policies: list[str] = field(default_factory=list)

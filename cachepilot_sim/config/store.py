@@ -9,19 +9,21 @@ fields exist and an override of another policy's field is an unknown key.
 from __future__ import annotations
 
 from dataclasses import fields, is_dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cachepilot_sim.config.admission import ADMISSION
 from cachepilot_sim.config.base import ConfigError
 from cachepilot_sim.config.cluster import ROUTERS, ClusterConfig
 from cachepilot_sim.config.engine import BatcherConfig
-from cachepilot_sim.config.engine_profile import EngineConfig
+from cachepilot_sim.config.engine_profile import EngineConfig, required_engine_keys
 from cachepilot_sim.config.hardware import GpuSpecConfig, HardwareConfig
 from cachepilot_sim.config.model import ModelConfig
 from cachepilot_sim.config.policy import POLICIES
 from cachepilot_sim.config.registry import Registry
 from cachepilot_sim.config.run import RunConfig
 from cachepilot_sim.config.workload import WorkloadConfig
+from cachepilot_sim.inputs import one_line, read_yaml
 
 if TYPE_CHECKING:
     from hydra.core.config_store import ConfigStore
@@ -53,8 +55,8 @@ REQUIRED_MODEL_KEYS = (
 
 
 # A GPU file must state every datasheet figure: one that omitted a key (or an empty file) ran as
-# the H200, the dataclass default. Optional: pcie_lanes (16), calibrated_hardware, the
-# calibration's parameter count and the citations of the interconnect.
+# the H200, the dataclass default. Optional (empty or 0 means "none"): calibrated_hardware, the
+# calibration's parameter count and the citation of the interconnect.
 REQUIRED_GPU_KEYS = (
     "name",
     "display_name",
@@ -63,32 +65,96 @@ REQUIRED_GPU_KEYS = (
     "bf16_dense_tflops",
     "fp8_dense_tflops",
     "pcie_gen",
+    "pcie_lanes",
     "source",
     "interconnect",
     "interconnect_gbps",
     "interconnect_hop_latency_us",
 )
-# An engine file names itself and its step cost: one that omitted step_cost ran on the idealised
-# roofline without a word. The rest of an engine's rules default to the project's own engine.
-REQUIRED_ENGINE_KEYS = ("name", "step_cost")
+# A hardware file is a calibration: every fitted figure, its name and its source (one that omitted
+# a figure ran on the H200's calibration of 2026-11-29).
+REQUIRED_HARDWARE_KEYS = tuple(f.name for f in fields(HardwareConfig))
+# An engine file states every key its engine reads (engine_profile.required_engine_keys: its
+# rules, and its step cost's and lazy captures' terms): one that omitted step_cost ran on the
+# idealised roofline, one that omitted a rule ran by the project's own engine's, without a word.
+# Every key is MISSING in the schema; `fill_unread_engine_keys` sets the ones the engine does not
+# read to their (unused) defaults and refuses a missing one that it reads.
+ENGINE_KEYS = tuple(f.name for f in fields(EngineConfig))
 # The file each section's required keys live in (a missing one is named with it).
 REQUIRED_KEYS = {
     "model": REQUIRED_MODEL_KEYS,
     "gpu": REQUIRED_GPU_KEYS,
-    "engine": REQUIRED_ENGINE_KEYS,
+    "hardware": REQUIRED_HARDWARE_KEYS,
+    "engine": ENGINE_KEYS,
+}
+SCHEMAS = {
+    "model": ModelConfig,
+    "gpu": GpuSpecConfig,
+    "hardware": HardwareConfig,
+    "engine": EngineConfig,
 }
 
 
+def missing_key_error(section: str, key: str, where: str = "") -> ConfigError:
+    """The refusal of a profile file that omits `key` (`where`: the file, if known)."""
+    where = where or f"cachepilot_sim/conf/{section}/<name>.yaml"
+    return ConfigError(f"required key '{section}.{key}' is not set (in {where})")
+
+
+def fill_unread_engine_keys(node: Any, where: str = "") -> None:
+    """Give the MISSING keys of an engine node (the `engine` section) that its step cost and
+    graph mode do not read their defaults; a missing key that they read is a ConfigError
+    naming it. The rules come first: step_cost and graph_mode decide what else is read."""
+    from omegaconf import OmegaConf, read_write
+
+    def missing(key: str) -> bool:
+        return bool(OmegaConf.is_missing(node, key))
+
+    for key in ("name", "step_cost", "graph_mode"):
+        if missing(key):
+            raise missing_key_error("engine", key, where)
+    needed = required_engine_keys(str(node.step_cost), str(node.graph_mode))
+    defaults = EngineConfig()
+    for key in ENGINE_KEYS:
+        if not missing(key):
+            continue
+        if key in needed:
+            raise missing_key_error("engine", key, where)
+        with read_write(node):
+            setattr(node, key, getattr(defaults, key))
+
+
 def required_schema(section: str) -> Any:
-    """The structured schema of `section` (model, gpu or engine) with its REQUIRED_KEYS MISSING:
-    a file read over it must state each one (the scorecard reads profiles without Hydra)."""
+    """The structured schema of `section` (model, gpu, hardware or engine) with its REQUIRED_KEYS
+    MISSING: a file read over it must state each one (tools read profiles without Hydra)."""
     from omegaconf import OmegaConf
 
-    schema = {"model": ModelConfig, "gpu": GpuSpecConfig, "engine": EngineConfig}[section]
-    node = OmegaConf.structured(schema)
+    node = OmegaConf.structured(SCHEMAS[section])
     for key in REQUIRED_KEYS[section]:
         node[key] = "???"  # OmegaConf MISSING
     return node
+
+
+def load_profile(section: str, path: Path) -> Any:
+    """A profile file (model, gpu, hardware or engine section, not `# @package _global_`) read
+    over its schema, validated: every required key stated, no default stands in; an error
+    names the file and the key."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+    data = read_yaml(path, "profile")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys, got {type(data).__name__}")
+    try:
+        node = OmegaConf.merge(required_schema(section), data)
+        if section == "engine":
+            fill_unread_engine_keys(node, str(path))
+        return OmegaConf.to_object(node)
+    except MissingMandatoryValue as err:
+        raise missing_key_error(section, str(err.full_key), str(path)) from None
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", "") or "?"
+        raise ConfigError(f"{path}: key '{key}': {one_line(err).split('; full_key')[0]}") from None
 
 
 def register_configs() -> None:
@@ -134,6 +200,8 @@ def to_config(cfg: Any) -> RunConfig:
         raise ConfigError(f"unknown config key '{extra[0]}'; top-level keys are {sorted(known)}")
     from omegaconf.errors import MissingMandatoryValue
 
+    if "engine" in cfg:
+        fill_unread_engine_keys(cfg.engine)
     try:
         obj = OmegaConf.to_object(cfg)
     except AttributeError as err:  # a sealed section refusing a key it does not declare

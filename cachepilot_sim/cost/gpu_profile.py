@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import nnls
 
-from cachepilot_sim.inputs import InputError
+from cachepilot_sim.inputs import InputError, refuse_special_file
 
 FORMAT = "cachepilot-gpu-profile/1"
 LAYERS = ("qkv", "o", "gate_up", "down", "lm_head")
@@ -231,6 +231,7 @@ def load_gpu_profile(path: str | Path) -> GpuProfile:
     """Read and check `gpu_profile.json`; every problem is a GpuProfileError naming file and key
     (a missing key is an error: no figure is borrowed from another GPU)."""
     p = Path(path)
+    refuse_special_file(p, "GPU profile", GpuProfileError)
     try:
         text = p.read_text()
     except OSError as exc:

@@ -17,6 +17,7 @@ Preflight keeps the earlier `.hydra/` aside (outdir.backup_hydra) and a failed r
 from __future__ import annotations
 
 import copy
+import os
 import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
@@ -32,9 +33,11 @@ from cachepilot_sim.components.admission_gate import gate_class_names
 from cachepilot_sim.config import ConfigError, RunConfig, TraceFormat, to_config
 from cachepilot_sim.entry import (  # noqa: F401 - shared with the tools
     STOP_SIGNALS,
+    SWEEP_PARENT_ENV,
     exit_status,
     exit_with_parent,
     install_signal_handlers,
+    start_loky_tracker,
 )
 from cachepilot_sim.experiment.outdir import OutputDirError, backup_hydra
 from cachepilot_sim.workloads.replay import resolve_path
@@ -100,7 +103,7 @@ def checked_config(task_cfg: DictConfig, overrides: list[str], choices: Any) -> 
         run_cfg = to_config(task_cfg)
     except ConfigError as err:
         message = str(err)
-        for group in ("model", "gpu", "engine"):  # the file a required key is missing from
+        for group in ("model", "gpu", "hardware", "engine"):  # the file a required key is from
             chosen = str(choices.get(group, "<name>"))
             message = message.replace(f"{group}/<name>.yaml", f"{group}/{chosen}.yaml")
         refuse(f"invalid configuration: {message}")
@@ -187,6 +190,11 @@ class Preflight(Callback):  # type: ignore[misc]
         overrides = [str(o) for o in OmegaConf.to_container(config.hydra.overrides.task) or []]
         refuse_repeated_sweep_values(overrides)
         self._folder("hydra.sweep.dir", config)
+        # The launcher's workers leave a Ctrl-C or a closed terminal to this process, which
+        # stops them (sweep.run_job, entry.worker_setup); loky's tracker must survive a SIGHUP.
+        os.environ[SWEEP_PARENT_ENV] = str(os.getpid())
+        if "joblib" in str(OmegaConf.select(config, "hydra.launcher._target_", default="")):
+            start_loky_tracker()
 
     @staticmethod
     def _folder(key: str, config: DictConfig) -> None:

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, valu
 
 from cachepilot_sim.clock import s_to_us
 from cachepilot_sim.components.request import Outcome, Request
+from cachepilot_sim.entry import worker_setup
 from cachepilot_sim.experiment.lifecycle import exit_with_parent
 
 PREFIX = "cachepilot_sim_"
@@ -189,7 +190,12 @@ def init_worker(multiprocess_dir: str | None, parent: int | None = None) -> None
     """Initializer of a run's worker processes: exit with the parent, and with a folder, put
     every metric value made from now on in it (prometheus_client's multiprocess mode; the
     value class is chosen again because the module picked it when it was imported)."""
-    exit_with_parent(parent)  # the pool's pid: a worker reparented while starting exits too
+    # Exit with the pool's pid (a worker reparented while starting exits too), and leave a
+    # Ctrl-C or a closed terminal to the run, which stops its workers (entry.worker_setup).
+    if parent is None:
+        exit_with_parent()
+    else:
+        worker_setup(parent)
     if multiprocess_dir is not None:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = multiprocess_dir
         values.ValueClass = values.get_value_class()

@@ -34,6 +34,7 @@ from cachepilot_sim.config.question import (
     serving_setup,
 )
 from cachepilot_sim.cost.gpu_scaling import hardware_derivation, hardware_note
+from cachepilot_sim.entry import start_mp_tracker, workers_starting
 from cachepilot_sim.experiment import outdir
 from cachepilot_sim.experiment.answer import (
     answer_tables,
@@ -146,17 +147,19 @@ def run_cells(
     else:
         # spawn, not fork: polars keeps a thread pool, and a forked child can deadlock on it.
         context = multiprocessing.get_context("spawn")
+        start_mp_tracker()  # before the pool and the relay's queue start it, deaf to SIGHUP
         relay = ProgressRelay(context, monitor.report) if monitor and monitor.live else None
         queue = None if relay is None else relay.queue
         live_dir = None if monitor is None else monitor.worker_metrics_dir()
         live_us = 0 if monitor is None or live_dir is None else monitor.live_interval_us
         try:
             with ProcessPoolExecutor(jobs, context, init_worker, (live_dir, os.getpid())) as pool:
-                futures = [
-                    pool.submit(run_cell, s, out_dir, cfg.write_requests, cfg.offline_bound,
-                                None, every, queue, first_index + i, live_us)
-                    for i, s in enumerate(sims)
-                ]  # fmt: skip
+                with workers_starting():  # submit starts the workers (spawn: on demand)
+                    futures = [
+                        pool.submit(run_cell, s, out_dir, cfg.write_requests, cfg.offline_bound,
+                                    None, every, queue, first_index + i, live_us)
+                        for i, s in enumerate(sims)
+                    ]  # fmt: skip
                 try:
                     cells = [f.result() for f in futures]
                 except BaseException:  # SIGINT/SIGTERM/SIGHUP or a failed cell: stop the rest now

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from cachepilot_sim.config import to_config
+from cachepilot_sim.entry import SWEEP_PARENT_ENV, worker_setup
 from cachepilot_sim.experiment.lifecycle import exit_with_parent
 from cachepilot_sim.experiment.outdir import write_json
 
@@ -93,7 +95,14 @@ def run_job(
     Exceptions are recorded in job.json and printed with the job's overrides, never raised. With
     `sweep_dir`, the job is also recorded there, and a job folder outside it is refused.
     """
-    exit_with_parent()  # a launcher worker (loky) must not outlive a terminated sweep
+    launcher = int(os.environ.get(SWEEP_PARENT_ENV) or 0)
+    if launcher and os.getpid() != launcher:
+        # A launcher worker (loky): it exits with the sweep, and a Ctrl-C or a closed terminal,
+        # which reach the whole process group, stop the sweep, which stops its workers, rather
+        # than raise in each worker (a traceback per worker on the terminal).
+        worker_setup(launcher)
+    else:
+        exit_with_parent()  # the job runs in the launching process
     label = f"job {job_num} ({','.join(overrides) or 'no overrides'})"
     if sweep_dir is None:
         return _run_job(cfg, out_dir, overrides, job_num, label)

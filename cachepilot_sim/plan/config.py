@@ -3,7 +3,9 @@ search space, and the price of a GPU-hour per GPU type (conf/plan/prices.yaml, s
 
 from __future__ import annotations
 
+import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -19,7 +21,7 @@ from cachepilot_sim.config import (
     known_routers,
     require,
 )
-from cachepilot_sim.inputs import parse_overrides, read_yaml
+from cachepilot_sim.inputs import parse_overrides, read_yaml, refuse_special_file
 
 PRICES_FILE = CONF_DIR / "plan" / "prices.yaml"
 MAX_USD_PER_GPU_HOUR = 1e4  # a finite, physical price: an infinite one makes every cost equal
@@ -47,6 +49,13 @@ class SlaConfig(Sealed):
     tpot_p99_ms: float = bounded(50.0, gt=0)
     # Share of all requests that complete within their own TTFT and TPOT SLOs (replay.*_slo_ms).
     goodput_fraction: float = bounded(0.99, ge=0, le=1)
+
+
+# The choices a cell combines, and how many cells one plan may hold: 10^4 cells are already up
+# to 1.1 x 10^5 simulations; a product past it (a long offload_gb or pd_splits list) would run
+# for days, and building its cells alone hung the planner before it printed anything.
+CELL_KEYS = ("gpus", "tp", "policies", "routers", "batchers", "offload_gb", "pd_splits")
+MAX_CELLS = 10_000
 
 
 @dataclass
@@ -78,6 +87,16 @@ class SearchSpace(Sealed):
                 require(v in allowed, f"{prefix}.{key}", v, f"unknown; known: {allowed}")
         for key in ("tp", "offload_gb", "pd_splits"):
             require(bool(getattr(self, key)), f"{prefix}.{key}", [], "must list a choice")
+        counts = [len(getattr(self, key)) for key in CELL_KEYS]
+        runs = 1 + math.ceil(math.log2(self.max_replicas))
+        require(
+            math.prod(counts) <= MAX_CELLS,
+            prefix,
+            " x ".join(f"{n} {key}" for key, n in zip(CELL_KEYS, counts, strict=True)),
+            f"{math.prod(counts):,} cells, each up to {runs} simulations: at most "
+            f"{MAX_CELLS:,} cells in one plan (the search would run for days and hold every "
+            "cell in memory); narrow the space or split it into plans",
+        )
         for tp in self.tp:
             require(isinstance(tp, int) and 1 <= tp <= 64, f"{prefix}.tp", tp, "1..64 GPUs")
         for gb in self.offload_gb:
@@ -85,9 +104,9 @@ class SearchSpace(Sealed):
         for split in self.pd_splits:
             ok = isinstance(split, str) and bool(PD_SPLIT.match(split))
             require(ok, f"{prefix}.pd_splits", split, "'colocated' or 'P:D', e.g. '1:2'")
-        for key in ("gpus", "tp", "policies", "routers", "batchers", "offload_gb", "pd_splits"):
+        for key in CELL_KEYS:
             values = [float(v) if key == "offload_gb" else v for v in getattr(self, key)]
-            twice = sorted({str(v) for v in values if values.count(v) > 1})
+            twice = sorted(str(v) for v, n in Counter(values).items() if n > 1)
             require(
                 not twice,
                 f"{prefix}.{key}",
@@ -139,6 +158,7 @@ def load_plan(path: Path, overrides: list[str]) -> PlanConfig:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    refuse_special_file(path, "plan file", ConfigError)
     if not path.is_file():
         raise ConfigError(f"plan file '{path}' not found")
     data = read_yaml(path, "plan file")

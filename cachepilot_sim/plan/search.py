@@ -3,7 +3,7 @@
 
 Pruning rests on monotonicity: if N replicas miss the SLA, fewer miss it too (less capacity for the
 same arrivals), so a cell costs 1 + ceil(log2(max_replicas)) simulations instead of max_replicas.
-Cells run in parallel (joblib: worker processes here, or a Ray cluster through joblib's Ray
+Cells run in parallel (joblib's loky worker processes here, or a Ray cluster through joblib's Ray
 backend). Every simulation is deterministic per seed and results are ordered by cell, so a rerun
 gives the same answer.
 """
@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-import signal
-import threading
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -22,7 +21,7 @@ import polars as pl
 
 from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config import ConfigError
-from cachepilot_sim.entry import worker_setup
+from cachepilot_sim.entry import start_loky_tracker, worker_setup, workers_starting
 from cachepilot_sim.plan.config import Launcher, PlanConfig, SlaConfig
 
 
@@ -252,22 +251,42 @@ def run_search(plan: PlanConfig, cells: list[Cell]) -> list[CellResult]:
                 return list(joblib.Parallel(n_jobs=jobs)(tasks))
         finally:
             ray.shutdown()
-    _start_loky_tracker()
-    return list(joblib.Parallel(n_jobs=jobs, backend="loky")(tasks))
+    return _run_on_loky(plan, cells, parent)
 
 
-def _start_loky_tracker() -> None:
-    """Start loky's resource tracker with SIGHUP ignored (the disposition survives its exec): it
-    ignores SIGINT and SIGTERM itself, but a closed terminal's SIGHUP reached it as a member of
-    the planner's process group, killed it, and its relaunch printed a KeyError traceback per
-    worker's shared-memory segment."""
-    from joblib.externals.loky.backend import resource_tracker
+def _run_on_loky(plan: PlanConfig, cells: list[Cell], parent: int) -> list[CellResult]:
+    """The cells on joblib's loky workers, started with SIGINT and SIGHUP blocked
+    (entry.workers_starting) and ignored by their initializer (entry.worker_setup): a Ctrl-C
+    that reached a worker still importing printed its traceback (joblib.Parallel starts its
+    workers while it dispatches, where the planner cannot block them). Stopped on an interrupt."""
+    from joblib.externals.loky import ProcessPoolExecutor as LokyPool
 
-    if threading.current_thread() is not threading.main_thread():
-        resource_tracker.ensure_running()
-        return
-    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    num_workers = min(plan.jobs or os.cpu_count() or 1, len(cells))
+    if num_workers <= 1:
+        return [search_cell(plan, cell) for cell in cells]
+    start_loky_tracker()
+    pool = LokyPool(num_workers, initializer=worker_setup, initargs=(parent,))
+    todo = list(enumerate(cells))
+    running: dict[Future[CellResult], int] = {}
+    results: dict[int, CellResult] = {}
+
+    def dispatch() -> None:  # one cell per worker: none waits in loky's queues when stopped
+        while todo and len(running) < num_workers:
+            index, cell = todo.pop(0)
+            running[pool.submit(search_cell, plan, cell)] = index
+
     try:
-        resource_tracker.ensure_running()
-    finally:
-        signal.signal(signal.SIGHUP, previous)
+        with workers_starting():  # the first submit starts every worker
+            dispatch()
+        while running:
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                results[running.pop(future)] = future.result()
+            dispatch()
+    except BaseException:  # SIGINT, SIGTERM, SIGHUP, a failed cell: stop every worker now
+        for future in running:
+            future.cancel()
+        pool.shutdown(wait=True, kill_workers=True)
+        raise
+    pool.shutdown(wait=True)
+    return [results[i] for i in range(len(cells))]

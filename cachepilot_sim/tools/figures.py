@@ -31,13 +31,18 @@ from cachepilot_sim.experiment.runset import (
     run_labels,
     wrapped,
 )
-from cachepilot_sim.plotting import GREY, lowest_ttft_p99, policy_palette, seaborn_data, style
+from cachepilot_sim.plotting import policy_palette, seaborn_data, style
+from cachepilot_sim.tools.latency_figures import (  # noqa: F401 - the figures of a run, in one place
+    TOP_K,
+    latency_cdf_data,
+    latency_cdfs,
+    plot_latency_cdfs,
+)
 from cachepilot_sim.trace.derive import TraceError, load_trace, request_results
 from cachepilot_sim.trace.recorder import META_FILE
 
 K = pl.col("kind")
 TRACES_PER_PAGE = 6  # rows of the VRAM figure per file; more traces make more pages
-TOP_K = 6  # CDFs of more policies colour the k with the lowest TTFT p99, the rest thin and grey
 
 
 class TraceRun(NamedTuple):
@@ -181,86 +186,6 @@ def plot_vram(traces: Sequence[TraceRun]) -> plt.Figure:
 
 def _configs(frame: pl.DataFrame) -> list[str]:
     return list(dict.fromkeys(frame[CONFIG].to_list()))
-
-
-def latency_cdf_data(requests: pl.DataFrame) -> pl.DataFrame:
-    """ECDF points per (configuration, policy) over completed requests of all its seeds: metric
-    (`TTFT s`, `TPOT ms`), value, ecdf, n_seeds, n_requests. Values <= 0 cannot sit on a log axis
-    and are left out (counted in `n_requests`, so the curve then ends below 1)."""
-    done = requests.filter(pl.col("outcome") == "completed")
-    parts = []
-    for metric, expr, rows in (
-        ("TTFT s", pl.col("ttft_us") / 1e6, done),
-        ("TPOT ms", pl.col("tpot_us") / 1e3, done.filter(pl.col("generated") > 1)),
-    ):
-        for (config, policy), part in rows.group_by(CONFIG, "policy", maintain_order=True):
-            values = np.sort(part.select(expr).to_series().drop_nulls().to_numpy())
-            n = values.size
-            keep = values > 0
-            parts.append(
-                pl.DataFrame(
-                    {
-                        CONFIG: config,
-                        "policy": policy,
-                        "metric": metric,
-                        "value": values[keep],
-                        "ecdf": (np.arange(1, n + 1) / max(n, 1))[keep],
-                        "n_seeds": part["seed"].n_unique(),
-                        "n_requests": n,
-                    }
-                )
-            )
-    return pl.concat(parts) if parts else pl.DataFrame()
-
-
-def latency_cdfs(requests: pl.DataFrame) -> tuple[plt.Figure, pl.DataFrame]:
-    """TTFT (top) and TPOT (bottom) CDFs, one column per configuration, log x; each policy has its
-    own colour, line style and marker; the legend gives seeds pooled and requests."""
-    data = latency_cdf_data(requests)
-    configs = _configs(requests)
-    policies = list(dict.fromkeys(requests["policy"].to_list()))
-    shown = set(policies) if len(policies) <= TOP_K else set(lowest_ttft_p99(requests, TOP_K))
-    fig, axes = plt.subplots(2, len(configs), figsize=(1 + 5 * len(configs), 7.5), squeeze=False)
-    for col, config in enumerate(configs):
-        for row, metric in enumerate(("TTFT s", "TPOT ms")):
-            ax = axes[row][col]
-            for i, policy in enumerate(policies):
-                d = data.filter(
-                    (pl.col(CONFIG) == config)
-                    & (pl.col("policy") == policy)
-                    & (pl.col("metric") == metric)
-                )
-                if d.height == 0:
-                    continue
-                label = f"{policy} (n={d['n_seeds'][0]} seeds, {d['n_requests'][0]} req)"
-                if policy not in shown:  # beyond the top k: context, not a curve to read
-                    ax.step(d["value"], d["ecdf"], where="post", lw=0.7, color=GREY, alpha=0.6)
-                    continue
-                ax.step(
-                    d["value"],
-                    d["ecdf"],
-                    where="post",
-                    label=label,
-                    lw=1.3,
-                    markevery=max(d.height // 8, 1),
-                    ms=5,
-                    **style(i, policy),
-                )  # type: ignore[arg-type]
-            if len(shown) < len(policies):
-                ax.plot([], [], color=GREY, lw=0.7, label=f"{len(policies) - len(shown)} others")
-            ax.set_xscale("log")
-            ax.set_xlabel(f"{metric} (log)")
-            ax.set_ylabel("fraction of completed requests")
-            ax.set_title(f"{wrapped(config)}: {metric.split()[0]} CDF", fontsize=9)
-            ax.grid(alpha=0.3, which="both")
-            ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    return fig, data
-
-
-def plot_latency_cdfs(requests: pl.DataFrame) -> plt.Figure:
-    """latency_cdfs without its data."""
-    return latency_cdfs(requests)[0]
 
 
 def restore_by_class(requests: pl.DataFrame) -> tuple[plt.Figure, pl.DataFrame]:

@@ -12,12 +12,12 @@ line naming the file, exit status 2.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import polars as pl
 
+from cachepilot_sim.inputs import InputError, one_line, read_json, refuse_special_file
 from cachepilot_sim.validation.engine_behaviour import fit_capture_stall
 
 
@@ -37,10 +37,15 @@ def main(argv: list[str] | None = None) -> None:
             _fail(f"{folder}: no steps.parquet under this folder")
         for path in files:
             try:
-                engine = json.loads((path.parent / "engine.json").read_text())
+                engine = read_json(path.parent / "engine.json", "engine settings")
+                refuse_special_file(path, "steps file")  # a FIFO blocked polars past SIGTERM
                 steps = pl.read_parquet(path)
-            except (OSError, json.JSONDecodeError, pl.exceptions.PolarsError) as err:
+            except InputError as err:
+                _fail(one_line(err))
+            except (OSError, pl.exceptions.PolarsError) as err:
                 _fail(f"{path.parent}: unreadable run ({err})")
+            if not isinstance(engine, dict):
+                _fail(f"{path.parent / 'engine.json'}: not a JSON object")
             pages = engine.get("num_pages")
             runs.append((steps, pages if isinstance(pages, int) else None))
     try:

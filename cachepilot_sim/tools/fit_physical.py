@@ -93,9 +93,8 @@ def profile_for(spec: str) -> GpuProfile:
     """A measured profile (a path), or `datasheet[:GPU]`: the datasheet figures of a conf/gpu
     preset (default the H200) with Llama-3-8B GEMMs, nothing measured."""
     if spec == "datasheet" or spec.startswith("datasheet:"):
-        import yaml
-
         from cachepilot_sim.conf import CONF_DIR
+        from cachepilot_sim.config.store import load_profile
 
         name = spec.partition(":")[2]
         gpu = GpuSpecConfig()
@@ -103,7 +102,7 @@ def profile_for(spec: str) -> GpuProfile:
             path = CONF_DIR / "gpu" / f"{name}.yaml"
             if not path.is_file():
                 raise ValueError(f"--gpu-profile {spec}: no conf/gpu/{name}.yaml")
-            gpu = GpuSpecConfig(**yaml.safe_load(path.read_text()))
+            gpu = load_profile("gpu", path)
         pcie_gbps = PCIE_GBPS_PER_LANE[gpu.pcie_gen] * gpu.pcie_lanes  # unused by the step cost
         model = dict(DEFAULT_MODEL)
         return datasheet_profile(gpu.name, gpu.hbm_gbps, gpu.bf16_dense_tflops, pcie_gbps, model)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import polars as pl
 
-from cachepilot_sim.inputs import InputError
+from cachepilot_sim.inputs import InputError, refuse_special_file
 
 STEP_COLUMNS = (
     "gpu_us",
@@ -22,6 +22,7 @@ STEP_COLUMNS = (
 def read_steps(path: Path) -> pl.DataFrame:
     """One steps file, checked: readable Parquet, every STEP_COLUMNS column numeric, no null,
     NaN or infinity, no negative value; an InputError names the file and the column."""
+    refuse_special_file(path, "steps file")
     if not path.is_file():
         raise InputError(f"{path}: file not found")
     try:

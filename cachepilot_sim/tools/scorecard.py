@@ -33,7 +33,7 @@ from cachepilot_sim.config import (
     ModelConfig,
     require,
 )
-from cachepilot_sim.config.store import required_schema
+from cachepilot_sim.config.store import load_profile
 from cachepilot_sim.cost.kv_bytes import KvDtype, kv_bytes_per_token
 from cachepilot_sim.cost.model import compute_fit, iteration_us
 from cachepilot_sim.cost.roofline import (
@@ -45,7 +45,6 @@ from cachepilot_sim.cost.roofline import (
     ridge_batch,
 )
 from cachepilot_sim.entry import entry_point
-from cachepilot_sim.inputs import one_line, read_yaml
 from cachepilot_sim.tools import CONF_DIR
 
 MAX_TOKENS = 2**31 - 1
@@ -60,21 +59,10 @@ DEFAULTS = {
 
 
 def _load(cls: type, path: Path) -> Any:
-    """A profile file over its schema: a model or GPU file states every required key
-    (config/store.REQUIRED_KEYS), no default stands in; an error names the file and key."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    section = {ModelConfig: "model", GpuSpecConfig: "gpu"}.get(cls)
-    schema = required_schema(section) if section else OmegaConf.structured(cls)
-    data = read_yaml(path, "profile")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of keys, got {type(data).__name__}")
-    try:
-        return OmegaConf.to_object(OmegaConf.merge(schema, data))
-    except OmegaConfBaseException as err:
-        key = getattr(err, "full_key", "") or "?"
-        raise ConfigError(f"{path}: key '{key}': {one_line(err).split('; full_key')[0]}") from None
+    """A profile file over its schema: it states every required key (config/store.REQUIRED_KEYS),
+    no default stands in; an error names the file and key."""
+    section = {ModelConfig: "model", GpuSpecConfig: "gpu", HardwareConfig: "hardware"}[cls]
+    return load_profile(section, path)
 
 
 def known(group: str) -> list[str]:

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from cachepilot_sim.conf import CONF_DIR
-from cachepilot_sim.config.hardware import GpuSpecConfig
+from cachepilot_sim.config.store import load_profile
 from cachepilot_sim.config.trust_registry import FAMILIES, REGISTRY_PATH
 from cachepilot_sim.inputs import InputError
 from cachepilot_sim.outputs import write_text
@@ -94,7 +94,7 @@ def measurement(source: Path, root: Path) -> dict[str, Any]:
         recorded = (w.get("engine_settings") or {}).get("fitted_on")
         if recorded is not None and recorded != fitted_on:
             raise TrustTableError(f"{source}: {name}: fitted_on {recorded!r} != {fitted_on!r}")
-    gpu = GpuSpecConfig(**yaml.safe_load((CONF_DIR / "gpu" / f"{preset}.yaml").read_text()))
+    gpu = load_profile("gpu", CONF_DIR / "gpu" / f"{preset}.yaml")
     calm = sorted(n for n, w in workloads.items() if not w.get("preemptions_real"))
     pressure = sorted(n for n in workloads if n not in calm)
     if not calm:

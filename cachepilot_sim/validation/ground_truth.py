@@ -16,7 +16,7 @@ from typing import Any
 
 import polars as pl
 
-from cachepilot_sim.inputs import InputError, read_json
+from cachepilot_sim.inputs import InputError, read_json, refuse_special_file
 
 REQUESTS_FILE = "requests.parquet"
 STEPS_FILE = "steps.parquet"
@@ -101,6 +101,7 @@ def _kind_ok(dtype: pl.DataType, kind: str) -> bool:
 
 
 def _read_parquet(path: Path) -> pl.DataFrame:
+    refuse_special_file(path, "ground-truth table", GroundTruthError)
     if not path.is_file():
         raise GroundTruthError(f"{path}: file not found")
     try:
@@ -274,6 +275,7 @@ def _validate_steps(path: Path, df: pl.DataFrame) -> pl.DataFrame:
 
 
 def _read_engine(path: Path) -> dict[str, Any]:
+    refuse_special_file(path, "engine settings", GroundTruthError)
     if not path.is_file():
         raise GroundTruthError(f"{path}: file not found")
     try:

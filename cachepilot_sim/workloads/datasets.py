@@ -15,7 +15,7 @@ from pathlib import Path
 
 import polars as pl
 
-from cachepilot_sim.inputs import InputError
+from cachepilot_sim.inputs import InputError, refuse_special_file
 
 USER_ROLES = ("human", "user", "system", "prompter")
 ASSISTANT_ROLES = ("gpt", "assistant", "chatgpt", "bard", "bing", "model", "bot")
@@ -153,6 +153,7 @@ def read_messages(
 ) -> tuple[pl.DataFrame, DatasetFormat, dict[str, int]]:
     """(messages, the format used, skipped messages per reason). Roles are normalised to
     'user' / 'assistant'; messages with an unknown role or no text are skipped and counted."""
+    refuse_special_file(path, "dataset", DatasetError)
     if not path.is_file():
         raise DatasetError(f"{path}: no such file")
     frame = _read_records(path)

@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 
 from cachepilot_sim.config import OnError, TraceFormat
-from cachepilot_sim.inputs import InputError
+from cachepilot_sim.inputs import InputError, refuse_special_file
 from cachepilot_sim.workloads.trace_json import (
     _LENGTHS,
     MAX_LENGTH_TOKENS,
@@ -351,6 +351,7 @@ def _file_error(path: Path, fmt: TraceFormat, err: Exception) -> str:
 
 def require_trace_file(p: Path) -> None:
     """TraceError naming `p` when it is not a file (checked again before a run writes anything)."""
+    refuse_special_file(p, "trace file", TraceError)
     if not p.is_file():
         raise TraceError(
             f"{p}: no such trace file (set replay.path, or CACHEPILOT_TRACES_DIR to "

@@ -34,7 +34,11 @@ SURFACES: dict[str, tuple[str, ...]] = {
     "`plan`": ("test_plan_inputs.py", "test_signals_plan.py"),
     "`fit-engine`": ("test_fit_engine_inputs.py",),
     "profiles (GPU, model, hardware, engine) and `scorecard`": ("test_profile_inputs.py",
-                                                                 "test_gpu_profile.py"),
+                                                                 "test_gpu_profile.py",
+                                                                 "test_engine_profiles.py"),
+    "inputs that hung an entry point (FIFO or device files, a plan space, seeds, replicas)": (
+        "test_hangs.py",
+    ),
     "other tools (collect, plot, telemetry, train-admission, profile-dataset, calibrate)": (
         "test_tool_args.py", "test_profile_dataset_args.py", "test_calibrate_args.py",
     ),

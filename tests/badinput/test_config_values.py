@@ -14,6 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from cachepilot_sim.conf import CONF_DIR
 from cachepilot_sim.config import ConfigError, register_configs, to_config
+from cachepilot_sim.config.store import fill_unread_engine_keys
 from cachepilot_sim.experiment.lifecycle import refuse_ignored_overrides
 
 CONF = CONF_DIR
@@ -35,7 +36,9 @@ def _numeric_keys() -> list[str]:
                 out.append(f"{prefix}{k}")
         return out
 
-    container = OmegaConf.to_container(_compose(), resolve=True)
+    cfg = _compose()
+    fill_unread_engine_keys(cfg.engine)  # the keys engine=default does not read, still numeric
+    container = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(container, dict)
     return leaves(container)
 

@@ -108,7 +108,8 @@ def test_an_engine_file_without_its_name_or_step_cost_is_refused(conf_copy: Path
 def test_a_fitted_step_cost_of_zeros_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"'engine.step_cost'.*positive coefficient"):
         EngineConfig(step_cost=StepCost.FITTED)
-    assert EngineConfig(step_cost=StepCost.FITTED, request_us=50.0).request_us == 50.0
+    fitted = EngineConfig(step_cost=StepCost.FITTED, request_us=50.0, fitted_on="NVIDIA H200")
+    assert fitted.request_us == 50.0
 
 
 def test_the_shipped_engine_profiles_still_compose(conf_copy: Path) -> None:

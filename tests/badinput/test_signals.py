@@ -126,3 +126,40 @@ def test_a_worker_that_starts_after_its_parent_died_exits(tmp_path: Path) -> Non
         time.sleep(0.2)
     assert not _alive(child), "the orphaned worker is still running"
     assert started.exists() and not failed.exists()  # its watchdog ended it
+
+
+@pytest.mark.exclusive
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc")
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGHUP, 129)])
+def test_a_ctrl_c_or_closed_terminal_stops_a_run_without_a_worker_traceback(
+    tmp_path: Path, signum: int, status: int
+) -> None:
+    """Ctrl-C and a closed terminal reach the whole process group (issue 30, item 5): the cell
+    workers leave the stop to the run, which stops them: one line, no traceback per worker, no
+    worker left."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(  # its own process group, as a shell job
+        [sys.executable, "-m", "cachepilot_sim", *RUN, f"hydra.run.dir={out}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        workers: list[int] = []
+        while time.monotonic() < deadline and len(workers) < 3:
+            workers = _workers(proc.pid)
+            time.sleep(0.2)
+        time.sleep(1.5)  # the workers are simulating
+        workers = _workers(proc.pid) or workers
+        assert len(workers) >= 2, "the run did not start its workers"
+        os.killpg(proc.pid, signum)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == status, err[-2000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
+    assert f"stopped by {signal.Signals(signum).name}" in err, err[-2000:]
+    assert len(err.strip().splitlines()) == 1, err[-2000:]
+    time.sleep(2.0)  # the watchdog polls every 0.5 s
+    assert [w for w in workers if _alive(w)] == []
+    assert not (out / "metrics.json").exists()

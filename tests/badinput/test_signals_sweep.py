@@ -96,3 +96,44 @@ def test_a_stopped_sweep_leaves_no_orphan_no_partial_file_and_a_rerun_heals(
     for job in report["complete"]:
         cells = json.loads((sweep_dir / job["dir"] / "metrics.json").read_text())["cells"]
         assert len(cells) == 1 and cells[0]["requests"] > 0
+
+
+@pytest.mark.exclusive
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc")
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGHUP, 129)])
+def test_a_ctrl_c_or_closed_terminal_stops_a_sweep_without_a_worker_traceback(
+    tmp_path: Path, signum: int, status: int
+) -> None:
+    """Ctrl-C and a closed terminal reach the whole process group, workers included (issue 30,
+    item 5): the workers leave the stop to the sweep, which stops them, so the terminal shows
+    the sweep's one line, not a KeyboardInterrupt traceback per worker, and no process is left
+    (loky's resource tracker included)."""
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.Popen(  # its own process group, as a shell job
+        _sweep(sweep_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        started: set[int] = set()
+        while time.monotonic() < deadline and proc.poll() is None:
+            started |= _descendants(proc.pid)
+            if sweep_dir.is_dir() and _running_jobs(sweep_dir) >= 2:
+                break
+            time.sleep(0.2)
+        time.sleep(1.0)  # both workers are simulating
+        started |= _descendants(proc.pid)
+        assert proc.poll() is None and len(started) >= 2, "the sweep ended too soon"
+        os.killpg(proc.pid, signum)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == status, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert f"stopped by {signal.Signals(signum).name}" in err, err[-3000:]
+    gone_by = time.monotonic() + 5.0
+    while any(_alive(p) for p in started) and time.monotonic() < gone_by:
+        time.sleep(0.1)
+    assert sorted(p for p in started if _alive(p)) == []

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from cachepilot_sim.config.engine_profile import FITTED_COST_KEYS
 from cachepilot_sim.tools.validate import sim_config, validate_runs
 from cachepilot_sim.validation.engine_settings import EngineSettingsError, resolve
 
@@ -135,9 +136,14 @@ def test_a_step_cost_fitted_at_other_graphs_refuses_the_capture() -> None:
     pinned = sim_config(
         "vllm_v1",
         [
-            "engine.step_cost=FITTED",
+            "engine.step_cost=FITTED",  # a fitted profile states every term it reads
+            *(f"engine.{k}=0" for k in FITTED_COST_KEYS if k != "request_us"),
             "engine.request_us=50",
-            "+engine.fitted_settings.cudagraph_mode=FULL_AND_PIECEWISE",
+            "engine.q_shape_us=[]",
+            "engine.q_pad_tokens=16",
+            "engine.kv_pad_tokens=0",
+            "engine.fitted_on='NVIDIA H100 80GB HBM3'",
+            "++engine.fitted_settings={cudagraph_mode:FULL_AND_PIECEWISE}",
         ],
     )
     with pytest.raises(EngineSettingsError, match=r"'cudagraph_mode' = FULL_DECODE_ONLY"):

@@ -164,7 +164,7 @@ def test_a_model_that_does_not_fit_the_gpu_is_refused_naming_the_key() -> None:
 
 
 def test_a_fitted_engine_step_is_refused_off_the_h200() -> None:
-    engine = EngineConfig(step_cost=StepCost.FITTED, request_us=50.0)
+    engine = EngineConfig(step_cost=StepCost.FITTED, request_us=50.0, fitted_on="NVIDIA H200")
     one_budget = BatcherConfig(mode=BatchMode.MAX_THROUGHPUT)  # a captured engine's rule
     with pytest.raises(ConfigError, match=r"'gpu' = 'l40s': engine default's step cost was fitted"):
         make_sim_config(engine=engine, gpu=GPUS["l40s"], batcher=one_budget)

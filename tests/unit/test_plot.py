@@ -38,8 +38,12 @@ def test_plot_writes_every_run_figure(run_dir: Path, tmp_path: Path, capsys) -> 
     assert names == {f"{f}.{ext}" for f in figures for ext in ("svg", "csv")}  # 10 traces, 6 a page
     # one run: one configuration, each policy its own curve over the run's 5 seeds
     cdf = pl.read_csv(run_dir / "plots" / "latency_cdfs.csv")
-    assert set(cdf["config"]) == {"one configuration"} and set(cdf["n_seeds"]) == {5}
-    assert set(cdf["policy"]) == {"perc", "lru"}
+    points = cdf.filter(pl.col("ecdf").is_not_null())
+    assert set(cdf["config"]) == {"one configuration"} and set(points["n_seeds"]) == {5}
+    assert set(points["policy"]) == {"perc", "lru"}
+    # perc and lru lie on top of each other here: the figure adds perc's difference to lru
+    diffs = cdf.filter(pl.col("difference_pct").is_not_null())
+    assert set(diffs["policy"]) == {"perc"} and set(diffs["baseline"]) == {"lru"}
     assert "vram_by_tier_p2of2.svg" in capsys.readouterr().out
     one = run_dir / "trace" / "lru_seed0"  # a single trace folder works too
     assert main([str(one), "--out", str(tmp_path / "one")]) == 0

@@ -1,6 +1,6 @@
 """Optional: the same sweep on a local Ray instance through Hydra's Ray launcher.
 
-Needs the `ray` extra (`pip install -e '.[ray]'`); skipped, saying so, without it.
+Needs the `ray-launcher` extra (`pip install -e '.[ray-launcher]'`); skipped, saying so, without it.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("ray", reason="Ray is an optional extra: pip install -e '.[ray]'")
+pytest.importorskip("ray", reason="Ray is an optional extra: pip install -e '.[ray-launcher]'")
 pytest.importorskip(
     "hydra_plugins.hydra_ray_launcher",
-    reason="hydra-ray-launcher is an optional extra: pip install -e '.[ray]'",
+    reason="hydra-ray-launcher is an optional extra: pip install -e '.[ray-launcher]'",
 )
 
 from cachepilot_sim.tools.collect import collect  # noqa: E402
