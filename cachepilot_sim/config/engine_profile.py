@@ -35,6 +35,13 @@ FITTED_COST_KEYS = (
 )
 
 
+class PhysicalKernels(StrEnum):
+    """Whose kernels and padding the physical step cost prices (cost/step_physical.py)."""
+
+    HF_CB = "hf_cb"  # transformers CB: padded graphs, index_select KV gather, padded slots
+    VLLM = "vllm"  # vLLM 0.26 FULL_DECODE_ONLY: decode graphs at capture sizes, eager otherwise
+
+
 class GraphMode(StrEnum):
     """How the engine replays its forward passes (transformers CB: `use_cuda_graph`)."""
 
@@ -111,6 +118,11 @@ class EngineConfig(Sealed):
     physical_attention_scale: float = bounded(0.0, ge=0)
     physical_elementwise_scale: float = bounded(0.0, ge=0)
     physical_grid_block_ns: float = bounded(0.0, ge=0)
+    physical_kernels: PhysicalKernels = PhysicalKernels.HF_CB
+    # vLLM: an eager step's host floor (us; cost.step_physical.PhysicalFit.eager_floor_us) and the
+    # CUDA-graph capture sizes a uniform decode step is padded to (cudagraph_capture_sizes).
+    physical_eager_floor_us: float = bounded(0.0, ge=0)
+    graph_sizes: list[int] = field(default_factory=list)
     # KV pool in blocks of kv.block_tokens, as the engine allocated it; 0: from vram_gb.
     kv_pool_blocks: int = bounded(0, ge=0, integer=True)
     # Async batching: step n+1 is scheduled while step n runs, so a request that arrived during a
@@ -148,6 +160,12 @@ class EngineConfig(Sealed):
 
     def validate(self, prefix: str) -> None:
         super().validate(prefix)
+        require(
+            all(isinstance(v, int) and v > 0 for v in self.graph_sizes),
+            join_key(prefix, "graph_sizes"),
+            list(self.graph_sizes),
+            "must hold positive token counts (vLLM's cudagraph_capture_sizes)",
+        )
         require(
             all(v > 0 for v in self.q_shape_us),
             join_key(prefix, "q_shape_us"),
