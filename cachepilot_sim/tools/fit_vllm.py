@@ -1,6 +1,7 @@
 """Fit vLLM 0.26's physical step cost (cost/step_physical.py, `kernels=vllm`) from its cost
 micro-runs and test it out of range: the steps of at most `--max-tokens` queries and
-`--max-requests` requests are fitted, the larger ones only predicted (and any `--predict` files).
+`--max-requests` requests are fitted, the larger ones only predicted (and any `--predict` files,
+a validation workload's steps say, whose measured over predicted time is reported).
 
     python -m cachepilot_sim.tools.fit_engine --form vllm \\
         --gpu-profile experiments/validation/hf_cb/2026-12-06-h100/gpu_profile.json \\
@@ -254,6 +255,24 @@ def fit_in_range(
     return fit, report
 
 
+def predicted_files(
+    fit: PhysicalFit, profile: GpuProfile, paths: list[Path]
+) -> dict[str, dict[str, Any]]:
+    """Each steps file only predicted (a validation workload's steps: never fitted): the row
+    errors and the measured over the predicted time summed, graph rows and eager rows apart."""
+    out = {}
+    for path in paths:
+        steps, rules = load_vllm_steps([path])
+        table, resid = evaluate(fit, profile, rules, steps)
+        eager = table["eager"].to_numpy()
+        measured, pred = table["gpu_us"].to_numpy(), table["pred_us"].to_numpy()
+        report = summary(table, resid, np.ones(table.height, dtype=bool))
+        for kind, mask in (("graph", ~eager), ("eager", eager), ("all", eager | ~eager)):
+            report[kind]["measured_over_predicted"] = float(measured[mask].sum() / pred[mask].sum())
+        out[str(path)] = report
+    return out
+
+
 def run(args: Any) -> dict[str, Any]:
     """`fit_engine --form vllm`: fit, report in and out of range (and write `--json`)."""
     import json
@@ -277,6 +296,8 @@ def run(args: Any) -> dict[str, Any]:
         "fit": {name: getattr(fit, name) for name in (*TERMS, "eager_floor_us")},
         **report,
     }
+    if args.predict:
+        out["predicted_files"] = predicted_files(fit, profile, list(args.predict))
     if args.json:
         write_text(args.json, json.dumps(out, indent=1, default=float) + "\n")
     for part in ("in_range", "out_of_range"):
@@ -287,6 +308,12 @@ def run(args: Any) -> dict[str, Any]:
                     f"median {e['abs_median']:.2%}, p90 {e['abs_p90']:.2%}, "
                     f"signed mean {e['signed_mean']:+.2%}"
                 )
+    for path, rep in out.get("predicted_files", {}).items():
+        ratio = {k: rep[k]["measured_over_predicted"] for k in ("graph", "eager", "all")}
+        print(
+            f"# predicted {path}: measured / predicted time, graph rows {ratio['graph']:.3f}, "
+            f"eager rows {ratio['eager']:.3f}, all {ratio['all']:.3f}"
+        )
     for name in (*TERMS, "eager_floor_us"):
         print(f"  physical_{name}: {out['fit'][name]!r}")
     return out
