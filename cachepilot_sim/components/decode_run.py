@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from cachepilot_sim.clock import SimEnvironment
     from cachepilot_sim.components.engine_stats import EngineStats
     from cachepilot_sim.components.graph_capture import GraphCaptures, GraphKey
+    from cachepilot_sim.components.output_lag import OutputLag
     from cachepilot_sim.components.signal import Signal
     from cachepilot_sim.components.step_cost import StepCostModel
 
@@ -39,6 +40,7 @@ class DecodeRuns:
     fast_decode_runs: bool
     step_start_us: int
     _run_id: int
+    lag: OutputLag
 
     graphs: GraphCaptures | None
     stall_us: int
@@ -86,6 +88,7 @@ class DecodeRuns:
         ends = np.cumsum(np.maximum(1.0, np.ceil(raw))).astype(np.int64)  # step j's end, in us
         env = self.env
         start, total = env.now, int(ends[-1])
+        self.lag.next_step(int(ends[0]), n, [])
         if env.peek() > start + total and self.fast_decode_runs:
             # Nothing is scheduled before the run ends, so nothing can cut it short (every event
             # that could wake the engine follows from one already scheduled): one plain timeout

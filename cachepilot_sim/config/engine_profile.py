@@ -135,6 +135,17 @@ class EngineConfig(Sealed):
     # a running request once `num_computed_tokens + 2 - num_output_placeholders` reaches
     # prompt + max_tokens); the replays end every request at its length cap.
     async_finish_slot: bool = True
+    # vLLM 0.26 under async scheduling: a step's outputs (first tokens, finishes) reach the client
+    # only once the next step is launched, which for an eager step (no CUDA graph: a prefill chunk,
+    # or more decodes than the largest of graph_sizes) is about that step's end
+    # (EngineCore.step_with_batch_queue; components/output_lag.py). False: at the step's end.
+    output_after_next_launch: bool = False
+    # vLLM's AsyncLLM front end (another process than the engine core): a request reaches the
+    # scheduler frontend_in_us + frontend_in_token_us x prompt tokens after it is sent, and every
+    # output reaches the client frontend_out_us after the engine core took it; 0: at once.
+    frontend_in_us: float = bounded(0.0, ge=0)
+    frontend_in_token_us: float = bounded(0.0, ge=0)
+    frontend_out_us: int = bounded(0, ge=0, integer=True)
     # A step whose running sequences' growth preempted one still admits queued requests; False:
     # it admits none (vLLM v1 schedules the waiting queue only `if not preempted_reqs`).
     admit_after_preemption: bool = True

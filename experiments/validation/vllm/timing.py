@@ -21,12 +21,25 @@ WORKLOADS = ("poisson_r6", "poisson_r9", "multiturn", "shared_prompt", "burst_4x
 
 def front_end(root: Path) -> None:
     """Input path: send to the engine core's queue for the first request of each micro-run
-    configuration (the engine idle); output path: the engine's first-token stamp to the client."""
+    configuration (the engine idle), and its line in the prompt length (engine.frontend_in_us,
+    frontend_in_token_us); output path: the engine's first-token stamp to the client, its median
+    over the micro-runs of at most 8 requests (engine.frontend_out_us), then per workload."""
+    firsts, outs = [], []
     for plan in ("microbench", "microbench_mixed"):
         r = pl.read_parquet(root / plan / "micro_requests.parquet")
         first = r.sort("send_us").group_by("config_id", "rep").first()
         path = (first["engine_created_us"] - first["send_us"]).median()
         print(f"input path, {plan}: median {path / 1e3:.1f} ms ({first.height} configurations)")
+        firsts.append(first)
+        few = r.filter(pl.col("batch_size") <= 8)
+        outs.append((few["first_token_us"] - few["engine_first_token_us"]).to_numpy())
+    first = pl.concat(firsts)
+    x = first["prompt_tokens"].to_numpy().astype(np.float64)
+    y = (first["engine_created_us"] - first["send_us"]).to_numpy().astype(np.float64)
+    a, b = np.linalg.lstsq(np.stack([np.ones_like(x), x], axis=1), y, rcond=None)[0]
+    out = float(np.median(np.concatenate(outs)))
+    print(f"front end fit: frontend_in_us {float(a)!r}, frontend_in_token_us {float(b)!r}, "
+          f"frontend_out_us {round(out)} ({x.size} first requests)")  # fmt: skip
     for w in WORKLOADS:
         r = pl.read_parquet(root / w / "run1" / "requests.parquet")
         out = (r["first_token_us"] - r["engine_first_token_us"]).median()
