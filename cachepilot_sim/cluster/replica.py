@@ -61,7 +61,9 @@ class Replica:
             remote,
         )  # fmt: skip
         self.kv = make_kv_manager(cfg if hw is cfg.hardware else replace(cfg, hardware=hw), deps)
-        self.scheduler = Scheduler(env, self.queue, self.kv, events)
+        e = cfg.engine  # vLLM: the AsyncLLM front end's intake of a request
+        intake = (e.frontend_in_us, e.frontend_in_token_us)
+        self.scheduler = Scheduler(env, self.queue, self.kv, events, intake)
         swap_blocks = cfg.engine.cpu_swap_blocks
         self.swap = CpuSwapSpace(self.link, swap_blocks) if swap_blocks else None
         ports = EnginePorts(

@@ -29,6 +29,7 @@ from cachepilot_sim.components.engine_stats import EngineStats
 from cachepilot_sim.components.graph_capture import make_graph_captures
 from cachepilot_sim.components.growth import DecodeGrowth
 from cachepilot_sim.components.kv import Admit
+from cachepilot_sim.components.output_lag import OutputLag
 from cachepilot_sim.components.ports import EnginePorts
 from cachepilot_sim.components.read_budget import NONE_HELD, ReadBudget
 from cachepilot_sim.components.request import Outcome, Request
@@ -47,6 +48,7 @@ class Batcher(DecodeRuns, DecodeGrowth, EngineStalls, ReadBudget):
         self.env, self.cfg, self.queue, self.kv = ports.env, cfg.batcher, ports.queue, ports.kv
         self.pool, self.fit, self.step_cost = ports.pool, ports.fit, ports.step_cost
         self.events, self.wake = ports.events, ports.wake
+        self.lag = OutputLag(self.env, self.events, cfg.engine)  # when a step's outputs leave
         # Async scheduling (engine profile): see _hold_new, and `ghost` for async_finish_slot.
         self.async_scheduling = cfg.engine.async_scheduling
         self.ghost_finished = self.async_scheduling and cfg.engine.async_finish_slot
@@ -241,6 +243,7 @@ class Batcher(DecodeRuns, DecodeGrowth, EngineStalls, ReadBudget):
             if self._grow_before_admit():
                 admit(budget, max_seqs)
             if self.n == 0:
+                self.lag.release()
                 yield self.wake.wait()
                 continue
             if self.async_scheduling:  # otherwise nothing is held (held_from stays at its max)
@@ -255,7 +258,7 @@ class Batcher(DecodeRuns, DecodeGrowth, EngineStalls, ReadBudget):
         """Async scheduling: the next step was composed when the last one started, so requests
         that arrived after that sit it out while older ones run; an idle engine starts at once."""
         n, self.held_from = self.n, NONE_HELD
-        if self.async_scheduling and (self.order[:n] < first_new).any():
+        if self.async_scheduling and not self.lag.last_eager and (self.order[:n] < first_new).any():
             new = [(int(self.order[i]), self.slot_req[i]) for i in range(n)]
             late = [o for o, r in new if o >= first_new and r and r.arrival_us > self.step_start_us]
             self.held_from = min(late, default=NONE_HELD)
@@ -279,6 +282,7 @@ class Batcher(DecodeRuns, DecodeGrowth, EngineStalls, ReadBudget):
             self.ghost = self.ghost[:, :0]
         self._account(duration, 1)
         self.step_start_us = self.env.now
+        self.lag.next_step(duration, len(decode), chunks)
         yield self.env.timeout(duration)
         self._advance(decoding, len(decode), chunk_idx, chunks)
 
@@ -360,9 +364,8 @@ class Batcher(DecodeRuns, DecodeGrowth, EngineStalls, ReadBudget):
             for i in first:
                 req = self.slot_req[i]
                 assert req is not None
-                if req.first_token_us < 0:
-                    req.first_token_us = now
-                    self.events.first_token(now, req)
+                if req.first_token_us < 0 and req not in self.lag.held_first:
+                    self.lag.first_token(req)
         self._finish_done()
 
     def _finish_done(self) -> None:
@@ -376,9 +379,6 @@ class Batcher(DecodeRuns, DecodeGrowth, EngineStalls, ReadBudget):
         if done.size:
             self.block_new = False
         for i in done[::-1].tolist():
-            tokens, blocks = int(self.ctx[i]), int(self.blocks[i])
-            req = self._remove(i)
-            req.outcome, req.finish_us = Outcome.COMPLETED, self.env.now
+            tokens, blocks, req = int(self.ctx[i]), int(self.blocks[i]), self._remove(i)
             self.kv.finish(req, tokens)
-            self.events.finish(self.env.now, req, blocks)
-            req.done.succeed()
+            self.lag.finish(req, blocks)  # stamped now, or after the next eager step

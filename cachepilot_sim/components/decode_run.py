@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from cachepilot_sim.clock import SimEnvironment
     from cachepilot_sim.components.engine_stats import EngineStats
     from cachepilot_sim.components.graph_capture import GraphCaptures, GraphKey
+    from cachepilot_sim.components.output_lag import OutputLag
     from cachepilot_sim.components.scheduler import RequestQueue
     from cachepilot_sim.components.signal import Signal
     from cachepilot_sim.components.step_cost import StepCostModel
@@ -44,6 +45,7 @@ class DecodeRuns:
     _process: simpy.Process | None  # the engine's own process, whose resumption a cut moves
     _run: tuple[int, list[int], simpy.Timeout] | None  # the run in progress: start, ends, timeout
     _cut_steps: int  # steps the run in progress will have taken when it ends
+    lag: OutputLag
 
     graphs: GraphCaptures | None
     stall_us: int
@@ -91,6 +93,7 @@ class DecodeRuns:
         ends = np.cumsum(np.maximum(1.0, np.ceil(raw))).astype(np.int64).tolist()  # step ends
         env = self.env
         start, total = env.now, ends[-1]
+        self.lag.next_step(int(ends[0]), n, [])
         # One event per run: the timeout to its end. A notify during the run (an arrival, a
         # landed copy) that can change the batch moves the engine's resumption to the end of
         # the step in progress (`_cut_run`); the engine admits only at step boundaries anyway.

@@ -14,7 +14,9 @@ import heapq
 from collections import deque
 from typing import Protocol
 
-from cachepilot_sim.clock import SimEnvironment, ms_to_us, s_to_us
+import simpy
+
+from cachepilot_sim.clock import SimEnvironment, ceil_us, ms_to_us, s_to_us
 from cachepilot_sim.components.request import Request
 from cachepilot_sim.components.signal import Signal
 from cachepilot_sim.config import SchedulerConfig
@@ -155,13 +157,32 @@ class Scheduler:
         queue: RequestQueue,
         arrivals: ArrivalListener,
         events: TraceEvents,
+        intake_us: tuple[float, float] = (0.0, 0.0),
     ) -> None:
+        """`intake_us`: a request reaches the queue (a + b x prompt tokens) us after it was sent
+        (vLLM's AsyncLLM front end: engine.frontend_in_us, frontend_in_token_us); 0: at once."""
         self.env = env
         self.queue = queue
         self.arrivals = arrivals
         self.events = events
+        self.intake_us = intake_us
 
     def put(self, req: Request) -> None:
+        """`req` is sent now: it reaches the queue at once, or after the front end's intake
+        delay (`intake_us`), as one timeout."""
+        a, b = self.intake_us
+        if a or b:
+            delay = ceil_us(a + b * req.prompt_tokens)
+            self.env.timeout(delay, req).callbacks.append(self._arrive_event)
+        else:
+            self._arrive(req)
+
+    def _arrive_event(self, event: simpy.Event) -> None:
+        req = event.value
+        assert isinstance(req, Request)
+        self._arrive(req)
+
+    def _arrive(self, req: Request) -> None:
         """`req` arrives now: traced, told to the arrival listener, queued; the engine wakes."""
         self.events.arrive(self.env.now, req)
         self.arrivals.on_arrival(req)

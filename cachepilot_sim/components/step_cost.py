@@ -172,6 +172,8 @@ def physical_step_model(cfg: SimConfig) -> PhysicalStepModel:
         max_batch_tokens=cfg.batcher.throughput_token_budget,
         max_kv_tokens=e.kv_pool_blocks * cfg.kv.block_tokens,
         max_seqs=cfg.batcher.throughput_max_seqs,
+        kernels=e.physical_kernels,
+        graph_sizes=tuple(e.graph_sizes),
     )
     fit = PhysicalFit(
         e.physical_overhead_us,
@@ -181,6 +183,7 @@ def physical_step_model(cfg: SimConfig) -> PhysicalStepModel:
         e.physical_attention_scale,
         e.physical_elementwise_scale,
         e.physical_grid_block_ns,
+        e.physical_eager_floor_us,
     )
     return PhysicalStepModel(profile, m.num_layers, rules, fit)
 

@@ -58,6 +58,7 @@ ENGINE_RULE_KEYS = (
     "grow_before_admit",
     "prompt_room_tokens",
     "atomic_admission",
+    "kv_read_cap",
 )
 PHYSICAL_COST_KEYS = (
     "gpu_profile",
@@ -86,6 +87,13 @@ def required_engine_keys(step_cost: str, graph_mode: str) -> tuple[str, ...]:
     if graphs == GraphMode.LAZY:
         keys += list(LAZY_GRAPH_KEYS)
     return tuple(dict.fromkeys(keys))
+
+
+class PhysicalKernels(StrEnum):
+    """Whose kernels and padding the physical step cost prices (cost/step_physical.py)."""
+
+    HF_CB = "hf_cb"  # transformers CB: padded graphs, index_select KV gather, padded slots
+    VLLM = "vllm"  # vLLM 0.26 FULL_DECODE_ONLY: decode graphs at capture sizes, eager otherwise
 
 
 class GraphMode(StrEnum):
@@ -172,6 +180,11 @@ class EngineConfig(Sealed):
     physical_attention_scale: float = bounded(0.0, ge=0, le=MAX_COST_US)
     physical_elementwise_scale: float = bounded(0.0, ge=0, le=MAX_COST_US)
     physical_grid_block_ns: float = bounded(0.0, ge=0, le=MAX_COST_US)
+    physical_kernels: PhysicalKernels = PhysicalKernels.HF_CB
+    # vLLM: an eager step's host floor (us; cost.step_physical.PhysicalFit.eager_floor_us) and the
+    # CUDA-graph capture sizes a uniform decode step is padded to (cudagraph_capture_sizes).
+    physical_eager_floor_us: float = bounded(0.0, ge=0, le=MAX_COST_US)
+    graph_sizes: list[int] = field(default_factory=list)
     # KV pool in blocks of kv.block_tokens, as the engine allocated it; 0: from vram_gb.
     kv_pool_blocks: int = bounded(0, ge=0, le=MAX_INT, integer=True)
     # Async batching: step n+1 is scheduled while step n runs, so a request that arrived during a
@@ -184,6 +197,17 @@ class EngineConfig(Sealed):
     # a running request once `num_computed_tokens + 2 - num_output_placeholders` reaches
     # prompt + max_tokens); the replays end every request at its length cap.
     async_finish_slot: bool = True
+    # vLLM 0.26 under async scheduling: a step's outputs (first tokens, finishes) reach the client
+    # only once the next step is launched, which for an eager step (no CUDA graph: a prefill chunk,
+    # or more decodes than the largest of graph_sizes) is about that step's end
+    # (EngineCore.step_with_batch_queue; components/output_lag.py). False: at the step's end.
+    output_after_next_launch: bool = False
+    # vLLM's AsyncLLM front end (another process than the engine core): a request reaches the
+    # scheduler frontend_in_us + frontend_in_token_us x prompt tokens after it is sent, and every
+    # output reaches the client frontend_out_us after the engine core took it; 0: at once.
+    frontend_in_us: float = bounded(0.0, ge=0)
+    frontend_in_token_us: float = bounded(0.0, ge=0)
+    frontend_out_us: int = bounded(0, ge=0, integer=True)
     # A step whose running sequences' growth preempted one still admits queued requests; False:
     # it admits none (vLLM v1 schedules the waiting queue only `if not preempted_reqs`).
     admit_after_preemption: bool = True
@@ -214,6 +238,12 @@ class EngineConfig(Sealed):
 
     def validate(self, prefix: str) -> None:
         super().validate(prefix)
+        require(
+            all(isinstance(v, int) and v > 0 for v in self.graph_sizes),
+            join_key(prefix, "graph_sizes"),
+            list(self.graph_sizes),
+            "must hold positive token counts (vLLM's cudagraph_capture_sizes)",
+        )
         require(
             all(0 < v <= MAX_COST_US for v in self.q_shape_us),
             join_key(prefix, "q_shape_us"),

@@ -13,6 +13,13 @@ adds over every padded token. Once per step: the LM head over one row per sequen
 model keeps `logits_indices[:num_sequences]`), the fp32 logits and their argmax. Each of these is
 a basis term; the step time is an NNLS fit of a per-step overhead, a per-request cost and one
 scale per term (`fit_physical`), so terms follow the hardware and extrapolate in the step size.
+
+vLLM 0.26 (`kernels=vllm`, model runner V2, `cudagraph_mode` FULL_DECODE_ONLY) differs where its
+kernels do (`vllm_terms`): a uniform decode step of at most the largest capture size replays a
+full graph padded to the next capture size (`CudaGraphManager.dispatch`); any other step runs
+eagerly and unpadded, and its host launch of every layer's ops bounds it from below
+(`eager_floor_us`, the engine's measured launch); paged FlashAttention reads the KV in place (no
+gather, only the new tokens' K/V written); the LM head runs over one row per request.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 from scipy.optimize import nnls
 
+from cachepilot_sim.config.engine_profile import PhysicalKernels
 from cachepilot_sim.cost.gpu_profile import ATTENTION_BLOCK_Q, DECODER_LAYERS, GpuProfile
 
 # Order of the basis columns and of PhysicalFit's coefficients.
@@ -56,6 +64,10 @@ class PaddingRules:
     max_batch_tokens: int = 0  # cap of the padded queries (the token budget); 0: none
     max_kv_tokens: int = 0  # cap of the padded KV read (the cache's pages); 0: none
     max_seqs: int = 0  # sequence slots = min(padded queries, this) (max_requests_per_batch)
+    kernels: PhysicalKernels = PhysicalKernels.HF_CB  # whose kernels and padding (see module)
+    # vLLM: the CUDA-graph capture sizes (cudagraph_capture_sizes); a uniform decode step of at
+    # most max(graph_sizes) requests is padded to the next one, every other step runs eagerly.
+    graph_sizes: tuple[int, ...] = ()
 
 
 def _pad(num: np.ndarray, interval: int, cap: int) -> np.ndarray:
@@ -78,6 +90,7 @@ class StepShapes:
     num_prefill_requests: np.ndarray
     num_requests: np.ndarray
     seq_slots: np.ndarray  # sequence slots of the padded launch (also the LM head's rows)
+    eager: np.ndarray | None = None  # vLLM: True where the step runs without a CUDA graph
 
 
 def pad_shapes(
@@ -91,6 +104,8 @@ def pad_shapes(
     """Steps' shapes with the engine's padding applied; `prefill` = (tokens, requests)."""
     q = np.asarray(q_tokens, dtype=np.float64)
     kv = np.asarray(kv_read, dtype=np.float64)
+    if rules.kernels == PhysicalKernels.VLLM:
+        return vllm_shapes(rules, q, kv, longest, prefill, np.asarray(num_requests, np.float64))
     q_pad = _pad(q, rules.q_pad_tokens, rules.max_batch_tokens)
     kv_pad = _pad(kv, rules.kv_pad_tokens, rules.max_kv_tokens) if rules.kv_pad_tokens else kv
     slots = np.minimum(q_pad, rules.max_seqs) if rules.max_seqs else q_pad
@@ -104,6 +119,35 @@ def pad_shapes(
         num_prefill_requests=np.asarray(prefill[1], dtype=np.float64),
         num_requests=np.asarray(num_requests, dtype=np.float64),
         seq_slots=slots,
+    )
+
+
+def vllm_shapes(
+    rules: PaddingRules,
+    q: np.ndarray,
+    kv: np.ndarray,
+    longest: np.ndarray,
+    prefill: tuple[np.ndarray, np.ndarray],
+    num_requests: np.ndarray,
+) -> StepShapes:
+    """vLLM 0.26's launch shapes: a step whose every request computes one token (vLLM's
+    `get_uniform_token_count` == 1) and whose token count fits a capture size is padded to the
+    smallest capture size holding it (tokens and requests alike); any other step is unpadded."""
+    sizes = np.asarray(sorted(rules.graph_sizes) or [0], dtype=np.float64)
+    graph = (q == num_requests) & (q <= sizes[-1]) & (q > 0)
+    padded = sizes[np.minimum(np.searchsorted(sizes, q), sizes.size - 1)]
+    q_pad = np.where(graph, padded, q)
+    return StepShapes(
+        q_tokens=q,
+        q_padded=q_pad,
+        kv_read=kv,
+        kv_read_padded=kv,
+        longest=np.asarray(longest, dtype=np.float64),
+        prefill_tokens=np.asarray(prefill[0], dtype=np.float64),
+        num_prefill_requests=np.asarray(prefill[1], dtype=np.float64),
+        num_requests=num_requests,
+        seq_slots=num_requests,  # compute_logits runs on the sampled rows, outside the graph
+        eager=~graph,
     )
 
 
@@ -160,8 +204,48 @@ def attention_us(profile: GpuProfile, s: StepShapes) -> np.ndarray:
     return np.maximum(stream, profile.critical.at(s.longest))
 
 
-def physical_terms(profile: GpuProfile, num_layers: int, s: StepShapes) -> np.ndarray:
+def vllm_terms(profile: GpuProfile, num_layers: int, s: StepShapes) -> np.ndarray:
+    """vLLM's basis, columns in TERMS order: the same GEMMs, norms and logits as transformers';
+    `reshape_and_cache_flash` writing the new tokens' K/V (no gather: FlashAttention-3 reads the
+    paged KV in place); the decodes' attention on the profile's decode path plus the prefill
+    chunks' pairs on its prefill path; no empty query tiles (no padded sequences)."""
+    m = profile.model
+    gemm = num_layers * sum(profile.gemm_us(layer, s.q_padded) for layer in DECODER_LAYERS)
+    gemm = gemm + profile.gemm_us("lm_head", s.seq_slots)
+    kv_copy = num_layers * profile.kv_bytes_per_token_layer() * 2 * s.q_padded  # read + write
+    elementwise = num_layers * activation_bytes(m) * s.q_padded
+    elementwise = elementwise + LOGIT_BYTES * m["vocab"] * s.seq_slots
+    chunk = s.prefill_tokens / np.maximum(s.num_prefill_requests, 1.0)
+    prefill_ctx = np.clip(s.num_prefill_requests * (s.longest - chunk), 0.0, s.kv_read)
+    decode_keys = np.maximum(s.kv_read - prefill_ctx, 0.0) + (s.q_tokens - s.prefill_tokens)
+    d = profile.decode
+    decode = np.maximum(d.launch_us + d.token_us * decode_keys, d.single.at(s.longest))
+    pairs = prefill_pairs(s)
+    attention = np.where(decode_keys > 0, decode, 0.0)
+    attention = attention + np.where(pairs > 0, profile.prefill.at(np.maximum(pairs, 1.0)), 0.0)
+    return np.stack(
+        [
+            np.ones_like(s.q_padded),
+            s.num_requests,
+            gemm,
+            kv_copy / profile.hbm_copy_bytes_per_us,
+            num_layers * attention,
+            elementwise / profile.hbm_copy_bytes_per_us,
+            np.zeros_like(s.q_padded),
+        ],
+        axis=1,
+    )
+
+
+def physical_terms(
+    profile: GpuProfile,
+    num_layers: int,
+    s: StepShapes,
+    kernels: PhysicalKernels = PhysicalKernels.HF_CB,
+) -> np.ndarray:
     """The basis: one row per step, columns in TERMS order, each in microseconds at scale 1."""
+    if kernels == PhysicalKernels.VLLM:
+        return vllm_terms(profile, num_layers, s)
     m = profile.model
     gemm = num_layers * sum(profile.gemm_us(layer, s.q_padded) for layer in DECODER_LAYERS)
     gemm = gemm + profile.gemm_us("lm_head", s.seq_slots)
@@ -195,6 +279,9 @@ class PhysicalFit:
     attention_scale: float
     elementwise_scale: float
     grid_block_ns: float
+    # vLLM: an eager step takes at least this long (its host launch of every layer's ops, which
+    # the GPU overlaps); 0: no floor (transformers' steps are all graph replays).
+    eager_floor_us: float = 0.0
 
     def coefficients(self) -> np.ndarray:
         return np.array([getattr(self, name) for name in TERMS], dtype=np.float64)
@@ -213,11 +300,18 @@ class PhysicalStepModel:
         """Durations (us, before rounding) of the steps in `s`. Summed term by term in TERMS
         order, not by a matrix product, whose order of summation may depend on the step count:
         a decode run then prices each step to the bit as a single step."""
-        terms = physical_terms(self.profile, self.num_layers, s)
+        terms = physical_terms(self.profile, self.num_layers, s, self.rules.kernels)
         out = np.zeros(terms.shape[0])
         for i, c in enumerate(self.fit.coefficients()):
             out += c * terms[:, i]
-        return out
+        return with_eager_floor(out, s, self.fit.eager_floor_us)
+
+
+def with_eager_floor(gpu_us: np.ndarray, s: StepShapes, floor_us: float) -> np.ndarray:
+    """Step times with the eager steps' host floor applied: max(floor, GPU time) where eager."""
+    if s.eager is None or floor_us <= 0:
+        return gpu_us
+    return np.where(s.eager, np.maximum(gpu_us, floor_us), gpu_us)
 
 
 def fit_physical(

@@ -18,6 +18,10 @@ cross-validation of both forms.
 on the steps of up to 2048 queries and reports the larger steps' errors apart
 (tools/fit_physical.py).
 
+`--form vllm --gpu-profile PATH` fits vLLM 0.26's physical step cost (tools/fit_vllm.py: decode
+graphs at the capture sizes, eager steps with their host-launch floor) on the steps of at most
+`--max-tokens` queries and `--max-requests` requests and reports the rest apart.
+
 Several micro-run files are stacked (their configurations keep their own names, so the
 cross-validation still leaves one configuration out at a time).
 """
@@ -154,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
         help="fit a time per padded query shape (0: a line)",
     )
     ap.add_argument("--json", type=Path, help="write the fit and its residuals here")
-    ap.add_argument("--form", choices=("engine_step", "physical"), default="engine_step")
+    ap.add_argument("--form", choices=("engine_step", "physical", "vllm"), default="engine_step")
     ap.add_argument(
         "--gpu-profile", help="physical: gpu_profile.json, or 'datasheet[:GPU]' (a conf/gpu preset)"
     )
@@ -163,6 +167,12 @@ def main(argv: list[str] | None = None) -> None:
         type=_count(1),
         default=2048,
         help="physical: fit steps of <= this many queries",
+    )
+    ap.add_argument(
+        "--max-requests",
+        type=_count(1),
+        default=64,
+        help="vllm: fit steps of <= this many requests",
     )
     ap.add_argument("--predict", type=Path, nargs="*", help="physical: steps files only predicted")
     ap.add_argument(
@@ -174,10 +184,13 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.json:
         check_file(args.json)
-    if args.form == "physical":
+    if args.form in ("physical", "vllm"):
         if not args.gpu_profile:
-            ap.error("--form physical needs --gpu-profile (a gpu_profile.json or 'datasheet')")
-        from cachepilot_sim.tools.fit_physical import run
+            ap.error(f"--form {args.form} needs --gpu-profile (a gpu_profile.json or 'datasheet')")
+        if args.form == "vllm":
+            from cachepilot_sim.tools.fit_vllm import run
+        else:
+            from cachepilot_sim.tools.fit_physical import run
 
         try:
             run(args)

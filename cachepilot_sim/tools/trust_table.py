@@ -100,7 +100,9 @@ def measurement(source: Path, root: Path) -> dict[str, Any]:
     if not calm:
         raise TrustTableError(f"{source}: no workload below memory pressure (all preempted)")
     package = str(engine_json.get("engine", engine))
-    version = engine_json.get("versions", {}).get(package.split("-")[0], "")
+    versions = engine_json.get("versions", {})
+    # transformers-continuous-batching -> transformers; vllm_v1 -> vllm
+    version = versions.get(package.split("-")[0]) or versions.get(package.split("_")[0], "")
     return {
         "engine": engine,
         "engine_version": f"{package} {version}".strip(),

@@ -5,6 +5,7 @@ checked against vLLM 0.26")."""
 from __future__ import annotations
 
 from cachepilot_sim.config import StepCost
+from cachepilot_sim.config.engine_profile import PhysicalKernels
 from cachepilot_sim.validation.settings_reader import (
     ROOFLINE_NOTE,
     Reader,
@@ -116,8 +117,9 @@ def read_vllm(r: Reader) -> None:
                     "request at arrival, and a capture holds none")
         )  # fmt: skip
     fitted = cfg.engine.step_cost != StepCost.ROOFLINE
+    graphs = read_graph_sizes(r)
     for key in VLLM_STEP_COST:
-        if key not in e:
+        if key not in e or key in graphs:
             continue
         if not fitted:
             r.out.settings.append(Setting(key, e[key], ROOFLINE_NOTE))
@@ -129,3 +131,33 @@ def read_vllm(r: Reader) -> None:
     for key in e:
         if key not in known:
             raise r.fail(key, "not a setting this reader knows; it cannot be replayed or ignored")
+
+
+def read_graph_sizes(r: Reader) -> tuple[str, ...]:
+    """The CUDA-graph capture sizes, which a physical step cost of vLLM's kernels prices at any
+    value (cost/step_physical.py: a uniform decode step is padded to the next one): honoured.
+    The keys read here; none for another step cost (they are then checked as fitted settings)."""
+    e, engine = r.engine, r.cfg.engine
+    if engine.step_cost != StepCost.PHYSICAL or engine.physical_kernels != PhysicalKernels.VLLM:
+        return ()
+    sizes = e.get("cudagraph_capture_sizes")
+    if sizes is None:
+        return ()
+    if not isinstance(sizes, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes
+    ):
+        raise r.fail("cudagraph_capture_sizes", "must be a list of positive integers")
+    top = e.get("max_cudagraph_capture_size")
+    if top is not None and top != max(sizes, default=0):
+        raise r.fail(
+            "max_cudagraph_capture_size",
+            f"must be the largest of cudagraph_capture_sizes ({max(sizes, default=0)}): vLLM "
+            "captures no size above it",
+        )
+    listed = ",".join(str(v) for v in sorted(sizes))
+    r.honour("cudagraph_capture_sizes", sizes, f"engine.graph_sizes=[{listed}]")
+    if top is not None:
+        r.out.settings.append(
+            Setting("max_cudagraph_capture_size", top, "the largest capture size (read above)")
+        )
+    return ("cudagraph_capture_sizes", "max_cudagraph_capture_size")

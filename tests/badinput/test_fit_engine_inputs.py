@@ -4,6 +4,7 @@ range; an output path that is a folder: one line naming the file, column or key,
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -115,3 +116,27 @@ def test_a_bad_held_term_is_one_line_naming_it(
 ) -> None:
     argv = ["--form", "physical", "--gpu-profile", str(H100 / "gpu_profile.json"), "--fix", fix]
     assert_refused(main, [*argv, str(H100 / "microbench_8k/steps.parquet")], capsys, named)
+
+
+VLLM = Path(__file__).resolve().parents[2] / "experiments/validation/vllm/2026-12-07-h100"
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        (None, "no microbench.json or engine.json beside it"),
+        ({"cudagraph_capture_sizes": "1,2", "cudagraph_mode": "FULL_DECODE_ONLY"},
+         "'cudagraph_capture_sizes'"),
+        ({"cudagraph_capture_sizes": [1, 2], "cudagraph_mode": "FULL_AND_PIECEWISE"},
+         "'cudagraph_mode'"),
+    ],
+)  # fmt: skip
+def test_vllm_steps_without_the_graph_settings_they_were_run_at_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], settings: Any, named: str
+) -> None:
+    steps = tmp_path / "steps.parquet"
+    pl.read_parquet(VLLM / "microbench" / "steps.parquet").write_parquet(steps)
+    if settings is not None:
+        (tmp_path / "microbench.json").write_text(json.dumps(settings))
+    argv = ["--form", "vllm", "--gpu-profile", str(H100 / "gpu_profile.json"), str(steps)]
+    assert_refused(main, argv, capsys, named)

@@ -173,3 +173,39 @@ def test_a_folder_in_the_capture_format_validates_on_vllm_v1(tmp_path: Path) -> 
     assert "engine.kv_pool_blocks=26000" in row["engine_settings"]["overrides"]
     sim, real = pairs["poisson_r6"]
     assert sim.finished.height == real.finished.height == 10
+
+
+@pytest.fixture(scope="module")
+def vllm_h100() -> Any:
+    return sim_config("vllm_v1_h100", [])
+
+
+def test_the_fitted_vllm_profile_takes_the_capture_sizes_and_pins_the_rest(vllm_h100: Any) -> None:
+    out = resolve(FOLDER, engine(max_cudagraph_capture_size=16), vllm_h100)
+    assert "engine.graph_sizes=[1,2,4,8,16]" in out.overrides
+    uses = {s.key: s.use for s in out.settings}
+    assert uses["cudagraph_mode"] == "equals the step cost's FULL_DECODE_ONLY"
+    assert uses["compilation_mode"] == "equals the step cost's 0"
+    assert sim_config("vllm_v1_h100", out.overrides).engine.graph_sizes == [1, 2, 4, 8, 16]
+
+
+@pytest.mark.parametrize(
+    ("changes", "key"),
+    [
+        ({"max_cudagraph_capture_size": 512}, "max_cudagraph_capture_size"),  # sizes end at 16
+        ({"cudagraph_capture_sizes": [1, 0, 8]}, "cudagraph_capture_sizes"),
+        ({"cudagraph_capture_sizes": "1,2"}, "cudagraph_capture_sizes"),
+        ({"cudagraph_mode": "FULL_AND_PIECEWISE"}, "cudagraph_mode"),
+        ({"compilation_mode": 3}, "compilation_mode"),
+        ({"enforce_eager": True}, "enforce_eager"),
+        ({"model_runner": "v1"}, "model_runner"),
+        ({"attention_backend": "TRITON_ATTN"}, "attention_backend"),
+    ],
+)
+def test_a_graph_or_compile_setting_the_fitted_vllm_cost_was_not_measured_at_is_refused(
+    vllm_h100: Any, changes: dict[str, Any], key: str
+) -> None:
+    with pytest.raises(EngineSettingsError) as err:
+        resolve(FOLDER, engine(**({"max_cudagraph_capture_size": 16} | changes)), vllm_h100)
+    line = str(err.value)
+    assert "\n" not in line and str(FOLDER / "engine.json") in line and repr(key) in line

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -363,3 +364,15 @@ def test_micro_steps_in_the_capture_format_feed_the_step_cost_fit(tmp_path: Path
     loaded = load_micro_steps(tmp_path / "steps.parquet")
     assert loaded.height == 5 and (loaded["gpu_us"] > 0).all()
     assert loaded["bench"].to_list() == ["decode"] * 5
+
+
+def test_the_distinct_plan_gives_every_decode_its_own_context() -> None:
+    plan = vllm_gt.MICRO_PLANS["microbench_distinct"]()
+    decodes = [reqs for tag, reqs in plan if tag["bench"] == "decode_distinct"]
+    assert len(decodes) == 7 and all(r.prefix_of is None for reqs in decodes for r in reqs)
+    client = vllm_gt.OpenLoop(decodes[0])
+    prompts = [tuple(ids) for _, ids in client.due(1.0)]
+    assert len(prompts) == 8 and len({p[:16] for p in prompts}) == 8  # no shared first block
+    alone = next(reqs for tag, reqs in plan if tag["bench"] == "eager_alone")
+    gaps = np.diff([r.send_s for r in alone])
+    assert len(alone) == 24 and (gaps >= 0.4 - 1e-9).all()  # each prefill alone on the engine

@@ -35,7 +35,42 @@ WORKLOADS: dict[str, Callable[[], tuple[list[Req], dict]]] = {
     **NAMED_WORKLOADS,
     "azure_conv_sample": lambda: azure_workload(AZURE),
 }
-MICRO_PLANS = {"microbench": microbench_plan, "microbench_mixed": microbench_mixed_plan}
+
+
+def microbench_distinct_plan() -> list[tuple[dict, list[Req]]]:
+    """vLLM cost micro-runs the transformers plans leave out (issue 28). `decode_distinct`:
+    decode batches of b requests whose contexts are all different (no shared prefix, unlike
+    `microbench_plan`'s, whose shared context the GPU's L2 serves), sent at once, 32 tokens each.
+    `eager_alone`: single small prompts sent 0.4 s apart, so each prefill is an eager step that
+    has the engine to itself (its host launch and interval are measured). `eager_joining`:
+    prompts joining 16 running decodes one at a time (the serving case of an eager step after a
+    graph step)."""
+    plan: list[tuple[dict, list[Req]]] = []
+    for b, c in ((8, 512), (8, 2048), (32, 512), (32, 2048), (64, 512), (64, 2048), (128, 1024)):
+        reqs = [Req(f"mb-dd-b{b}-c{c}-{i:03d}", c, 32, send_s=0.0) for i in range(b)]
+        tag = {"bench": "decode_distinct", "batch_size": b, "cfg_prompt_tokens": c}
+        plan.append(({**tag, "context_tokens": c}, reqs))
+    sizes = (16, 64, 256, 512, 1024, 128)
+    alone = [Req(f"mb-ea-{i:03d}", sizes[i % 6], 3, send_s=0.4 * i) for i in range(24)]
+    tag = {"bench": "eager_alone", "batch_size": 1, "cfg_prompt_tokens": 0, "context_tokens": 0}
+    plan.append((tag, alone))
+    running = [Req(f"mb-ej-run-{i:03d}", 512, 200, send_s=0.0) for i in range(16)]
+    joining = [Req(f"mb-ej-{i:03d}", sizes[i % 6], 4, send_s=0.5 + 0.15 * i) for i in range(12)]
+    tag = {
+        "bench": "eager_joining",
+        "batch_size": 16,
+        "cfg_prompt_tokens": 0,
+        "context_tokens": 512,
+    }
+    plan.append((tag, running + joining))
+    return plan
+
+
+MICRO_PLANS = {
+    "microbench": microbench_plan,
+    "microbench_mixed": microbench_mixed_plan,
+    "microbench_distinct": microbench_distinct_plan,
+}
 
 
 def workload(name: str) -> tuple[list[Req], dict]:
