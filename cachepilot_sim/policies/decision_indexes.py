@@ -24,16 +24,32 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from itertools import islice
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sortedcontainers import SortedList
 
 from cachepilot_sim.policies.base import CacheEntry
+from cachepilot_sim.policies.reuse import GapEstimator
 
-if TYPE_CHECKING:
-    from cachepilot_sim.policies.classic import GdsfPolicy
-    from cachepilot_sim.policies.perc_variants import PercClairvoyantPolicy
-    from cachepilot_sim.policies.utility import WildPolicy
+
+class GdsfKey(Protocol):
+    """What `GdsfIndex` reads of GDSF (`GdsfPolicy`)."""
+
+    inflation: float
+    base: dict[int, float]
+
+
+class KeyedPolicy(Protocol):
+    """A policy's key (`WildIndex` keys with Wild's own)."""
+
+    def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]: ...
+
+
+class EstimatedPolicy(Protocol):
+    """A policy with a gap estimator (`ClairvoyantIndex` reads its δ)."""
+
+    estimator: GapEstimator
+
 
 _SLACK = 1e-9  # far above the relative rounding error of a key (about 1e-15)
 Key = tuple[float | int, ...]
@@ -44,7 +60,7 @@ class GdsfIndex:
 
     __slots__ = ("policy", "_based", "_unbased", "_where")
 
-    def __init__(self, policy: GdsfPolicy) -> None:
+    def __init__(self, policy: GdsfKey) -> None:
         self.policy = policy
         self._based: SortedList = SortedList()  # (H, id)
         self._unbased: SortedList = SortedList()  # (uses x restore / bytes, id)
@@ -95,7 +111,7 @@ class WildIndex:
 
     __slots__ = ("policy", "_classes", "_where")
 
-    def __init__(self, policy: WildPolicy) -> None:
+    def __init__(self, policy: KeyedPolicy) -> None:
         self.policy = policy
         self._classes: dict[int, SortedList] = {}  # class -> (last_used_us, id, entry)
         self._where: dict[int, tuple[int, int]] = {}  # id -> (class, last_used_us)
@@ -153,7 +169,7 @@ class ClairvoyantIndex:
 
     __slots__ = ("policy", "_unknown", "_far", "_near", "_where", "_entries")
 
-    def __init__(self, policy: PercClairvoyantPolicy) -> None:
+    def __init__(self, policy: EstimatedPolicy) -> None:
         self.policy = policy
         self._unknown: SortedList = SortedList()  # ids of entries with no known next arrival
         self._far: SortedList = SortedList()  # (-arrival, id): arrival beyond now + delta

@@ -20,14 +20,29 @@ time. ARC walks T1 in the key's own order, (last use, id), and subtracts as `pre
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sortedcontainers import SortedList
 
 from cachepilot_sim.policies.base import CacheEntry
 
-if TYPE_CHECKING:
-    from cachepilot_sim.policies.classic import ArcPolicy, SlruPolicy
+
+class SlruSegments(Protocol):
+    """What `SlruIndex` reads and records of SLRU (`SlruPolicy`), named here so that the index
+    does not import the policy that builds it."""
+
+    protected: set[int]
+    protected_fraction: float
+    kept: set[int]
+
+
+class ArcSegments(Protocol):
+    """What `ArcIndex` reads and records of ARC (`ArcPolicy`)."""
+
+    frequent: set[int]
+    target_bytes: float
+    capacity_bytes: float
+    t1_excess: set[int]
 
 
 Item = tuple[int, int, int]  # (last use, id or -id, entry id): a lane's order
@@ -173,7 +188,7 @@ class SlruIndex(_LaneIndex):
     by (last use, −id) with their bytes summed (see the module docstring)."""
 
     __slots__ = ()
-    policy: SlruPolicy
+    policy: SlruSegments
 
     def add(self, entry: CacheEntry) -> None:
         """Index an idle entry (again: a hook may have protected it)."""
@@ -254,7 +269,7 @@ class ArcIndex(_LaneIndex):
     bytes summed."""
 
     __slots__ = ()
-    policy: ArcPolicy
+    policy: ArcSegments
 
     def add(self, entry: CacheEntry) -> None:
         """Index an idle entry (again: a hook may have moved it to T2)."""
