@@ -31,7 +31,7 @@ from cachepilot_sim.policies.base import (
     greedy_on_chains,
     register,
 )
-from cachepilot_sim.policies.decision_indexes import WildIndex
+from cachepilot_sim.policies.lanes import Lane, LanedPolicy, Walk, in_lane
 from cachepilot_sim.policies.marconi_index import MarconiIndex, flops_of, utility
 from cachepilot_sim.policies.reuse import GapEstimator
 from cachepilot_sim.policies.set_indexes import TlruIndex
@@ -89,7 +89,7 @@ class _ClassReuse:
 
 
 @register("wild")
-class WildPolicy(RankingPolicy):
+class WildPolicy(LanedPolicy, RankingPolicy):
     name = "wild"
     key_scope = KeyScope.DECISION  # reuse probability decays with idle time
 
@@ -123,12 +123,16 @@ class WildPolicy(RankingPolicy):
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
         return (self.reuse_probability(entry, now_us), entry.last_used_us, entry.entry_id)
 
+    def key_at(self, entry: CacheEntry, restore_us: float, now_us: int) -> tuple[float | int, ...]:
+        return self.key(entry, now_us)
+
+    def lane(self, entry: CacheEntry, restore_us: float, now_us: int) -> Lane:
+        """The probability decays with idle time at a rate and fraction shared by the entry's
+        class: within a class the longest idle entry ranks first, whatever its statistics."""
+        return in_lane(entry.class_index, (entry.last_used_us, entry.entry_id), Walk.ROUNDED)
+
     # Its key reads neither the restore estimate nor the gap EMA: one index serves every regime.
     time_index_reads_restore = False
-
-    def time_index(self) -> WildIndex:
-        """An exact index: per class, longest idle first (`policies/decision_indexes.py`)."""
-        return WildIndex(self)
 
 
 @dataclass
