@@ -93,8 +93,8 @@ class LaneIndex:
         self._lanes: dict[int, SortedList] = {}  # lane -> its entries' orders
         self._walks: dict[int, int] = {}  # lane -> how its front is found (a `Walk`)
         self._lane_ids: list[int] = []  # the non-empty lanes, ascending (queries visit them so)
-        # id -> (entry, restore, lane, order, placement number)
-        self._where: dict[int, tuple[CacheEntry, float, int, Key, int]] = {}
+        # id -> (lane, order, entry, restore, placement number)
+        self._where: dict[int, tuple[int, Key, CacheEntry, float, int]] = {}
         self._moves: list[tuple[int, int, int]] = []  # (until_us, placement number, id): a heap
         self._placed = 0
         self._now = _BEFORE_ANY  # the last query's time
@@ -119,7 +119,7 @@ class LaneIndex:
         items.add(order)
         placed = self._placed
         self._placed += 1
-        self._where[entry.entry_id] = (entry, restore_us, lane_id, order, placed)
+        self._where[entry.entry_id] = (lane_id, order, entry, restore_us, placed)
         if until_us < NEVER:
             heapq.heappush(self._moves, (until_us, placed, entry.entry_id))
 
@@ -127,12 +127,17 @@ class LaneIndex:
         """The entry is no longer a candidate (no-op when absent; a pending move goes stale)."""
         where = self._where.pop(entry_id, None)
         if where is not None:
-            lane_id = where[2]
+            lane_id = where[0]
             items = self._lanes[lane_id]
-            items.remove(where[3])
+            items.remove(where[1])
             if not items:
                 del self._lanes[lane_id], self._walks[lane_id]
                 self._lane_ids.remove(lane_id)
+
+    def rank(self, entry: CacheEntry, restore_us: float) -> Key:
+        """The entry's place in `pop_min`'s order were it indexed with `restore_us`, at the last
+        query's time: its key (T-LRU's suffix tails rank a parent their cuts expose so)."""
+        return self.policy.key_at(entry, restore_us, self._now)
 
     def _move(self, now_us: int) -> None:
         """Place again, at `now_us`, every entry whose lane held until `now_us` or before."""
@@ -143,7 +148,7 @@ class LaneIndex:
             if got is None or got[4] != placed:
                 continue  # stale: discarded, or placed again since
             self.discard(eid)
-            self._place(got[0], got[1], now_us)
+            self._place(got[2], got[3], now_us)
 
     def pop_min(self, now_us: int) -> int | None:
         """The id the policy's sort would put first at `now_us`, removed from the index."""
@@ -172,7 +177,7 @@ class LaneIndex:
         where, key_at = self._where, self.policy.key_at
         front: Key = items[0]
         got = where[int(front[-1])]
-        best = key_at(got[0], got[1], now_us)
+        best = key_at(got[2], got[3], now_us)
         if walk == _EXACT:
             return best
         if walk == _TIES:
@@ -184,7 +189,7 @@ class LaneIndex:
             while i < len(items):
                 order = items[i]
                 got = where[int(order[-1])]
-                cand = key_at(got[0], got[1], now_us)
+                cand = key_at(got[2], got[3], now_us)
                 if cand[0] > best[0]:
                     break
                 best = min(best, cand)
@@ -193,7 +198,7 @@ class LaneIndex:
             limit = float(best[0]) * (1.0 + SLACK)
             for k in range(1, len(items)):
                 got = where[int(items[k][-1])]
-                cand = key_at(got[0], got[1], now_us)
+                cand = key_at(got[2], got[3], now_us)
                 if cand[0] > limit:
                     break  # later entries' exact keys are at least this one's
                 best = min(best, cand)

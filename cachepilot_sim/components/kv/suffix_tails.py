@@ -34,12 +34,12 @@ from cachepilot_sim.policies.candidates import TimeIndex
 _COMPACT_FACTOR = 2
 
 ExposedParent = Callable[[HashBlock, dict[int, int]], "HashBlock | None"]
-Rank = tuple[int, int, int]  # (class, last use, entry id): the order of T-LRU's key
+Rank = tuple[float | int, ...]  # (class, last use, entry id): the order of T-LRU's key
 Restore = Callable[[HashBlock], tuple[float, float]]  # block -> (restore, gap EMA) of the decision
 
 
 class SuffixIndex(TimeIndex, Protocol):
-    """A time index whose order is a rank of (entry, restore): `TlruIndex`."""
+    """A time index whose order is a rank of (entry, restore): T-LRU's `LaneIndex`."""
 
     def rank(self, entry: CacheEntry, restore_us: float) -> Rank:
         """Where the entry, indexed with `restore_us`, sits in `pop_min`'s order."""
