@@ -42,8 +42,7 @@ if TYPE_CHECKING:
 
 
 class ForecastKey(Protocol):
-    """What the index reads of reuse_forecast (`ReuseForecastPolicy`), named here so that the
-    index does not import the policy that builds it."""
+    """What the index reads of reuse_forecast (`ReuseForecastPolicy`; no import of it)."""
 
     rows: dict[int, int]  # entry id -> its curve, fixed at its last release
     priced: bool

@@ -58,8 +58,7 @@ from cachepilot_sim.policies.reuse import GapEstimator
 
 
 class HazardKey(Protocol):
-    """What the index reads of perc_hazard (`PercHazardPolicy`), named here so that the index
-    does not import the policy that builds it."""
+    """What the index reads of perc_hazard (`PercHazardPolicy`; no import of it)."""
 
     version: int  # counts releases and returns: the curves at a time change with it
     estimator: GapEstimator

@@ -45,8 +45,7 @@ class GapSource(Protocol):
 
 
 class LrbKey(Protocol):
-    """What the index reads of LRB (`LrbPolicy`), named here so that the index does not import
-    the policy that builds it."""
+    """What the index reads of LRB (`LrbPolicy`; no import of it)."""
 
     boundary_us: float
 

@@ -41,8 +41,7 @@ Range = tuple[float, float]  # (minimum, span) over the candidates
 
 
 class MarconiKey(Protocol):
-    """What the index reads and sets of Marconi (`MarconiPolicy`), named here so that the index
-    does not import the policy that builds it."""
+    """What the index reads and sets of Marconi (`MarconiPolicy`; no import of it)."""
 
     flop_weight: float
     recency_range: Range

@@ -116,8 +116,7 @@ class Marks:
 
 
 class S3FifoQueues(Protocol):
-    """What the lazy loop reads and records of S3-FIFO (`S3FifoPolicy`), named here so that the
-    index does not import the policy that builds it."""
+    """What the lazy loop reads and records of S3-FIFO (`S3FifoPolicy`; no import of it)."""
 
     small: OrderedDict[int, int]  # entry id -> hits, oldest first
     main: OrderedDict[int, int]  # entry id -> counter, oldest first

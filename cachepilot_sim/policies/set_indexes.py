@@ -28,8 +28,7 @@ from cachepilot_sim.policies.base import CacheEntry
 
 
 class SlruSegments(Protocol):
-    """What `SlruIndex` reads and records of SLRU (`SlruPolicy`), named here so that the index
-    does not import the policy that builds it."""
+    """What `SlruIndex` reads and records of SLRU (`SlruPolicy`; no import of it)."""
 
     protected: set[int]
     protected_fraction: float
