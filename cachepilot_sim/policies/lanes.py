@@ -72,7 +72,9 @@ class LanedKey(Protocol):
         """The entry's lane from `now_us` until the lane's `until_us` (exclusive)."""
         ...
 
-    def key_at(self, entry: CacheEntry, restore_us: float, now_us: int) -> Key: ...
+    def key_at(self, entry: CacheEntry, restore_us: float, now_us: int) -> Key:
+        """The policy's key of `entry` at `now_us` with the restore estimate `restore_us`."""
+        ...
 
 
 _BEFORE_ANY = -(1 << 62)  # the placement time of an entry added before any query
@@ -121,7 +123,12 @@ class LaneIndex:
         self._placed += 1
         self._where[entry.entry_id] = (lane_id, order, entry, restore_us, placed)
         if until_us < NEVER:
-            heapq.heappush(self._moves, (until_us, placed, entry.entry_id))
+            moves = self._moves
+            heapq.heappush(moves, (until_us, placed, entry.entry_id))
+            if len(moves) > 2 * len(self._where) + 64:  # drop stale moves (bounds memory)
+                where = self._where
+                moves[:] = [m for m in moves if m[2] in where and where[m[2]][4] == m[1]]
+                heapq.heapify(moves)
 
     def discard(self, entry_id: int) -> None:
         """The entry is no longer a candidate (no-op when absent; a pending move goes stale)."""

@@ -58,11 +58,17 @@ class RestoreRegimes(Protocol):
         """The decision's regime; None: the estimate moves with idle time."""
         ...
 
-    def regime_index(self, offload: bool) -> TimeIndex: ...  # built from every tail at first use
+    def regime_index(self, offload: bool) -> TimeIndex:
+        """The regime's persistent index, built from every tail at its first use."""
+        ...
 
-    def drain_regimes(self) -> None: ...  # index the tails exposed since; sweep forgotten ones
+    def drain_regimes(self) -> None:
+        """Index the tails exposed since the last decision; sweep forgotten ones."""
+        ...
 
-    def forget(self, entry_id: int) -> None: ...  # a stale tail leaves every regime's index
+    def forget(self, entry_id: int) -> None:
+        """A stale tail (used, evicted or no longer a tail) leaves every regime's index."""
+        ...
 
 
 class _Chain:
