@@ -20,7 +20,7 @@ from cachepilot_sim.policies.hazard_curve import WindowSurvival
 from cachepilot_sim.policies.hazard_index import HazardIndex, hazard_p
 from cachepilot_sim.policies.knapsack import CoverProblem
 from cachepilot_sim.policies.knapsack_greedy import greedy_by_ratio, greedy_plus_one
-from cachepilot_sim.policies.lanes import Lane, LanedPolicy, in_lane
+from cachepilot_sim.policies.lanes import Lane, LanedPolicy, Walk, in_lane
 from cachepilot_sim.policies.oracle import cover_problem, expected_costs
 from cachepilot_sim.policies.perc import PercPolicy
 from cachepilot_sim.policies.plus1_chains import PlusOneChainIndex
@@ -234,16 +234,17 @@ class PercClairvoyantPolicy(LanedPolicy, RankingPolicy):
         return (p * restore_us / max(entry.num_bytes, 1), -float(until), entry.entry_id)
 
     def lane(self, entry: CacheEntry, restore_us: float, now_us: int) -> Lane:
-        """No known arrival: lane 0 by id. Beyond δ (P = 0): lane 1 by the latest arrival, until
-        it comes within δ; then lane 2 by (restore / bytes, latest arrival) until it is due; then
-        lane 3 by (restore / bytes, id), the time to arrival being 0."""
+        """No known arrival: lane 0, keyed by id alone (its order is its key). Beyond δ (P = 0):
+        lane 1 by the latest arrival, until it comes within δ; then lane 2 by (restore / bytes,
+        latest arrival) until it is due; then lane 3, whose key (restore / bytes, time to arrival
+        0, id) is its order."""
         eid, arrival = entry.entry_id, entry.next_arrival_us
         if arrival < 0:
-            return in_lane(0, (eid,))
+            return in_lane(0, (0.0, -math.inf, eid), Walk.STATIC)
         near_us = arrival - math.floor(self.estimator.delta_us)  # from then on, until <= delta
         if now_us < near_us:
             return in_lane(1, (-arrival, eid), until_us=near_us)
         weight = 1.0 * restore_us / max(entry.num_bytes, 1)  # as the key computes it (p = 1)
         if now_us <= arrival:
             return in_lane(2, (weight, -arrival, eid), until_us=arrival + 1)
-        return in_lane(3, (weight, eid))
+        return in_lane(3, (weight, -0.0, eid), Walk.STATIC)
