@@ -14,7 +14,7 @@ from cachepilot_sim.clock import SimEnvironment, s_to_us
 from cachepilot_sim.components.batcher import Batcher
 from cachepilot_sim.components.cpu_swap import CpuSwapSpace
 from cachepilot_sim.components.kv import KvDeps, make_kv_manager
-from cachepilot_sim.components.kv.remote import RemoteKv
+from cachepilot_sim.components.kv.protocol import SharedKvStore
 from cachepilot_sim.components.pcie_link import PcieLink
 from cachepilot_sim.components.ports import EnginePorts
 from cachepilot_sim.components.request import Request, RequestSink
@@ -40,7 +40,7 @@ class Replica:
         env: SimEnvironment,
         cfg: SimConfig,
         events: TraceEvents,
-        remote: RemoteKv | None = None,
+        remote: SharedKvStore | None = None,
     ) -> None:
         """`remote`: this replica's port to the cluster's shared KV tier (None: none)."""
         self.env, self.events = env, events

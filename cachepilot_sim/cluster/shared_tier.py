@@ -105,7 +105,7 @@ class SharedKvTier:
         return self.capacity_bytes - self.stored_bytes - self.writing_bytes
 
     def port(self, replica: int) -> SharedTierPort:
-        """Replica `replica`'s port (`components/kv/remote.py`'s `RemoteKv`)."""
+        """Replica `replica`'s port (`components/kv/protocol.py`'s `SharedKvStore`)."""
         return SharedTierPort(self, replica)
 
     def num_stored(self, hash_ids: Sequence[int], start: int) -> int:
@@ -292,7 +292,7 @@ class SharedKvTier:
 
 
 class SharedTierPort:
-    """One replica's view of the store: what its prefix KV manager calls (`RemoteKv`)."""
+    """One replica's view of the store: what its prefix KV manager calls (`SharedKvStore`)."""
 
     __slots__ = ("tier", "replica", "write_on_eviction", "load_when_cheaper", "hash_tokens")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from cachepilot_sim.config import PolicyConfig, bounded
 from cachepilot_sim.policies.base import CacheEntry, KeyScope, RankingPolicy, register
-from cachepilot_sim.policies.decision_indexes import GdsfIndex
+from cachepilot_sim.policies.lanes import Lane, LanedPolicy, Walk, in_lane
 from cachepilot_sim.policies.reuse import GapEstimator
 from cachepilot_sim.policies.set_indexes import ArcIndex, SlruIndex
 
@@ -214,7 +214,7 @@ class ArcPolicy(_TracksEvictions):
 
 
 @register("gdsf")
-class GdsfPolicy(_TracksEvictions):
+class GdsfPolicy(LanedPolicy, _TracksEvictions):
     """Greedy-Dual-Size-Frequency: H = L + uses x restore_us / bytes, L set at the last use; the
     inflation L rises to the H of each victim, so long-idle entries age out."""
 
@@ -234,13 +234,25 @@ class GdsfPolicy(_TracksEvictions):
         self.inflation = max(self.inflation, self.h_value(entry))
         self.base.pop(entry.entry_id, None)
 
-    def h_value(self, entry: CacheEntry) -> float:
+    def h_value(self, entry: CacheEntry, restore_us: float | None = None) -> float:
+        """H with the entry's restore estimate (or `restore_us`)."""
+        restore = entry.restore_us if restore_us is None else restore_us
         base = self.base.get(entry.entry_id, self.inflation)
-        return base + entry.num_uses * entry.restore_us / max(entry.num_bytes, 1)
+        return base + entry.num_uses * restore / max(entry.num_bytes, 1)
 
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
         return (self.h_value(entry), entry.entry_id)
 
-    def time_index(self) -> GdsfIndex:
-        """An exact index of H for a fixed restore estimate (`policies/decision_indexes.py`)."""
-        return GdsfIndex(self)
+    def key_at(self, entry: CacheEntry, restore_us: float, now_us: int) -> tuple[float | int, ...]:
+        base = self.base.get(entry.entry_id, self.inflation)  # h_value's operations, inlined
+        return (base + entry.num_uses * restore_us / max(entry.num_bytes, 1), entry.entry_id)
+
+    def lane(self, entry: CacheEntry, restore_us: float, now_us: int) -> Lane:
+        """H is fixed while idle for a given restore estimate (lane 0, by H); an entry idle
+        without a base (KV reloaded, idle before its turn ends) reads the current inflation:
+        lane 1 by v = uses x restore / bytes, where inflation + v is monotone in v."""
+        v = entry.num_uses * restore_us / max(entry.num_bytes, 1)
+        base = self.base.get(entry.entry_id)
+        if base is None:
+            return in_lane(1, (v, entry.entry_id), Walk.TIES)
+        return in_lane(0, (base + v, entry.entry_id), Walk.STATIC)

@@ -31,15 +31,27 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from cachepilot_sim.policies.base import CacheEntry
 
 if TYPE_CHECKING:
-    from cachepilot_sim.policies.forecast_model import SurvivalTable
-    from cachepilot_sim.policies.reuse_forecast import ReuseForecastPolicy
+    from cachepilot_sim.policies.forecast_model import OnlineCurves, SurvivalTable
+
+
+class ForecastKey(Protocol):
+    """What the index reads of reuse_forecast (`ReuseForecastPolicy`; no import of it)."""
+
+    rows: dict[int, int]  # entry id -> its curve, fixed at its last release
+    priced: bool
+    online: OnlineCurves | None
+    table: SurvivalTable
+    delta_us: float
+
+    def score_at(self, row: int, idle_us: float, restore_us: float, num_bytes: int) -> float: ...
+
 
 BLOCK_ITEMS = 64  # a block's least size target; sqrt(n) once larger
 _S_ERR = 1e-12  # bound on |NumPy S - scalar S| (about 4e-14: an ulp of log t, times 40 / ln step)
@@ -103,7 +115,7 @@ class ForecastIndex:
         "_monotone_at",
     )
 
-    def __init__(self, policy: ReuseForecastPolicy, block_items: int | None = None) -> None:
+    def __init__(self, policy: ForecastKey, block_items: int | None = None) -> None:
         if block_items is not None and block_items < 1:
             raise ValueError(f"ForecastIndex: block_items must be >= 1, got {block_items}")
         self.policy = policy

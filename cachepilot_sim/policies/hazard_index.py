@@ -47,16 +47,24 @@ counts them; experiments/bench_hazard_index.py times them).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from cachepilot_sim.policies.base import CacheEntry
 from cachepilot_sim.policies.forecast_index import ForecastIndex, _Block
 from cachepilot_sim.policies.perc_index import PercIndex
+from cachepilot_sim.policies.reuse import GapEstimator
 
-if TYPE_CHECKING:
-    from cachepilot_sim.policies.perc_variants import PercHazardPolicy
+
+class HazardKey(Protocol):
+    """What the index reads of perc_hazard (`PercHazardPolicy`; no import of it)."""
+
+    version: int  # counts releases and returns: the curves at a time change with it
+    estimator: GapEstimator
+
+    def curve(self, class_index: int, now_us: int) -> tuple[np.ndarray, np.ndarray] | None: ...
+
 
 _REL = 1e-15  # p * restore / bytes against p * (restore / bytes): a few roundings apart
 HAZARD_BLOCK_ITEMS = 8  # a block's least size target
@@ -108,7 +116,7 @@ class HazardIndex(ForecastIndex):
         "_idmin",
     )
 
-    def __init__(self, policy: PercHazardPolicy, block_items: int | None = None) -> None:
+    def __init__(self, policy: HazardKey, block_items: int | None = None) -> None:
         super().__init__(policy, block_items)  # type: ignore[arg-type]  # only blocks are shared
         self.hazard = policy
         self.num_fallback = 0  # queries with a class on the EMA model (`PercIndex` per class)

@@ -22,10 +22,9 @@ from sortedcontainers import SortedList
 
 from cachepilot_sim.config import PolicyConfig, bounded
 from cachepilot_sim.policies.base import CacheEntry, KeyScope, RankingPolicy, register
-from cachepilot_sim.policies.lrb_index import LrbIndex
+from cachepilot_sim.policies.lrb_index import Bucket, LrbIndex
 from cachepilot_sim.policies.reuse import GapEstimator
 
-Bucket = tuple[int, int, int]
 _ALL: Bucket = (-1, -1, -1)  # the population: every observed gap
 
 

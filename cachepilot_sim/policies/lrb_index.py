@@ -27,14 +27,34 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sortedcontainers import SortedList
 
 from cachepilot_sim.policies.base import CacheEntry
 
-if TYPE_CHECKING:
-    from cachepilot_sim.policies.lrb import Bucket, LrbPolicy
+Bucket = tuple[int, int, int]  # an entry's feature bucket (`LrbPolicy.bucket_of`)
+
+
+class GapSource(Protocol):
+    """The gaps that predict a bucket (`lrb.GapModel`)."""
+
+    version: dict[Bucket, int]  # observations per bucket (its gaps changed)
+
+    def source(self, bucket: Bucket) -> tuple[Bucket, SortedList | None]: ...
+
+
+class LrbKey(Protocol):
+    """What the index reads of LRB (`LrbPolicy`; no import of it)."""
+
+    boundary_us: float
+
+    @property
+    def model(self) -> GapSource: ...
+
+    def bucket_of(self, entry: CacheEntry) -> Bucket: ...
+
+    def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +82,7 @@ class LrbIndex:
         "_spans",
     )
 
-    def __init__(self, policy: LrbPolicy) -> None:
+    def __init__(self, policy: LrbKey) -> None:
         self.policy = policy
         self.num_probes = 0  # bisections made by queries (a complexity probe)
         self.num_keyed = 0  # entries keyed with the policy's key by queries

@@ -30,17 +30,22 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sortedcontainers import SortedList
 
 from cachepilot_sim.policies.base import CacheEntry
 from cachepilot_sim.policies.marconi_trees import _EMPTY, Forest, MinTree, Params
 
-if TYPE_CHECKING:
-    from cachepilot_sim.policies.utility import MarconiPolicy
-
 Range = tuple[float, float]  # (minimum, span) over the candidates
+
+
+class MarconiKey(Protocol):
+    """What the index reads and sets of Marconi (`MarconiPolicy`; no import of it)."""
+
+    flop_weight: float
+    recency_range: Range
+    flops_range: Range
 
 
 def flops_of(entry: CacheEntry) -> float:
@@ -115,7 +120,7 @@ class MarconiIndex:
         "_trees",
     )
 
-    def __init__(self, policy: MarconiPolicy) -> None:
+    def __init__(self, policy: MarconiKey) -> None:
         self.policy = policy
         self.num_visits = 0  # heap items popped by decisions (a complexity probe for tests)
         self.entries: dict[int, CacheEntry] = {}  # entry id -> entry, searched or local

@@ -6,6 +6,7 @@ All price an eviction as P(resume within delta) x restore_us and differ in P or 
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,11 +16,11 @@ import numpy as np
 
 from cachepilot_sim.config import PolicyConfig, bounded
 from cachepilot_sim.policies.base import CacheEntry, Chains, KeyScope, RankingPolicy, register
-from cachepilot_sim.policies.decision_indexes import ClairvoyantIndex
 from cachepilot_sim.policies.hazard_curve import WindowSurvival
 from cachepilot_sim.policies.hazard_index import HazardIndex, hazard_p
 from cachepilot_sim.policies.knapsack import CoverProblem
 from cachepilot_sim.policies.knapsack_greedy import greedy_by_ratio, greedy_plus_one
+from cachepilot_sim.policies.lanes import Lane, LanedPolicy, Walk, in_lane
 from cachepilot_sim.policies.oracle import cover_problem, expected_costs
 from cachepilot_sim.policies.perc import PercPolicy
 from cachepilot_sim.policies.plus1_chains import PlusOneChainIndex
@@ -215,7 +216,7 @@ class PercHazardPolicy(RankingPolicy):
 
 
 @register("perc_clairvoyant")
-class PercClairvoyantPolicy(RankingPolicy):
+class PercClairvoyantPolicy(LanedPolicy, RankingPolicy):
     """PERC with the true next arrival: P is 1 when it falls within delta, else 0; among the rest,
     the session returning last goes first (Belady's rule). An upper bound on better prediction."""
 
@@ -223,12 +224,27 @@ class PercClairvoyantPolicy(RankingPolicy):
     key_scope = KeyScope.DECISION
 
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
+        return self.key_at(entry, entry.restore_us, now_us)
+
+    def key_at(self, entry: CacheEntry, restore_us: float, now_us: int) -> tuple[float | int, ...]:
         if entry.next_arrival_us < 0:
             return (0.0, -float("inf"), entry.entry_id)
         until = max(entry.next_arrival_us - now_us, 0)
         p = 1.0 if until <= self.estimator.delta_us else 0.0
-        return (p * entry.restore_us / max(entry.num_bytes, 1), -float(until), entry.entry_id)
+        return (p * restore_us / max(entry.num_bytes, 1), -float(until), entry.entry_id)
 
-    def time_index(self) -> ClairvoyantIndex:
-        """An exact index by true next arrival (`policies/decision_indexes.py`)."""
-        return ClairvoyantIndex(self)
+    def lane(self, entry: CacheEntry, restore_us: float, now_us: int) -> Lane:
+        """No known arrival: lane 0, keyed by id alone (its order is its key). Beyond δ (P = 0):
+        lane 1 by the latest arrival, until it comes within δ; then lane 2 by (restore / bytes,
+        latest arrival) until it is due; then lane 3, whose key (restore / bytes, time to arrival
+        0, id) is its order."""
+        eid, arrival = entry.entry_id, entry.next_arrival_us
+        if arrival < 0:
+            return in_lane(0, (0.0, -math.inf, eid), Walk.STATIC)
+        near_us = arrival - math.floor(self.estimator.delta_us)  # from then on, until <= delta
+        if now_us < near_us:
+            return in_lane(1, (-arrival, eid), until_us=near_us)
+        weight = 1.0 * restore_us / max(entry.num_bytes, 1)  # as the key computes it (p = 1)
+        if now_us <= arrival:
+            return in_lane(2, (weight, -arrival, eid), until_us=arrival + 1)
+        return in_lane(3, (weight, -0.0, eid), Walk.STATIC)

@@ -10,12 +10,16 @@ is 1 / max(estimated gap, idle so far): a session idle far past its usual gap is
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from cachepilot_sim.policies.base import CacheEntry
+
+class CacheEntry(Protocol):
+    """What the estimator reads and updates of an idle entry (`base.CacheEntry`)."""
+
+    gap_ema_us: float
+    last_used_us: int
 
 
 class GapEstimator:

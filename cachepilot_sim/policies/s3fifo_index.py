@@ -31,16 +31,13 @@ search per skipped run; on prefix chains, also blocks in M that are not tails ye
 from __future__ import annotations
 
 import heapq
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sortedcontainers import SortedList
 
 from cachepilot_sim.policies.base import CacheEntry
-
-if TYPE_CHECKING:
-    from cachepilot_sim.policies.s3fifo import S3FifoPolicy
 
 MAX_FREQ = 3  # the 2-bit counter's ceiling in M (libCacheSim: MIN(freq, 3) - 1 on reinsertion)
 
@@ -118,6 +115,25 @@ class Marks:
                 self.lively.add((self.seq[eid], eid))
 
 
+class S3FifoQueues(Protocol):
+    """What the lazy loop reads and records of S3-FIFO (`S3FifoPolicy`; no import of it)."""
+
+    small: OrderedDict[int, int]  # entry id -> hits, oldest first
+    main: OrderedDict[int, int]  # entry id -> counter, oldest first
+    size: dict[int, int]
+    queue_bytes: list[int]
+    small_fraction: float
+    threshold: int
+    capacity_bytes: int
+    marks: Marks
+    plan: list[tuple[str, int]]
+    plan_at: dict[int, int]
+    rank: dict[int, int]
+    replayed: int
+
+    def mark(self, entry_id: int, candidate: bool, tail: bool) -> None: ...
+
+
 class Loop:
     """S3-FIFO's eviction loop over the live queues, one victim at a time: `prepare`'s loop
     without its copies. Its moves go into the policy's plan as `prepare` records them; a ranked
@@ -140,7 +156,7 @@ class Loop:
     )
 
     def __init__(
-        self, policy: S3FifoPolicy, is_candidate: Callable[[int], bool], idle_in_main: int
+        self, policy: S3FifoQueues, is_candidate: Callable[[int], bool], idle_in_main: int
     ) -> None:
         self.policy = policy
         self.marks = policy.marks
@@ -279,7 +295,7 @@ class S3FifoIndex:
 
     __slots__ = ("policy", "entries", "num_visits")
 
-    def __init__(self, policy: S3FifoPolicy) -> None:
+    def __init__(self, policy: S3FifoQueues) -> None:
         self.policy = policy
         self.entries: dict[int, CacheEntry] = {}  # the candidates
         self.num_visits = 0  # loop steps taken by decisions (a complexity probe for tests)

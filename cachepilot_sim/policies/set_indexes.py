@@ -20,14 +20,28 @@ time. ARC walks T1 in the key's own order, (last use, id), and subtracts as `pre
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sortedcontainers import SortedList
 
 from cachepilot_sim.policies.base import CacheEntry
 
-if TYPE_CHECKING:
-    from cachepilot_sim.policies.classic import ArcPolicy, SlruPolicy
+
+class SlruSegments(Protocol):
+    """What `SlruIndex` reads and records of SLRU (`SlruPolicy`; no import of it)."""
+
+    protected: set[int]
+    protected_fraction: float
+    kept: set[int]
+
+
+class ArcSegments(Protocol):
+    """What `ArcIndex` reads and records of ARC (`ArcPolicy`)."""
+
+    frequent: set[int]
+    target_bytes: float
+    capacity_bytes: float
+    t1_excess: set[int]
 
 
 Item = tuple[int, int, int]  # (last use, id or -id, entry id): a lane's order
@@ -173,7 +187,7 @@ class SlruIndex(_LaneIndex):
     by (last use, −id) with their bytes summed (see the module docstring)."""
 
     __slots__ = ()
-    policy: SlruPolicy
+    policy: SlruSegments
 
     def add(self, entry: CacheEntry) -> None:
         """Index an idle entry (again: a hook may have protected it)."""
@@ -254,7 +268,7 @@ class ArcIndex(_LaneIndex):
     bytes summed."""
 
     __slots__ = ()
-    policy: ArcPolicy
+    policy: ArcSegments
 
     def add(self, entry: CacheEntry) -> None:
         """Index an idle entry (again: a hook may have moved it to T2)."""
@@ -309,45 +323,3 @@ class ArcIndex(_LaneIndex):
     def record(self, victims: list[tuple[CacheEntry, int]]) -> None:
         """The chained decision's victims and their segments: the keys read after it."""
         self.policy.t1_excess = {e.entry_id for e, seg in victims if seg == 0}
-
-
-class TlruIndex:
-    """T-LRU's whole-session key for a fixed restore estimate: entries whose restore fits within
-    the threshold, then the rest, each by (last use, id). A `TimeIndex` (`candidates.py`)."""
-
-    __slots__ = ("threshold_us", "_lanes", "_where")
-
-    def __init__(self, threshold_us: float) -> None:
-        self.threshold_us = threshold_us
-        self._lanes = (SortedList(), SortedList())  # (last use, id): restore fits, does not
-        self._where: dict[int, tuple[int, tuple[int, int]]] = {}
-
-    def __len__(self) -> int:
-        return len(self._where)
-
-    def rank(self, entry: CacheEntry, restore_us: float) -> tuple[int, int, int]:
-        """The entry's place in `pop_min`'s order when indexed with `restore_us`: the key."""
-        return (int(restore_us > self.threshold_us), entry.last_used_us, entry.entry_id)
-
-    def add(self, entry: CacheEntry, restore_us: float, gap_ema_us: float) -> None:
-        """Index an idle entry whose restore estimate stays `restore_us` while it is idle."""
-        self.discard(entry.entry_id)
-        lane, last_used, entry_id = self.rank(entry, restore_us)
-        item = (last_used, entry_id)
-        self._lanes[lane].add(item)
-        self._where[entry_id] = (lane, item)
-
-    def discard(self, entry_id: int) -> None:
-        """The entry is no longer a candidate (no-op when absent)."""
-        where = self._where.pop(entry_id, None)
-        if where is not None:
-            self._lanes[where[0]].remove(where[1])
-
-    def pop_min(self, now_us: int) -> int | None:
-        """The id T-LRU's sort would put first, removed from the index."""
-        for lane in self._lanes:
-            if lane:
-                entry_id: int = lane[0][1]
-                self.discard(entry_id)
-                return entry_id
-        return None

@@ -31,10 +31,9 @@ from cachepilot_sim.policies.base import (
     greedy_on_chains,
     register,
 )
-from cachepilot_sim.policies.decision_indexes import WildIndex
+from cachepilot_sim.policies.lanes import Lane, LanedPolicy, LaneIndex, Walk, in_lane
 from cachepilot_sim.policies.marconi_index import MarconiIndex, flops_of, utility
 from cachepilot_sim.policies.reuse import GapEstimator
-from cachepilot_sim.policies.set_indexes import TlruIndex
 
 
 @dataclass
@@ -89,7 +88,7 @@ class _ClassReuse:
 
 
 @register("wild")
-class WildPolicy(RankingPolicy):
+class WildPolicy(LanedPolicy, RankingPolicy):
     name = "wild"
     key_scope = KeyScope.DECISION  # reuse probability decays with idle time
 
@@ -123,12 +122,16 @@ class WildPolicy(RankingPolicy):
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
         return (self.reuse_probability(entry, now_us), entry.last_used_us, entry.entry_id)
 
+    def key_at(self, entry: CacheEntry, restore_us: float, now_us: int) -> tuple[float | int, ...]:
+        return self.key(entry, now_us)
+
+    def lane(self, entry: CacheEntry, restore_us: float, now_us: int) -> Lane:
+        """The probability decays with idle time at a rate and fraction shared by the entry's
+        class: within a class the longest idle entry ranks first, whatever its statistics."""
+        return in_lane(entry.class_index, (entry.last_used_us, entry.entry_id), Walk.ROUNDED)
+
     # Its key reads neither the restore estimate nor the gap EMA: one index serves every regime.
     time_index_reads_restore = False
-
-    def time_index(self) -> WildIndex:
-        """An exact index: per class, longest idle first (`policies/decision_indexes.py`)."""
-        return WildIndex(self)
 
 
 @dataclass
@@ -141,7 +144,7 @@ class TlruConfig(PolicyConfig):
 
 
 @register("tlru", config=TlruConfig)
-class TailLruPolicy(RankingPolicy):
+class TailLruPolicy(LanedPolicy, RankingPolicy):
     """Entries whose restore fits within `tlru_threshold_ms` first, each group LRU."""
 
     name = "tlru"
@@ -156,19 +159,22 @@ class TailLruPolicy(RankingPolicy):
     key_scope_on_entries = KeyScope.DECISION
 
     def key(self, entry: CacheEntry, now_us: int) -> tuple[float | int, ...]:
-        matters = int(entry.restore_us > self.threshold_us)
-        return (matters, entry.last_used_us, entry.entry_id)
+        return self.key_at(entry, entry.restore_us, now_us)
 
-    def time_index(self) -> TlruIndex:
-        """An exact index of the whole-entry key for a fixed restore estimate: two LRU lanes
-        (`policies/set_indexes.py`)."""
-        return TlruIndex(self.threshold_us)
+    def key_at(self, entry: CacheEntry, restore_us: float, now_us: int) -> tuple[float | int, ...]:
+        return (int(restore_us > self.threshold_us), entry.last_used_us, entry.entry_id)
 
-    def suffix_index(self) -> TlruIndex:
+    def lane(self, entry: CacheEntry, restore_us: float, now_us: int) -> Lane:
+        """For a fixed restore estimate the key does not move: two LRU lanes, the entries whose
+        restore fits within the threshold first (`time_index()`, the shared lane index)."""
+        matters = int(restore_us > self.threshold_us)
+        return in_lane(matters, (entry.last_used_us, entry.entry_id))
+
+    def suffix_index(self) -> LaneIndex:
         """The same two lanes for chains, fed each tail's suffix restore (its own restore, or for
         a block a decision exposes, the snapshot's path below it too): the prefix manager's exact
         index of `select_victims` on chains (`components/kv/suffix_tails.py`)."""
-        return TlruIndex(self.threshold_us)
+        return LaneIndex(self)
 
     def select_victims(
         self,

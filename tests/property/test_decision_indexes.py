@@ -1,4 +1,4 @@
-"""The exact indexes of GDSF, Wild and clairvoyant PERC (`policies/decision_indexes.py`) pop what
+"""The lane index of GDSF, Wild and clairvoyant PERC (`policies/lanes.py`) pops what
 the policy's own key puts first, on random streams of idle entries, hooks and time.
 
 Each op adds an entry (released through the policy's hook or not: GDSF then reads the current

@@ -37,7 +37,7 @@ CHAINED = ["slru", "arc", "s3fifo", "marconi", "tlru"]
 
 
 class WritingStore:
-    """A shared store that writes every block it lacks (`RemoteKv`) and keeps nothing once a
+    """A shared store that writes every block it lacks (`SharedKvStore`) and keeps nothing once a
     write has landed (so each eviction of a computed block writes again); it serves no loads.
     A write lands 1..3 s after it starts, by hash, so holds overlap decisions."""
 

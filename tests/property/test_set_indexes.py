@@ -1,4 +1,5 @@
-"""SLRU's, ARC's and T-LRU's indexes (`policies/set_indexes.py`) choose what the full sort chose.
+"""SLRU's and ARC's indexes (`policies/set_indexes.py`) and T-LRU's lanes (`policies/lanes.py`)
+choose what the full sort chose.
 
 Each structure is driven by a random history of hooks and decisions next to a copy of the policy
 that takes the full path (`prepare` over the candidates but the excluded one, then sorted by key),
@@ -23,7 +24,6 @@ from cachepilot_sim.config import policy_config
 from cachepilot_sim.policies import CacheEntry, make_policy
 from cachepilot_sim.policies.candidates import CandidateIndex
 from cachepilot_sim.policies.reuse import GapEstimator
-from cachepilot_sim.policies.set_indexes import TlruIndex
 from tests.conftest import make_kv
 from tests.property.test_indexed_eviction import (
     Op,
@@ -232,7 +232,7 @@ def test_a_decision_visits_a_few_items_whatever_the_cache_size(name: str, same_t
 
 
 def test_tlru_index_takes_the_entries_whose_restore_fits_first() -> None:
-    index = TlruIndex(threshold_us=1000.0)
+    index = _policy("tlru", tlru_threshold_ms=1.0).time_index()
     for eid, last_used, restore in ((1, 5, 2000.0), (2, 9, 1000.0), (3, 7, 10.0), (4, 1, 1e6)):
         index.add(CacheEntry(eid, eid, 0, 0, 0, 1, 1, 0, last_used), restore, -1.0)
     index.discard(3)

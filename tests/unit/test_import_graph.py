@@ -5,8 +5,9 @@ The graph is read from the source with `ast`: every `import cachepilot_sim...` a
 `from cachepilot_sim... import ...` anywhere in a module (module level, functions, methods) is an
 edge. Importing `a.b.c` also runs `a/__init__.py` and `a/b/__init__.py`, so those packages are edges
 too, except the importer's own packages (already being imported). Imports under
-`if TYPE_CHECKING:` are left out: they never run, and they are how an annotation names a type
-without importing its module.
+`if TYPE_CHECKING:` are left out: they never run. A second check counts them too: a type-only
+import that closes a circle (an index annotating the policy that builds it) still ties the two
+modules together for a reader, so the package has none of those either (issue 32).
 """
 
 from __future__ import annotations
@@ -47,15 +48,16 @@ def _is_type_checking(node: ast.AST) -> bool:
     )
 
 
-def import_nodes(path: Path) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement that can run: any depth, except the body of `if TYPE_CHECKING:`."""
+def import_nodes(path: Path, type_only: bool = False) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement that can run: any depth, except the body of `if TYPE_CHECKING:`
+    (kept with `type_only`)."""
     out: list[ast.Import | ast.ImportFrom] = []
     todo: list[ast.AST] = [ast.parse(path.read_text(), str(path))]
     while todo:
         node = todo.pop()
         if isinstance(node, ast.Import | ast.ImportFrom):
             out.append(node)
-        elif isinstance(node, ast.If) and _is_type_checking(node):
+        elif isinstance(node, ast.If) and _is_type_checking(node) and not type_only:
             todo.extend(node.orelse)
         else:
             todo.extend(ast.iter_child_nodes(node))
@@ -78,15 +80,16 @@ def _imported(node: ast.AST, importer: str, is_package: bool) -> Iterable[str]:
 
 
 @cache
-def import_graph() -> dict[str, frozenset[str]]:
-    """Module -> the package modules it imports (directly or through a package `__init__`)."""
+def import_graph(type_only: bool = False) -> dict[str, frozenset[str]]:
+    """Module -> the package modules it imports (directly or through a package `__init__`);
+    with `type_only`, through imports under `if TYPE_CHECKING:` too."""
     known = modules()
     graph: dict[str, frozenset[str]] = {}
     for name, path in known.items():
         is_package = path.name == "__init__.py"
         own = set(_ancestors(name)) | ({name} if is_package else set())
         targets: set[str] = set()
-        for node in import_nodes(path):
+        for node in import_nodes(path, type_only):
             for target in _imported(node, name, is_package):
                 if target in known:
                     targets.add(target)
@@ -165,6 +168,19 @@ def test_package_has_no_import_cycle() -> None:
     graph = import_graph()
     cycles = [a_cycle(graph, c) for c in strongly_connected(graph) if len(c) > 1]
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_package_has_no_import_cycle_even_through_type_only_imports() -> None:
+    graph = import_graph(type_only=True)
+    cycles = [a_cycle(graph, c) for c in strongly_connected(graph) if len(c) > 1]
+    assert not cycles, "type-only import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_graph_sees_type_only_imports_when_asked(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import os\n")
+    assert "os" in {a.name for n in import_nodes(source, type_only=True) for a in n.names}
+    assert "os" not in {a.name for n in import_nodes(source) for a in n.names}
 
 
 def test_the_cycle_finder_names_a_cycle() -> None:

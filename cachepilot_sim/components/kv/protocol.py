@@ -8,9 +8,12 @@ signal, the pool and the PCIe link it is given, and to nothing else.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
+
+import simpy
 
 from cachepilot_sim.clock import SimEnvironment
 from cachepilot_sim.components.pcie_link import PcieLink
@@ -20,9 +23,6 @@ from cachepilot_sim.components.vram_pool import VramPool
 from cachepilot_sim.cost import ComputeFit
 from cachepilot_sim.policies import EvictionPolicy, GapEstimator
 from cachepilot_sim.trace.events import TraceEvents
-
-if TYPE_CHECKING:  # remote.py imports this module
-    from cachepilot_sim.components.kv.remote import RemoteKv
 
 
 class Tier(IntEnum):
@@ -84,6 +84,46 @@ class EngineQueue(Protocol):
         ...
 
 
+class SharedKvStore(Protocol):
+    """One replica's port to the shared store of prefix blocks (by hash)."""
+
+    write_on_eviction: bool  # cluster.shared_tier.write == ON_EVICTION
+    load_when_cheaper: bool  # cluster.shared_tier.load == CHEAPER
+    hash_tokens: int  # tokens of one block
+
+    def holds(self, hash_id: int) -> bool:
+        """The store has the block or is writing it."""
+        ...
+
+    def load_estimate_us(self, num_blocks: int) -> int:
+        """Modelled time (µs) to load `num_blocks` into this replica if started now."""
+        ...
+
+    def record_choice(self, req_id: int, num_recomputed: int, recompute_us: float) -> None:
+        """The request's latest load-or-recompute choice (0 blocks recomputed: it loads)."""
+        ...
+
+    def num_stored(self, hash_ids: Sequence[int], start: int) -> int:
+        """How many blocks of `hash_ids`, from position `start` on, the store can serve now
+        (consecutive: the first one it lacks ends the run)."""
+        ...
+
+    def start_load(self, hash_ids: Sequence[int]) -> simpy.Event:
+        """Pin the blocks in the store now and start copying them to this replica; the event's
+        value is the transfer time paid (µs) when they have landed."""
+        ...
+
+    def store(
+        self,
+        blocks: Sequence[tuple[int, int, float]],
+        landed: Callable[[int], None] | None = None,
+    ) -> int:
+        """Write (hash id, group id, recompute µs) blocks this replica computed to the store;
+        those it already holds or is writing are skipped. Returns how many are being written;
+        `landed(µs paid)` runs when they are stored."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class KvDeps:
     """Everything a KV manager talks to, handed in at construction (its ports)."""
@@ -97,9 +137,9 @@ class KvDeps:
     events: TraceEvents
     queue: EngineQueue  # hands back a request whose reload (or wait for a copy) is over
     wake: Signal  # memory was freed (an offload landed): the engine may admit again
-    # A cluster's shared KV store (kv/remote.py's `RemoteKv`; None: none). The prefix manager
-    # loads misses from it and writes finished blocks to it; the session manager ignores it.
-    remote: RemoteKv | None = None
+    # A cluster's shared KV store (None: none). The prefix manager loads misses from it and
+    # writes finished blocks to it (`remote.py`); the session manager ignores it.
+    remote: SharedKvStore | None = None
 
 
 class KvManager(Protocol):

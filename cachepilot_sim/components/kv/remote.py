@@ -13,14 +13,13 @@ waits), its bytes in flight, until the write lands; then it is disposed of as th
 (offloaded to the CPU tier or dropped), and its parent may become a tail.
 
 The store itself (capacity, eviction, network lanes, the cited designs) is the cluster's
-(`cluster/shared_tier.py`); the manager sees it through `RemoteKv`, one port per replica, handed
-in with `KvDeps`.
+(`cluster/shared_tier.py`); the manager sees it through `SharedKvStore` (a port declared in
+`protocol.py`), one per replica, handed in with `KvDeps`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
-from typing import Protocol
+from collections.abc import Callable, Generator
 
 import simpy
 
@@ -32,46 +31,6 @@ from cachepilot_sim.cost import recompute_us
 
 # The manager's disposal of an evicted block: (block, now µs, allow_offload).
 Dispose = Callable[[HashBlock, int, bool], None]
-
-
-class RemoteKv(Protocol):
-    """One replica's port to the shared store of prefix blocks (by hash)."""
-
-    write_on_eviction: bool  # cluster.shared_tier.write == ON_EVICTION
-    load_when_cheaper: bool  # cluster.shared_tier.load == CHEAPER
-    hash_tokens: int  # tokens of one block
-
-    def holds(self, hash_id: int) -> bool:
-        """The store has the block or is writing it."""
-        ...
-
-    def load_estimate_us(self, num_blocks: int) -> int:
-        """Modelled time (µs) to load `num_blocks` into this replica if started now."""
-        ...
-
-    def record_choice(self, req_id: int, num_recomputed: int, recompute_us: float) -> None:
-        """The request's latest load-or-recompute choice (0 blocks recomputed: it loads)."""
-        ...
-
-    def num_stored(self, hash_ids: Sequence[int], start: int) -> int:
-        """How many blocks of `hash_ids`, from position `start` on, the store can serve now
-        (consecutive: the first one it lacks ends the run)."""
-        ...
-
-    def start_load(self, hash_ids: Sequence[int]) -> simpy.Event:
-        """Pin the blocks in the store now and start copying them to this replica; the event's
-        value is the transfer time paid (µs) when they have landed."""
-        ...
-
-    def store(
-        self,
-        blocks: Sequence[tuple[int, int, float]],
-        landed: Callable[[int], None] | None = None,
-    ) -> int:
-        """Write (hash id, group id, recompute µs) blocks this replica computed to the store;
-        those it already holds or is writing are skipped. Returns how many are being written;
-        `landed(µs paid)` runs when they are stored."""
-        ...
 
 
 class OffGpuLoads:

@@ -9,8 +9,9 @@ from its root down (float sums in this order: the same bits). Greedy on chains t
 smallest rank among the current tails, with the ranks of the decision's snapshot.
 
 Two facts make it cheap, and exact. A current tail has no GPU child, so its suffix restore is its
-own restore: between decisions the tails sit in the policy's `suffix_index()` (two LRU lanes, one
-index per restore regime, fed by `PrefixTree.exposed`) by their restore alone. A block that this
+own restore: between decisions the tails sit in the policy's `suffix_index()` (two LRU lanes of the
+shared lane index, one per restore regime, kept by `TailIndex` as it keeps every time-indexed
+policy's tails, fed by `PrefixTree.exposed`) by their restore alone. A block that this
 decision's cuts expose had, at the snapshot, only this decision's victims below it (every GPU child
 of it was cut), so its suffix restore is computed from theirs when it is exposed, and it waits in
 the decision's own heap, ranked by the index's `rank`. No other block is ranked: a decision costs
@@ -24,22 +25,19 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, cast
 
 from cachepilot_sim.components.kv.forest import HashBlock, PrefixTree
 from cachepilot_sim.policies import CacheEntry
 from cachepilot_sim.policies.candidates import TimeIndex
 
-# Sweep forgotten tails out of the indexes when they outnumber the tails by this factor.
-_COMPACT_FACTOR = 2
-
 ExposedParent = Callable[[HashBlock, dict[int, int]], "HashBlock | None"]
-Rank = tuple[int, int, int]  # (class, last use, entry id): the order of T-LRU's key
+Rank = tuple[float | int, ...]  # (class, last use, entry id): the order of T-LRU's key
 Restore = Callable[[HashBlock], tuple[float, float]]  # block -> (restore, gap EMA) of the decision
 
 
 class SuffixIndex(TimeIndex, Protocol):
-    """A time index whose order is a rank of (entry, restore): `TlruIndex`."""
+    """A time index whose order is a rank of (entry, restore): T-LRU's `LaneIndex`."""
 
     def rank(self, entry: CacheEntry, restore_us: float) -> Rank:
         """Where the entry, indexed with `restore_us`, sits in `pop_min`'s order."""
@@ -47,7 +45,10 @@ class SuffixIndex(TimeIndex, Protocol):
 
 
 class RestoreRegimes(Protocol):
-    """The tail index's restore regimes (`TailIndex`, `components/kv/tails.py`)."""
+    """The tail index's restore regimes and the tails it keeps per regime (`TailIndex`)."""
+
+    regime_indexes: dict[bool, TimeIndex]  # restore regime (offload?) -> its index, made on use
+    regime_blocks: dict[int, HashBlock]  # entry id -> its tail, as last indexed
 
     def static_restore(self, b: HashBlock, offload: bool) -> tuple[float, float]:
         """(restore, gap EMA) of `b` in a regime where they stay fixed while `b` is idle."""
@@ -55,6 +56,18 @@ class RestoreRegimes(Protocol):
 
     def restore_mode(self, allow_offload: bool) -> bool | None:
         """The decision's regime; None: the estimate moves with idle time."""
+        ...
+
+    def regime_index(self, offload: bool) -> TimeIndex:
+        """The regime's persistent index, built from every tail at its first use."""
+        ...
+
+    def drain_regimes(self) -> None:
+        """Index the tails exposed since the last decision; sweep forgotten ones."""
+        ...
+
+    def forget(self, entry_id: int) -> None:
+        """A stale tail (used, evicted or no longer a tail) leaves every regime's index."""
         ...
 
 
@@ -93,37 +106,24 @@ class SuffixTails:
         self.make_index = make_index
         self.regimes = regimes
         self.exposed_parent = exposed_parent
-        self.indexes: dict[bool, SuffixIndex] = {}  # restore regime (offload?) -> index, on use
-        self.blocks: dict[int, HashBlock] = {}  # entry id -> its tail, as last indexed
         self.fresh: dict[int, HashBlock] = {}  # the same for a decision's fresh index
         self.num_visits = 0  # items popped by decisions (a complexity probe for tests)
         self.num_full = 0  # decisions that indexed every tail (the estimate moves with time)
         tree.exposed = {}  # the tree records every block that becomes (or is again) a tail
 
-    def _index(self, b: HashBlock, only: SuffixIndex | None = None) -> None:
-        for offload, index in self.indexes.items():
-            if only is None or index is only:
-                restore, gap = self.regimes.static_restore(b, offload)
-                index.add(b.entry, restore, gap)
-        self.blocks[b.entry.entry_id] = b
+    @property
+    def indexes(self) -> dict[bool, TimeIndex]:
+        """The persistent index of each restore regime used so far (the tail index's)."""
+        return self.regimes.regime_indexes
 
-    def _forget(self, entry_id: int) -> None:
-        for index in self.indexes.values():
-            index.discard(entry_id)
-        self.blocks.pop(entry_id, None)
+    @property
+    def blocks(self) -> dict[int, HashBlock]:
+        """Entry id -> its tail, as last indexed (the tail index's)."""
+        return self.regimes.regime_blocks
 
     def drain(self) -> None:
         """Index the tails the tree exposed since the last decision; sweep forgotten ones."""
-        exposed, evictable = self.tree.exposed, self.tree.evictable
-        assert exposed is not None
-        for b in exposed.values():
-            if evictable.get(b.hash_id) is b:
-                self._index(b)
-        exposed.clear()
-        if len(self.blocks) > _COMPACT_FACTOR * len(evictable) + 64:
-            for eid, b in list(self.blocks.items()):
-                if evictable.get(b.hash_id) is not b:
-                    self._forget(eid)
+        self.regimes.drain_regimes()
 
     def select(
         self,
@@ -151,7 +151,7 @@ class SuffixTails:
         else:
             regimes, offload = self.regimes, mode
             victims = self._cut(
-                self._lanes(offload),
+                cast(SuffixIndex, regimes.regime_index(offload)),
                 False,
                 num_blocks,
                 now_us,
@@ -161,15 +161,6 @@ class SuffixTails:
             e = prepare(b)
             assert mode is None or e.restore_us == self.regimes.static_restore(b, mode)[0]
         return victims
-
-    def _lanes(self, offload: bool) -> SuffixIndex:
-        """The persistent index of a restore regime, built from every tail at its first use."""
-        index = self.indexes.get(offload)
-        if index is None:
-            index = self.indexes[offload] = self.make_index()
-            for b in self.tree.evictable.values():
-                self._index(b, only=index)
-        return index
 
     def _pop(
         self, index: SuffixIndex, fresh: bool, now_us: int, restore: Restore
@@ -182,7 +173,7 @@ class SuffixTails:
             if b is not None and evictable.get(b.hash_id) is b:
                 return index.rank(b.entry, restore(b)[0]), b
             if not fresh:
-                self._forget(eid)  # stale: used, evicted or no longer a tail
+                self.regimes.forget(eid)  # stale: used, evicted or no longer a tail
         return None
 
     def _cut(

@@ -73,8 +73,12 @@ class TailIndex:
         self.pricing = pricing
         self.timed = scope == KeyScope.DECISION and pricing is not None
         self.timed = self.timed and hasattr(policy, "time_index")
-        self._timed: dict[bool, TimeIndex] = {}  # restore regime (offload?) -> index, on use
+        # restore regime (offload?) -> index, made on use: PERC's and the lanes' time indexes, and
+        # T-LRU's suffix lanes (`SuffixTails` reads them as `regime_indexes`, `regime_blocks`)
+        self._timed: dict[bool, TimeIndex] = {}
         self._blocks: dict[int, HashBlock] = {}  # entry id -> block, as last indexed
+        self.regime_indexes, self.regime_blocks = self._timed, self._blocks
+        self._make_regime_index = getattr(policy, "time_index", None)
         self._groups: dict[int, dict[int, None]] = {}  # group -> entry ids indexed with its gap
         self._group_of: dict[int, int] = {}  # entry id -> its group when indexed
         self._dirty: dict[int, None] = {}  # groups whose gap EMA moved since
@@ -93,6 +97,8 @@ class TailIndex:
             else:  # it cuts its segments (SLRU, ARC)
                 self.set_tails = SetTails(tree, index, self._exposed_parent, policy)
         make_suffix = getattr(policy, "suffix_index", None) if scope == KeyScope.SET else None
+        if make_suffix is not None:
+            self._make_regime_index = make_suffix
         self.suffix_tails = (  # T-LRU's suffix restores on chains
             None
             if make_suffix is None or pricing is None
@@ -149,7 +155,8 @@ class TailIndex:
             self._groups.setdefault(group, {})[eid] = None
             self._group_of[eid] = group
 
-    def _forget(self, eid: int) -> None:
+    def forget(self, eid: int) -> None:
+        """Tail `eid` is stale (used, evicted or no longer a tail): out of every regime's index."""
         for index in self._timed.values():
             index.discard(eid)
         self._blocks.pop(eid, None)
@@ -157,7 +164,7 @@ class TailIndex:
         if group is not None:
             self._groups[group].pop(eid, None)
 
-    def _drain_timed(self) -> None:
+    def drain_regimes(self) -> None:
         """Index the tails exposed since the last decision and re-key dirty groups' tails."""
         exposed = self.tree.exposed
         assert exposed is not None
@@ -172,12 +179,22 @@ class TailIndex:
                 if evictable.get(b.hash_id) is b:
                     self._index(b)
                 else:
-                    self._forget(eid)
+                    self.forget(eid)
         self._dirty.clear()
         if len(self._blocks) > _COMPACT_FACTOR * len(evictable) + 64:
             for eid, b in list(self._blocks.items()):
                 if evictable.get(b.hash_id) is not b:
-                    self._forget(eid)
+                    self.forget(eid)
+
+    def regime_index(self, offload: bool) -> TimeIndex:
+        """The persistent index of a restore regime, built from every tail at its first use."""
+        index = self._timed.get(offload)
+        if index is None:
+            assert self._make_regime_index is not None
+            index = self._timed[offload] = self._make_regime_index()
+            for b in self.tree.evictable.values():
+                self._index(b, only=index)
+        return index
 
     def _select_timed(
         self,
@@ -187,11 +204,7 @@ class TailIndex:
         prepare: Callable[[HashBlock], CacheEntry],
     ) -> list[HashBlock]:
         """Smallest keys first from the exact time index of this regime (see `select`)."""
-        index = self._timed.get(offload)
-        if index is None:
-            index = self._timed[offload] = self.policy.time_index()  # type: ignore[attr-defined]
-            for b in self.tree.evictable.values():
-                self._index(b, only=index)
+        index = self.regime_index(offload)
         evictable, blocks = self.tree.evictable, self._blocks
         local: dict[int, None] = {}  # parents exposed by this decision's own cuts
         cut_children: dict[int, int] = {}
@@ -203,7 +216,7 @@ class TailIndex:
             self.num_visits += 1
             got = blocks.get(eid)
             if got is None or (eid not in local and evictable.get(got.hash_id) is not got):
-                self._forget(eid)  # stale: used, evicted or no longer a tail
+                self.forget(eid)  # stale: used, evicted or no longer a tail
                 continue
             victims.append(got)
             p = self._exposed_parent(got, cut_children)
@@ -272,7 +285,7 @@ class TailIndex:
         if self.plus1_tails is not None:
             return self.plus1_tails.select(num_blocks, now_us, prepare, allow_offload)
         if self.timed and allow_offload is not None:
-            self._drain_timed()
+            self.drain_regimes()
             mode = self.restore_mode(allow_offload) if num_blocks > 0 else None
             if num_blocks > 0 and not self.reads_restore:
                 mode = False
