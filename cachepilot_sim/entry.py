@@ -107,10 +107,20 @@ def workers_starting() -> Iterator[None]:
 
 
 def start_loky_tracker() -> None:
-    """Start joblib's loky resource tracker immune to SIGHUP (start_resource_tracker)."""
+    """Start joblib's loky resource tracker immune to SIGHUP (start_resource_tracker), its
+    UserWarnings off: when a stopped plan's workers die with their semaphores, the tracker
+    unlinks those (its job) and warned about each on the terminal after the one-line stop."""
     from joblib.externals.loky.backend import resource_tracker
 
-    start_resource_tracker(resource_tracker.ensure_running)
+    before = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [before, "ignore::UserWarning"]))
+    try:
+        start_resource_tracker(resource_tracker.ensure_running)
+    finally:
+        if before is None:
+            del os.environ["PYTHONWARNINGS"]
+        else:
+            os.environ["PYTHONWARNINGS"] = before
 
 
 def start_mp_tracker() -> None:
