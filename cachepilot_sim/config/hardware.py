@@ -54,8 +54,8 @@ class GpuSpecConfig(Sealed):
     name: str = bounded("h200", nonempty=True)
     display_name: str = "NVIDIA H200 SXM"
     hbm_gb: float = bounded(141.0, gt=0, le=1e5)  # bounds: a typo, not a part, beyond them
-    hbm_gbps: float = bounded(4800.0, gt=0, le=1e6)
-    bf16_dense_tflops: float = bounded(989.5, gt=0, le=1e6)
+    hbm_gbps: float = bounded(4800.0, ge=1.0, le=1e6)  # below 1 GB/s: a typo, not a part
+    bf16_dense_tflops: float = bounded(989.5, ge=0.1, le=1e6)
     # 0: no FP8 tensor cores (BF16 rate used)
     fp8_dense_tflops: float = bounded(1979.0, ge=0, le=1e6)
     pcie_gen: int = 5
